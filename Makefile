@@ -1,0 +1,46 @@
+# watchd — two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DEBS   := slurmctld slurmd slurm-client munge prometheus-alertmanager prometheus
+
+.PHONY: demo test lint typecheck unit deps venv bench clean
+
+$(BIN)/watchd: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/watchd
+
+demo: venv
+	$(BIN)/watchd demo
+
+# As root, installs the Debian packages the real-component tests need when they are missing.
+deps:
+	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "missing Debian packages (run as root to install):$$missing"; fi; \
+	fi
+
+lint: venv
+	$(BIN)/ruff check watchd tests benchmarks
+	$(BIN)/ruff format --check watchd tests benchmarks
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest -q
+
+test: deps lint typecheck unit
+
+bench: venv deps
+	$(BIN)/python benchmarks/drain_latency.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

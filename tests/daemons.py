@@ -1,0 +1,104 @@
+"""Start ``watchd engine`` and ``watchd agent`` as real processes from the CLI, for integration tests and
+benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def watchd_command() -> list[str]:
+    exe = shutil.which("watchd", path=str(Path(sys.executable).parent))
+    return [exe] if exe else [sys.executable, "-m", "watchd"]
+
+
+class Daemon:
+    def __init__(self, kind: str, config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None):
+        self.kind = kind
+        self.port = int(config["listen"]["port"])
+        self.config_path = workdir / f"{kind}-{self.port}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / f"{kind}-{self.port}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [*watchd_command(), kind, "--config", str(self.config_path)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"watchd {self.kind} exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"watchd {self.kind} not ready in {timeout}s:\n{self.log()}")
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as r:
+            return str(r.read().decode())
+
+    def get_json(self, path: str) -> Any:
+        return json.loads(self.get(path))
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def engine_config(port: int, token_file: Path, mode: str, slurm_conf: str | None) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "auth": {"token_file": str(token_file)},
+        "mode": mode,
+        "slurm": {"enabled": slurm_conf is not None, "timeout_s": 10},
+        "log": {"format": "json"},
+    }
+    if slurm_conf:
+        config["slurm"]["slurm_conf"] = slurm_conf
+    return config
+
+
+def agent_config(node: str, engine_port: int, token_file: Path, log_file: Path) -> dict[str, Any]:
+    return {
+        "node": node,
+        "engine": {"url": f"http://127.0.0.1:{engine_port}", "auth": {"token_file": str(token_file)}},
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "sources": {"kmsg": {"enabled": False}, "files": [{"path": str(log_file), "poll_interval_s": 0.01}]},
+        "shipper": {"backoff_initial_s": 0.05, "backoff_max_s": 1},
+        "log": {"format": "json"},
+    }

@@ -1,0 +1,607 @@
+"""A real Slurm cluster on loopback, for tests and benchmarks.
+
+One ``slurmctld`` and one ``slurmd -N gpu-N`` per real node, all on 127.0.0.1 with ports picked free at
+start, every file (config, state, spool, logs, pid files) under one temp dir. Optional *simulated* nodes are
+defined in their own partition without a running slurmd: they are cheap targets for drain bursts (with a large
+``SlurmdTimeout`` they stay up for the life of the cluster).
+
+Usage::
+
+    with SlurmCluster(real_nodes=4, simulated_nodes=200) as cluster:
+        cluster.run("scontrol", "show", "node", "gpu-1")
+        job = cluster.submit("sleep 600", nodes=2)
+        cluster.wait_job_running(job)
+
+Needs root and the Debian packages ``slurmctld slurmd slurm-client munge``. If no munged answers on the
+default socket, a private one is started with its socket in the temp dir (``AuthInfo=socket=...``).
+
+Every process the harness starts, and every job process, carries the environment variable
+``WATCHD_SLURM_HARNESS=<temp dir>``: ``stop()`` kills exactly those, and ``start()`` reaps the leftovers of
+a crashed earlier run (a harness dir whose owner pid is dead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+
+BINARIES = (
+    "slurmctld",
+    "slurmd",
+    "scontrol",
+    "sbatch",
+    "squeue",
+    "sinfo",
+    "scancel",
+    "munged",
+    "munge",
+    "unmunge",
+)
+MARKER_ENV = "WATCHD_SLURM_HARNESS"
+DIR_PREFIX = "watchd-slurm-"
+
+
+_SIM_SINK = """
+import socket, struct, sys, os
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0))
+s.listen(1024)
+tmp = sys.argv[1] + ".tmp"
+with open(tmp, "w") as f:
+    f.write(str(s.getsockname()[1]))
+os.rename(tmp, sys.argv[1])
+while True:
+    c, _ = s.accept()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.close()
+"""
+
+
+class SlurmHarnessError(RuntimeError):
+    """The test cluster could not be started or did not behave."""
+
+
+def available() -> tuple[bool, str]:
+    """Whether a cluster can be started here; the reason when not."""
+    missing = [b for b in BINARIES if shutil.which(b) is None]
+    if missing:
+        return (
+            False,
+            f"Slurm/munge binaries not found: {', '.join(missing)} (apt-get install slurmctld slurmd "
+            "slurm-client munge)",
+        )
+    if os.geteuid() != 0:
+        return False, "the Slurm test cluster needs root (slurmd runs jobs as any user)"
+    if not Path("/etc/munge/munge.key").exists() and not _munge_works(None):
+        return False, "no munge key at /etc/munge/munge.key and no munged running"
+    return True, ""
+
+
+def _free_ports(n: int) -> list[int]:
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _munge_works(sock: str | None, timeout: float = 5.0) -> bool:
+    extra = ["--socket", sock] if sock else []
+    try:
+        cred = subprocess.run(["munge", "-n", *extra], capture_output=True, timeout=timeout, check=False)
+        if cred.returncode != 0:
+            return False
+        res = subprocess.run(
+            ["unmunge", *extra], input=cred.stdout, capture_output=True, timeout=timeout, check=False
+        )
+        return res.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"({path}: not written)"
+    return "\n".join(text[-lines:])
+
+
+def _pids_with_marker(marker: str) -> list[int]:
+    """Pids of processes whose environment holds ``WATCHD_SLURM_HARNESS=<marker>``."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    me = os.getpid()
+    pids: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            pids.append(int(entry))
+    return pids
+
+
+def _kill_pids(pids: Sequence[int], grace: float = 3.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+                alive.append(pid)
+        if not alive or sig == signal.SIGKILL:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            alive = [p for p in alive if _pid_alive(p)]
+            if not alive:
+                return
+            time.sleep(0.05)
+        pids = alive
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        # a zombie still answers kill(0): look at its state
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def reap_stale(base: Path | None = None) -> list[Path]:
+    """Kill the processes of harness dirs left by crashed runs (owner pid dead) and remove the dirs."""
+    base = base or Path(tempfile.gettempdir())
+    reaped = []
+    for d in base.glob(f"{DIR_PREFIX}*"):
+        try:
+            owner = int((d / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue
+        if _pid_alive(owner):
+            continue
+        _kill_pids(_pids_with_marker(str(d)))
+        shutil.rmtree(d, ignore_errors=True)
+        reaped.append(d)
+    return reaped
+
+
+class SlurmCluster:
+    """A throwaway Slurm cluster: ``real_nodes`` slurmds (gpu-1..gpu-N, partition ``gpu``, default) and
+    ``simulated_nodes`` defined without slurmd (sim-1..sim-M, partition ``sim``)."""
+
+    def __init__(
+        self,
+        real_nodes: int = 4,
+        simulated_nodes: int = 0,
+        *,
+        cpus_per_node: int = 4,
+        cluster_name: str = "watchd",
+        start_timeout: float = 60.0,
+        base_dir: str | None = None,
+    ) -> None:
+        if real_nodes < 1:
+            raise ValueError("real_nodes must be >= 1")
+        self.real_node_names = [f"gpu-{i}" for i in range(1, real_nodes + 1)]
+        self.sim_node_names = [f"sim-{i}" for i in range(1, simulated_nodes + 1)]
+        self.cpus_per_node = cpus_per_node
+        self.cluster_name = cluster_name
+        self.start_timeout = start_timeout
+        self._base_dir = base_dir
+        self.dir: Path | None = None
+        self.conf_path: Path | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._munge_socket: str | None = None
+        self._env: dict[str, str] = {}
+        self.startup_seconds: float | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self) -> SlurmCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm client commands (and for code under test): ``os.environ`` + SLURM_CONF."""
+        if not self._env:
+            raise SlurmHarnessError("cluster not started")
+        return dict(self._env)
+
+    @property
+    def all_node_names(self) -> list[str]:
+        return self.real_node_names + self.sim_node_names
+
+    def start(self) -> None:
+        ok, why = available()
+        if not ok:
+            raise SlurmHarnessError(why)
+        t0 = time.monotonic()
+        base = Path(self._base_dir) if self._base_dir else Path(tempfile.gettempdir())
+        reap_stale(base)
+        self.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base))
+        try:
+            self._start_in(self.dir)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+
+    def _start_in(self, d: Path) -> None:
+        d.chmod(0o755)  # munged wants its socket dir reachable by all; slurmd spool is fine either way
+        (d / "owner.pid").write_text(str(os.getpid()))
+        for sub in ("state", "spool", "log", "run", "jobs"):
+            (d / sub).mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env[MARKER_ENV] = str(d)
+        self.conf_path = d / "slurm.conf"
+        env["SLURM_CONF"] = str(self.conf_path)
+        self._env = env
+
+        if not _munge_works(None):
+            self._start_munged(d)
+
+        ctld_port, slurmd_port, *node_ports = _free_ports(2 + len(self.real_node_names))
+        sim_port = self._start_sim_sink(d) if self.sim_node_names else 0
+        self.conf_path.write_text(self._config(d, ctld_port, slurmd_port, sim_port, node_ports))
+
+        self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf_path)], d / "log" / "slurmctld.out")
+        self._wait(self._ctld_up, "slurmctld did not answer `scontrol ping`")
+        for name in self.real_node_names:
+            self._spawn(
+                ["slurmd", "-D", "-N", name, "-f", str(self.conf_path)], d / "log" / f"slurmd-{name}.out"
+            )
+        self._wait(self._real_nodes_idle, "real nodes did not become idle")
+
+    def _start_munged(self, d: Path) -> None:
+        sock = str(d / "munge.socket")
+        key = "/etc/munge/munge.key"
+        self._spawn(
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--socket={sock}",
+                f"--key-file={key}",
+                f"--pid-file={d / 'run' / 'munged.pid'}",
+                f"--log-file={d / 'log' / 'munged.log'}",
+                f"--seed-file={d / 'run' / 'munged.seed'}",
+            ],
+            d / "log" / "munged.out",
+        )
+        self._munge_socket = sock
+        self._wait(lambda: _munge_works(sock), "private munged did not come up")
+
+    def _start_sim_sink(self, d: Path) -> int:
+        """The address of every simulated node: a listener that resets each connection at once.
+
+        Without it, slurmctld's pings to simulated nodes end in connection-refused retries and timeouts
+        (MessageTimeout), and the ping agent reports the *real* nodes of the same batch late: a resumed real
+        node would stay NOT_RESPONDING for ~10 s."""
+        port_file = d / "run" / "sim-sink.port"
+        self._spawn([sys.executable, "-c", _SIM_SINK, str(port_file)], d / "log" / "sim-sink.out")
+        self._wait(port_file.exists, "simulated-node sink did not start", timeout=10)
+        time.sleep(0.01)
+        return int(port_file.read_text())
+
+    def _config(self, d: Path, ctld_port: int, slurmd_port: int, sim_port: int, node_ports: list[int]) -> str:
+        auth_info = f"AuthInfo=socket={self._munge_socket}\n" if self._munge_socket else ""
+        lines = [
+            f"ClusterName={self.cluster_name}",
+            "SlurmctldHost=localhost(127.0.0.1)",
+            f"SlurmctldPort={ctld_port}",
+            f"SlurmdPort={slurmd_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            auth_info.rstrip("\n"),
+            f"StateSaveLocation={d / 'state'}",
+            f"SlurmdSpoolDir={d / 'spool' / '%n'}",
+            f"SlurmctldPidFile={d / 'run' / 'slurmctld.pid'}",
+            f"SlurmdPidFile={d / 'run' / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
+            f"SlurmdLogFile={d / 'log' / 'slurmd-%n.log'}",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SchedulerType=sched/builtin",
+            "SchedulerParameters=sched_interval=1",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "MpiDefault=none",
+            "MailProg=/bin/true",
+            "ReturnToService=2",
+            "SlurmdTimeout=3600",
+            "SlurmctldTimeout=30",
+            "MessageTimeout=10",
+            "InactiveLimit=0",
+            "KillWait=2",
+            "MinJobAge=300",
+            "JobRequeue=1",
+            "SlurmdParameters=config_overrides",
+            "HealthCheckInterval=0",
+            # no message forwarding: a real slurmd must never be asked to relay a ping to a simulated node
+            # (the relay waits on connection timeouts and the real node can be marked NOT_RESPONDING)
+            "TreeWidth=65533",
+        ]
+        for name, port in zip(self.real_node_names, node_ports, strict=True):
+            lines.append(
+                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
+                f"CPUs={self.cpus_per_node} State=UNKNOWN"
+            )
+        if self.sim_node_names:
+            # sim_port: the sink resets every connection; SlurmdTimeout keeps them from going DOWN
+            lines.append(
+                f"NodeName=sim-[1-{len(self.sim_node_names)}] NodeHostname=localhost "
+                f"NodeAddr=127.0.0.1 Port={sim_port} CPUs={self.cpus_per_node} State=UNKNOWN"
+            )
+        lines.append(
+            f"PartitionName=gpu Nodes={','.join(self.real_node_names)} Default=YES "
+            "MaxTime=INFINITE State=UP OverSubscribe=NO"
+        )
+        if self.sim_node_names:
+            lines.append(
+                f"PartitionName=sim Nodes=sim-[1-{len(self.sim_node_names)}] Default=NO "
+                "MaxTime=INFINITE State=UP"
+            )
+        return "\n".join(line for line in lines if line) + "\n"
+
+    def _spawn(self, argv: list[str], out: Path) -> None:
+        with out.open("ab") as fh:
+            proc = subprocess.Popen(
+                argv,
+                env=self._env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._procs.append(proc)
+
+    def _wait(self, cond: Callable[[], bool], what: str, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout if timeout is not None else self.start_timeout)
+        while True:
+            dead = [p for p in self._procs if p.poll() is not None]
+            if dead:
+                names = ", ".join(
+                    f"{' '.join(map(str, p.args[:3]))} (rc={p.returncode})"  # type: ignore[index]
+                    for p in dead
+                )
+                raise SlurmHarnessError(f"{what}: process exited: {names}\n{self.log_tails()}")
+            if cond():
+                return
+            if time.monotonic() > deadline:
+                raise SlurmHarnessError(f"{what} within the timeout\n{self.log_tails()}")
+            time.sleep(0.1)
+
+    def _ctld_up(self) -> bool:
+        res = self.run("scontrol", "ping", check=False, timeout=5)
+        return res.returncode == 0 and "UP" in res.stdout
+
+    def _real_nodes_idle(self) -> bool:
+        # exactly IDLE: not IDLE+NOT_RESPONDING (slurmd not registered yet), not UNKNOWN
+        res = self.run(
+            "scontrol", "show", "node", "-o", ",".join(self.real_node_names), check=False, timeout=5
+        )
+        if res.returncode != 0:
+            return False
+        states = {n["NodeName"]: n.get("State") for n in iter_nodes(res.stdout)}
+        return all(states.get(n) == "IDLE" for n in self.real_node_names)
+
+    def log_tails(self, lines: int = 25) -> str:
+        if self.dir is None:
+            return ""
+        parts = []
+        for f in sorted((self.dir / "log").glob("*")):
+            if f.stat().st_size:
+                parts.append(f"--- {f.name} (last {lines} lines)\n{_tail(f, lines)}")
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        """Cancel jobs, kill every process this cluster started (and its jobs), remove the temp dir."""
+        if self.dir is None:
+            return
+        if any(p.poll() is None for p in self._procs) and self._env:
+            with contextlib.suppress(Exception):
+                self.run("scancel", "--full", "--quiet", "--user=root", check=False, timeout=5)
+        for p in self._procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.terminate()
+        deadline = time.monotonic() + 5
+        for p in self._procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        # slurmstepd and job processes are not our children: find them by the marker
+        _kill_pids(_pids_with_marker(str(self.dir)))
+        self._procs.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = None
+        self._env = {}
+        self._munge_socket = None
+
+    # ---------------------------------------------------------------- helpers
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 30, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command against this cluster; raise with its output when ``check`` fails."""
+        res = subprocess.run(
+            list(args),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            input=input,
+        )
+        if check and res.returncode != 0:
+            raise SlurmHarnessError(
+                f"{' '.join(args)} -> rc={res.returncode}\nstdout: {res.stdout}\nstderr: {res.stderr}"
+            )
+        return res
+
+    def submit(
+        self, script_body: str, nodes: int = 2, requeue: bool = True, extra_args: Sequence[str] = ()
+    ) -> str:
+        """``sbatch`` a batch job running ``script_body`` on ``nodes`` nodes; return the job id."""
+        assert self.dir is not None
+        script = f"#!/bin/sh\n{script_body}\n"
+        res = self.run(
+            "sbatch",
+            "--parsable",
+            f"-N{nodes}",
+            "--requeue" if requeue else "--no-requeue",
+            f"--chdir={self.dir / 'jobs'}",
+            f"--output={self.dir / 'jobs' / 'slurm-%j.out'}",
+            *extra_args,
+            input=script,
+        )
+        return res.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o`` as a dict (JobState, NodeList, Restarts, Requeue, Reason, ...)."""
+        res = self.run("scontrol", "show", "job", "-o", job_id)
+        return parse_key_values(res.stdout.strip())
+
+    def wait_job_running(self, job_id: str, timeout: float = 30) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") == "RUNNING":
+                return info
+            if info.get("JobState") in ("FAILED", "CANCELLED", "COMPLETED", "NODE_FAIL", "TIMEOUT"):
+                break
+            time.sleep(0.1)
+        raise SlurmHarnessError(f"job {job_id} not running: {info}\n{self.log_tails()}")
+
+    def wait_job_state(self, job_id: str, states: Sequence[str], timeout: float = 30) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") in states:
+                return info
+            time.sleep(0.1)
+        raise SlurmHarnessError(f"job {job_id} not in {list(states)}: {info}")
+
+    def cancel(self, *job_ids: str) -> None:
+        if job_ids:
+            self.run("scancel", *job_ids, check=False)
+
+    def node(self, name: str) -> dict[str, str]:
+        res = self.run("scontrol", "show", "node", "-o", name)
+        return parse_key_values(res.stdout.strip())
+
+    def node_state(self, name: str) -> str:
+        """The State field as scontrol prints it, e.g. ``IDLE``, ``IDLE+DRAIN``, ``MIXED+DRAIN``."""
+        return self.node(name)["State"]
+
+    def reason(self, name: str) -> str | None:
+        """The node's Reason without the ``[user@time]`` annotation; None when it has none."""
+        r = self.node(name).get("Reason")
+        if not r or r == "(null)":
+            return None
+        return re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", r)
+
+    def drain(self, nodes: str, reason: str) -> None:
+        self.run("scontrol", "update", f"NodeName={nodes}", "State=DRAIN", f"Reason={reason}")
+
+    def resume(self, nodes: str) -> None:
+        self.run("scontrol", "update", f"NodeName={nodes}", "State=RESUME")
+
+    def reset_nodes(self, names: Sequence[str] | None = None) -> None:
+        """Resume every drained node (any reason) among ``names`` (default all): a clean slate between tests."""
+        names = list(names) if names is not None else self.all_node_names
+        res = self.run("scontrol", "show", "node", "-o", check=False)
+        drained = [
+            n for n in iter_nodes(res.stdout) if n.get("NodeName") in names and "DRAIN" in n.get("State", "")
+        ]
+        if drained:
+            # RESUME of a simulated node (state UNKNOWN, no slurmd) clears DRAIN but exits 1 ("Invalid node
+            # state transition ... from=UNKNOWN* to=RESUME"): check the outcome, not the exit status
+            names_drained = [n["NodeName"] for n in drained]
+            self.run("scontrol", "update", f"NodeName={','.join(names_drained)}", "State=RESUME", check=False)
+            left = self.run("scontrol", "show", "node", "-o", ",".join(names_drained), check=False)
+            still = [n["NodeName"] for n in iter_nodes(left.stdout) if "DRAIN" in n.get("State", "")]
+            if still:
+                raise SlurmHarnessError(f"could not resume {still}")
+            # RESUME makes slurmctld ping the node: a real one is NOT_RESPONDING for a moment
+            real = [n["NodeName"] for n in drained if n["NodeName"] in self.real_node_names]
+            self.wait_nodes_responding(real)
+
+    def wait_nodes_responding(self, names: Sequence[str], timeout: float = 15) -> None:
+        """Wait until none of the (real) ``names`` is flagged NOT_RESPONDING."""
+        if not names:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            res = self.run("scontrol", "show", "node", "-o", ",".join(names), check=False)
+            if res.returncode == 0 and not any(
+                "NOT_RESPONDING" in n.get("State", "") or "*" in n.get("State", "")
+                for n in iter_nodes(res.stdout)
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise SlurmHarnessError(f"nodes {list(names)} still not responding:\n{res.stdout}")
+            time.sleep(0.1)
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """Parse one ``scontrol show node|job -o`` line. A token without ``Key=`` continues the previous value
+    (``OS=Linux 6.1 #1 SMP``); a node's free-text ``Reason`` runs up to its ``[user@time]`` annotation,
+    which is kept in the value."""
+    out: dict[str, str] = {}
+    reason = None
+    m = re.search(r" Reason=(.*? \[[^\[\]\s]*@\d{4}-\d\d-\d\dT[\d:]+\])", line)
+    if m is not None:
+        reason = m.group(1)
+        line = line[: m.start()] + line[m.end() :]
+    key: str | None = None
+    for tok in line.split(" "):
+        km = re.match(r"^([A-Za-z][\w/:.]*)=(.*)$", tok)
+        if km is not None:
+            key = km.group(1)
+            out[key] = km.group(2)
+        elif key is not None and tok:
+            out[key] = f"{out[key]} {tok}"
+    if reason is not None:
+        out["Reason"] = reason
+    return out
+
+
+def iter_nodes(text: str) -> Iterator[dict[str, str]]:
+    for line in text.splitlines():
+        if line.startswith("NodeName="):
+            yield parse_key_values(line)

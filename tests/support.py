@@ -1,0 +1,29 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from watchd.events import Event
+
+XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+
+
+def xid_event(node: str = "gpu-1", code: int = 79, event_id: str = "e1", **attrs: object) -> Event:
+    base: dict[str, object] = {
+        "xid": code,
+        "pci_bus_id": "0000:3b:00.0",
+        "meaning": "GPU has fallen off the bus",
+    }
+    base.update(attrs)
+    return Event(id=event_id, node=node, source="kmsg", kind="xid", time=time.time(), attrs=base)  # type: ignore[arg-type]
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)

@@ -1,0 +1,110 @@
+import asyncio
+import os
+from pathlib import Path
+
+from watchd.sources.base import LogLine
+from watchd.sources.filefollow import FileFollowSource
+
+
+class Collector:
+    def __init__(self, source: FileFollowSource) -> None:
+        self.lines: list[LogLine] = []
+        self._task = asyncio.create_task(self._run(source))
+
+    async def _run(self, source: FileFollowSource) -> None:
+        async for line in source.lines():
+            self.lines.append(line)
+
+    @property
+    def texts(self) -> list[str]:
+        return [line.text for line in self.lines]
+
+    async def wait(self, n: int, timeout: float = 5.0) -> list[str]:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while len(self.lines) < n:
+            assert asyncio.get_running_loop().time() < deadline, f"got {self.texts}, wanted {n} lines"
+            await asyncio.sleep(0.01)
+        return self.texts
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+async def collector(path: Path, from_start: bool = False) -> Collector:
+    c = Collector(FileFollowSource(path, 0.01, from_start=from_start))
+    await asyncio.sleep(0.05)
+    return c
+
+
+def append(path: Path, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text)
+
+
+async def test_starts_at_end_then_follows(tmp_path: Path) -> None:
+    log = tmp_path / "syslog"
+    log.write_text("old line\n")
+    c = await collector(log)
+    append(log, "new 1\nnew 2\n")
+    assert await c.wait(2) == ["new 1", "new 2"]
+    await c.stop()
+
+
+async def test_partial_line_waits_for_its_end(tmp_path: Path) -> None:
+    log = tmp_path / "syslog"
+    log.write_text("")
+    c = await collector(log)
+    append(log, "half a ")
+    await asyncio.sleep(0.1)
+    assert c.texts == []
+    append(log, "line\n")
+    assert await c.wait(1) == ["half a line"]
+    await c.stop()
+
+
+async def test_survives_rotation_by_rename(tmp_path: Path) -> None:
+    log = tmp_path / "syslog"
+    log.write_text("")
+    c = await collector(log)
+    append(log, "before\n")
+    await c.wait(1)
+    os.rename(log, tmp_path / "syslog.1")
+    append(tmp_path / "syslog.1", "late write to old file\n")
+    log.write_text("after rotation\n")
+    assert await c.wait(3) == ["before", "late write to old file", "after rotation"]
+    await c.stop()
+
+
+async def test_survives_truncation(tmp_path: Path) -> None:
+    log = tmp_path / "syslog"
+    log.write_text("")
+    c = await collector(log)
+    append(log, "a long first line\n")
+    await c.wait(1)
+    with open(log, "w") as f:
+        f.write("x\n")
+    assert await c.wait(2) == ["a long first line", "x"]
+    await c.stop()
+
+
+async def test_missing_file_is_waited_for_and_read_from_start(tmp_path: Path) -> None:
+    log = tmp_path / "later.log"
+    c = await collector(log)
+    log.write_text("first\nsecond\n")
+    assert await c.wait(2) == ["first", "second"]
+    await c.stop()
+
+
+async def test_keys_are_stable_per_position(tmp_path: Path) -> None:
+    log = tmp_path / "syslog"
+    log.write_text("")
+    c = await collector(log)
+    append(log, "same\nsame\n")
+    await c.wait(2)
+    assert c.lines[0].key != c.lines[1].key
+    await c.stop()
+    c2 = await collector(log, from_start=True)
+    await c2.wait(2)
+    assert [line.key for line in c2.lines] == [line.key for line in c.lines]
+    await c2.stop()

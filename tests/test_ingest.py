@@ -1,0 +1,149 @@
+"""The engine's ingest API over real HTTP on loopback."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from tests.support import eventually, xid_event
+from watchd.adapters.fake import FakeScheduler
+from watchd.config import EngineConfig, IngestConfig, Listen, TokenSource
+from watchd.engine.runner import Engine
+from watchd.events import INGEST_PATH, batch_to_wire
+
+TOKEN = "t0ken"
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
+    config = EngineConfig(
+        listen=Listen(port=0),
+        auth=TokenSource(token=TOKEN),
+        mode="enforce",
+        ingest=IngestConfig(max_body_bytes=64 * 1024, max_events_per_batch=100),
+    )
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1", "gpu-2"])
+    async with Engine(config, scheduler=fake) as e:
+        yield e
+
+
+async def post(engine: Engine, body: bytes | str, token: str | None = TOKEN) -> tuple[int, dict[str, object]]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = body.encode() if isinstance(body, str) else body
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"http://127.0.0.1:{engine.port}{INGEST_PATH}", data=data, headers=headers) as r,
+    ):
+        return r.status, await r.json()
+
+
+def batch(*events: object) -> str:
+    return json.dumps(batch_to_wire("gpu-1", list(events)))  # type: ignore[arg-type]
+
+
+def rejected(engine: Engine, reason: str) -> float:
+    return engine.metrics.ingest_rejected.labels(reason)._value.get()
+
+
+async def test_accepts_and_acts(engine: Engine) -> None:
+    status, body = await post(engine, batch(xid_event("gpu-1")))
+    assert status == 200 and body == {"accepted": 1, "duplicates": 0}
+    await eventually(lambda: len(engine.audit.entries) == 2, what="drain and requeue")
+    assert engine.scheduler.nodes["gpu-1"].drained  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("token", [None, "wrong", ""])
+async def test_unauthorized(engine: Engine, token: str | None) -> None:
+    status, body = await post(engine, batch(xid_event()), token=token)
+    assert status == 401 and "token" in str(body["error"])
+    assert engine.queue.empty() and not engine.audit.entries
+    assert rejected(engine, "unauthorized") == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("{not json", "malformed JSON"),
+        (b"\xff\xfe\x00", "malformed JSON"),
+        ("[]", "expected a JSON object"),
+        ('{"version": 2, "events": []}', "version: expected 1"),
+        ('{"version": 1, "events": {}}', "events: expected a list"),
+        ('{"version": 1, "events": [{"id": "a"}]}', "events[0]"),
+        (
+            '{"version": 1, "events": [{"id": "a", "node": "n", "source": "s", "kind": "k", "time": "now"}]}',
+            "events[0].time",
+        ),
+        (
+            '{"version": 1, "events": [{"id": "a", "node": "n", "source": "s", "kind": "k", "time": 1, '
+            '"attrs": {"x": [1]}}]}',
+            "events[0].attrs.x",
+        ),
+        (
+            '{"version": 1, "events": [{"id": "a", "node": "n", "source": "s", "kind": "k", "time": 1, '
+            '"extra": 1}]}',
+            "unknown keys",
+        ),
+    ],
+)
+async def test_malformed_and_wrong_schema_get_400_with_reason(
+    engine: Engine, body: str | bytes, message: str
+) -> None:
+    status, reply = await post(engine, body)
+    assert status == 400
+    assert message in str(reply["error"])
+    assert engine.queue.empty()
+
+
+async def test_too_many_events_in_one_batch(engine: Engine) -> None:
+    events = [xid_event(event_id=f"e{i}") for i in range(101)]
+    status, reply = await post(engine, batch(*events))
+    assert status == 400 and "at most 100" in str(reply["error"])
+
+
+async def test_oversized_body_gets_413_and_server_keeps_serving(engine: Engine) -> None:
+    status, reply = await post(engine, "x" * (65 * 1024))
+    assert status == 413 and "larger than" in str(reply["error"])
+    status, _ = await post(engine, batch(xid_event()))
+    assert status == 200
+
+
+async def test_duplicates_are_counted_not_acted_on_twice(engine: Engine) -> None:
+    event = xid_event("gpu-2", event_id="same")
+    assert (await post(engine, batch(event, event)))[1] == {"accepted": 1, "duplicates": 1}
+    assert (await post(engine, batch(event)))[1] == {"accepted": 0, "duplicates": 1}
+    await eventually(lambda: len(engine.audit.entries) == 2, what="one decision")
+    await asyncio.sleep(0.1)
+    assert len(engine.audit.entries) == 2
+    assert engine.metrics.events_duplicate._value.get() == 2
+
+
+async def test_slow_client_does_not_stall_others(engine: Engine) -> None:
+    _, writer = await asyncio.open_connection("127.0.0.1", engine.port)
+    writer.write(
+        f"POST {INGEST_PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"version"'.encode()
+    )
+    await writer.drain()
+    status, _ = await asyncio.wait_for(post(engine, batch(xid_event())), timeout=5)
+    assert status == 200
+    writer.close()
+
+
+async def test_metrics_and_health_endpoints(engine: Engine) -> None:
+    await post(engine, batch(xid_event()))
+    await eventually(lambda: len(engine.audit.entries) == 2, what="actions")
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://127.0.0.1:{engine.port}/metrics") as r:
+            text = await r.text()
+        async with s.get(f"http://127.0.0.1:{engine.port}/healthz") as r:
+            assert r.status == 200
+        async with s.get(f"http://127.0.0.1:{engine.port}/api/v1/actions") as r:
+            actions = (await r.json())["actions"]
+    assert 'watchd_actions_total{action="drain",mode="enforce",outcome="drained"} 1.0' in text
+    assert 'watchd_events_received_total{kind="xid",source="kmsg"} 1.0' in text
+    assert [a["action"] for a in actions] == ["drain", "requeue"]

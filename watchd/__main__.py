@@ -1,0 +1,3 @@
+from watchd.cli import main
+
+raise SystemExit(main())

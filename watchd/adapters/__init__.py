@@ -1,0 +1,1 @@
+"""Adapters act on the world: schedulers (Slurm, later Kubernetes), alert receivers."""

@@ -1,0 +1,171 @@
+"""An in-memory scheduler with the same semantics as :class:`~watchd.adapters.slurm.SlurmScheduler`.
+
+For unit tests and the demo: nodes, jobs with a requeue flag, admin drains, and a record of every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from watchd.adapters.base import (
+    WATCHD_REASON_PREFIX,
+    DrainResult,
+    NodeState,
+    RequeueResult,
+    ResumeResult,
+    SchedulerError,
+)
+
+
+@dataclass(slots=True)
+class FakeJob:
+    job_id: str
+    nodes: tuple[str, ...]
+    requeue: bool = True
+    state: str = "running"  # running | pending
+    restarts: int = 0
+
+
+@dataclass(slots=True)
+class FakeScheduler:
+    """``nodes`` and ``jobs`` are public: tests may read and set them directly.
+
+    Failure injection: a node in ``fail_drain`` fails to drain, a job in ``fail_requeue`` fails to requeue,
+    and ``error`` (if set) is raised by every call, like a missing ``scontrol``."""
+
+    reason_prefix: str = WATCHD_REASON_PREFIX
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    jobs: dict[str, FakeJob] = field(default_factory=dict)
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    fail_drain: set[str] = field(default_factory=set)
+    fail_requeue: set[str] = field(default_factory=set)
+    error: SchedulerError | None = None
+    name: str = "fake"
+
+    # ------------------------------------------------------------- setup
+    def add_node(
+        self, name: str, state: str = "idle", flags: Iterable[str] = (), reason: str | None = None
+    ) -> NodeState:
+        st = NodeState(name=name, state=state, flags=frozenset(flags), reason=reason)
+        self.nodes[name] = st
+        return st
+
+    def add_nodes(self, names: Iterable[str]) -> None:
+        for n in names:
+            self.add_node(n)
+
+    def add_job(self, job_id: str, nodes: Sequence[str], requeue: bool = True) -> FakeJob:
+        for n in nodes:
+            if n not in self.nodes:
+                self.add_node(n)
+            st = self.nodes[n]
+            if st.state == "idle":
+                self.nodes[n] = replace(st, state="allocated")
+        job = FakeJob(job_id=job_id, nodes=tuple(nodes), requeue=requeue)
+        self.jobs[job_id] = job
+        return job
+
+    def set_admin_drain(self, node: str, reason: str) -> None:
+        """Drain ``node`` as an administrator would (a reason without watchd's prefix)."""
+        st = self.nodes.get(node) or self.add_node(node)
+        self.nodes[node] = replace(st, flags=st.flags | {"DRAIN"}, reason=reason)
+
+    def set_down(self, node: str, reason: str = "Not responding") -> None:
+        st = self.nodes.get(node) or self.add_node(node)
+        self.nodes[node] = replace(st, state="down", flags=st.flags | {"NOT_RESPONDING"}, reason=reason)
+
+    def calls_of(self, method: str) -> list[Any]:
+        return [args for name, args in self.calls if name == method]
+
+    # ------------------------------------------------------------- protocol
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _ours(self, st: NodeState) -> bool:
+        return st.reason is not None and st.reason.startswith(self.reason_prefix)
+
+    def _with_prefix(self, reason: str) -> str:
+        reason = " ".join(reason.split())
+        return reason if reason.startswith(self.reason_prefix) else f"{self.reason_prefix} {reason}"
+
+    async def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+        self.calls.append(("node_states", tuple(nodes)))
+        self._check()
+        return {n: self.nodes[n] for n in dict.fromkeys(nodes) if n in self.nodes}
+
+    async def drain(self, reasons: Mapping[str, str]) -> dict[str, DrainResult]:
+        self.calls.append(("drain", dict(reasons)))
+        self._check()
+        results: dict[str, DrainResult] = {}
+        groups: dict[str, list[str]] = {}
+        for node, reason in reasons.items():
+            st = self.nodes.get(node)
+            if st is None:
+                results[node] = DrainResult(node, "failed", "unknown node")
+            elif st.drained and self._ours(st):
+                results[node] = DrainResult(node, "already_drained", st.reason or "")
+            elif st.drained or st.down:
+                results[node] = DrainResult(
+                    node, "skipped", f"node is {_show(st)} for reason {st.reason!r}, not set by watchd"
+                )
+            else:
+                groups.setdefault(self._with_prefix(reason), []).append(node)
+        for reason, names in groups.items():
+            # the real adapter issues one `scontrol update` per distinct reason: record the same grouping
+            self.calls.append(("update_drain", (reason, tuple(names))))
+            for n in names:
+                if n in self.fail_drain:
+                    results[n] = DrainResult(n, "failed", f"injected failure draining {n}")
+                    continue
+                st = self.nodes[n]
+                self.nodes[n] = replace(st, flags=st.flags | {"DRAIN"}, reason=reason)
+                results[n] = DrainResult(n, "drained", reason)
+        return {n: results[n] for n in reasons}
+
+    async def requeue_jobs_on(self, node: str) -> RequeueResult:
+        self.calls.append(("requeue_jobs_on", node))
+        self._check()
+        if node not in self.nodes:
+            raise SchedulerError(f"squeue -w {node}: exit status 1: Invalid node name {node}")
+        requeued: list[str] = []
+        not_requeueable: list[str] = []
+        failed: dict[str, str] = {}
+        for job in list(self.jobs.values()):
+            if job.state != "running" or node not in job.nodes:
+                continue
+            if not job.requeue:
+                not_requeueable.append(job.job_id)
+            elif job.job_id in self.fail_requeue:
+                failed[job.job_id] = f"injected failure requeueing {job.job_id}"
+            else:
+                self._release(job)
+                job.state, job.nodes, job.restarts = "pending", (), job.restarts + 1
+                requeued.append(job.job_id)
+        return RequeueResult(node, tuple(requeued), tuple(not_requeueable), failed)
+
+    def _release(self, job: FakeJob) -> None:
+        for n in job.nodes:
+            busy = any(j is not job and j.state == "running" and n in j.nodes for j in self.jobs.values())
+            st = self.nodes.get(n)
+            if st is not None and not busy and st.state in ("allocated", "mixed"):
+                self.nodes[n] = replace(st, state="idle")
+
+    async def resume(self, node: str) -> ResumeResult:
+        self.calls.append(("resume", node))
+        self._check()
+        st = self.nodes.get(node)
+        if st is None:
+            return ResumeResult(node, "failed", "unknown node")
+        if not st.drained:
+            return ResumeResult(node, "not_drained", _show(st))
+        if not self._ours(st):
+            return ResumeResult(node, "refused", f"drained by someone else: {st.reason!r}")
+        self.nodes[node] = replace(st, flags=st.flags - {"DRAIN"}, reason=None)
+        return ResumeResult(node, "resumed", st.reason or "")
+
+
+def _show(st: NodeState) -> str:
+    return "+".join([st.state.upper(), *sorted(st.flags)])

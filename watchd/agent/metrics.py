@@ -1,0 +1,54 @@
+"""The agent's Prometheus metrics, in a registry of its own (the simulator runs many agents per process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.lines = Counter("watchd_agent_log_lines", "Log lines read, by source.", ["source"], registry=r)
+        self.events = Counter(
+            "watchd_agent_events",
+            "Events produced, by source and kind.",
+            ["source", "kind"],
+            registry=r,
+        )
+        self.shipped = Counter("watchd_agent_events_shipped", "Events delivered to the engine.", registry=r)
+        self.dropped = Counter(
+            "watchd_agent_events_dropped",
+            "Events that could not be delivered, by reason (queue_full, rejected, shutdown).",
+            ["reason"],
+            registry=r,
+        )
+        self.requests = Counter(
+            "watchd_agent_ship_requests",
+            "Requests to the engine, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        self.queue_depth = Gauge("watchd_agent_queue_depth", "Events waiting to be shipped.", registry=r)
+        self.kmsg_lost = Counter(
+            "watchd_agent_kmsg_records_lost",
+            "Kernel log records overwritten before they were read.",
+            registry=r,
+        )
+        self.source_up = Gauge(
+            "watchd_source_up",
+            "1 while a source is being read, 0 when it failed.",
+            ["source"],
+            registry=r,
+        )
+        self.source_errors = Counter(
+            "watchd_agent_source_errors",
+            "Failures of a source (it is restarted).",
+            ["source"],
+            registry=r,
+        )
+        self.engine_up = Gauge(
+            "watchd_agent_engine_reachable",
+            "1 when the last request to the engine succeeded.",
+            registry=r,
+        )

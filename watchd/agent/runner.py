@@ -1,0 +1,162 @@
+"""The agent, assembled: sources -> Xid parser -> events -> shipper, plus /metrics and /healthz."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from contextlib import AsyncExitStack
+from types import TracebackType
+
+from aiohttp import web
+
+from watchd.agent.metrics import AgentMetrics
+from watchd.agent.shipper import Shipper
+from watchd.config import AgentConfig
+from watchd.events import Event, stable_id
+from watchd.httputil import metrics_handler, serve
+from watchd.logs import get_logger
+from watchd.sources.base import LogLine, LogSource
+from watchd.sources.filefollow import FileFollowSource
+from watchd.sources.kmsg import KmsgSource
+from watchd.xid import XidParser, XidRecord
+from watchd.xid.render import record_to_json
+
+_log = get_logger("watchd.agent")
+
+_RESTART_MIN_S = 1.0
+_RESTART_MAX_S = 30.0
+
+
+def xid_event(node: str, source: str, line: LogLine, record: XidRecord, index: int) -> Event:
+    attrs = {k: v for k, v in record_to_json(record).items() if v is None or isinstance(v, str | int | float)}
+    return Event(
+        id=stable_id(node, source, line.key, index),
+        node=node,
+        source=source,
+        kind="xid",
+        time=line.time,
+        attrs=attrs,
+    )
+
+
+def sources_from_config(config: AgentConfig, metrics: AgentMetrics) -> list[LogSource]:
+    sources: list[LogSource] = []
+    if config.sources.kmsg.enabled:
+        sources.append(
+            KmsgSource(
+                config.sources.kmsg.path,
+                config.sources.kmsg.state_file,
+                on_lost=metrics.kmsg_lost.inc,
+            )
+        )
+    for f in config.sources.files:
+        sources.append(FileFollowSource(f.path, f.poll_interval_s))
+    return sources
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, sources: list[LogSource] | None = None) -> None:
+        self.config = config
+        self.node = config.node
+        self.metrics = AgentMetrics()
+        self.sources = sources if sources is not None else sources_from_config(config, self.metrics)
+        self.shipper = Shipper(
+            config.node,
+            config.engine.url,
+            config.engine.auth.resolve(),
+            self.metrics,
+            queue_size=config.shipper.queue_size,
+            max_batch=config.shipper.max_batch,
+            backoff_initial=config.shipper.backoff_initial_s,
+            backoff_max=config.shipper.backoff_max_s,
+            timeout=config.engine.timeout_s,
+        )
+        self.port = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> Agent:
+        await self._stack.__aenter__()
+        try:
+            self._spawn(self.shipper.run(), "shipper")
+            for source in self.sources:
+                self._spawn(self._watch(source), f"source-{source.name}")
+            self._stack.push_async_callback(self._stop_tasks)
+            app = web.Application()
+            app.router.add_get("/metrics", metrics_handler(self.metrics.registry))
+            app.router.add_get("/healthz", self._healthz)
+            listen = self.config.listen
+            self.port = await self._stack.enter_async_context(serve(app, listen.host, listen.port))
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        _log.info(
+            "agent_started",
+            node=self.node,
+            engine=self.config.engine.url,
+            port=self.port,
+            sources=[s.name for s in self.sources],
+        )
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._stack.aclose()
+        _log.info("agent_stopped", node=self.node)
+
+    def _spawn(self, coro: object, name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=name))  # type: ignore[arg-type]
+
+    async def _stop_tasks(self) -> None:
+        # Stop reading first, give the shipper a bounded time to deliver what was read, then stop it.
+        shipper_task, *source_tasks = self._tasks
+        for task in source_tasks:
+            task.cancel()
+        await asyncio.gather(*source_tasks, return_exceptions=True)
+        flush = self.config.shipper.shutdown_flush_s
+        if len(self.shipper) and not await self.shipper.wait_idle(timeout=flush):
+            left = len(self.shipper)
+            self.metrics.dropped.labels("shutdown").inc(left)
+            _log.error("events_undelivered_at_shutdown", count=left)
+        shipper_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await shipper_task
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {"status": "ok", "node": self.node, "queued": len(self.shipper), "dropped": self.shipper.dropped}
+        )
+
+    async def _watch(self, source: LogSource) -> None:
+        """Read one source forever; a failure is logged, counted and the source restarted with backoff."""
+        delay = _RESTART_MIN_S
+        up = self.metrics.source_up.labels(source.name)
+        while True:
+            parser = XidParser()
+            up.set(1)
+            try:
+                async for line in source.lines():
+                    delay = _RESTART_MIN_S
+                    self.metrics.lines.labels(source.name).inc()
+                    for index, record in enumerate(parser.feed(line.text)):
+                        event = xid_event(self.node, source.name, line, record, index)
+                        self.metrics.events.labels(source.name, event.kind).inc()
+                        _log.info(
+                            "xid_seen", xid=record.xid, pci_bus_id=record.pci_bus_id, source=source.name
+                        )
+                        self.shipper.offer(event)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                up.set(0)
+                self.metrics.source_errors.labels(source.name).inc()
+                _log.error(
+                    "source_failed",
+                    source=source.name,
+                    error=str(exc) or type(exc).__name__,
+                    retry_in_s=delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(_RESTART_MAX_S, delay * 2)

@@ -1,0 +1,155 @@
+"""Ship events to the engine: batched, authenticated, retried with backoff, from a bounded queue.
+
+Events are sent as soon as they are there (no lingering: a batch is what accumulated while the previous
+request was in flight). While the engine is unreachable they wait in the queue and are delivered when it
+returns. A full queue refuses new events; each refusal is counted and logged, never silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import deque
+
+import aiohttp
+
+from watchd.agent.metrics import AgentMetrics
+from watchd.events import INGEST_PATH, Event, batch_to_wire
+from watchd.logs import get_logger
+
+_log = get_logger("watchd.shipper")
+
+_RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
+_DROP_LOG_EVERY = 1000
+
+
+class Shipper:
+    def __init__(
+        self,
+        node: str,
+        url: str,
+        token: str | None,
+        metrics: AgentMetrics,
+        *,
+        queue_size: int = 100_000,
+        max_batch: int = 1000,
+        backoff_initial: float = 0.2,
+        backoff_max: float = 30.0,
+        timeout: float = 5.0,
+    ) -> None:
+        self.node = node
+        self.endpoint = url.rstrip("/") + INGEST_PATH
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._metrics = metrics
+        self._queue: deque[Event] = deque()
+        self._queue_size = queue_size
+        self._max_batch = max_batch
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def offer(self, event: Event) -> bool:
+        if len(self._queue) >= self._queue_size:
+            self.dropped += 1
+            self._metrics.dropped.labels("queue_full").inc()
+            if self.dropped % _DROP_LOG_EVERY == 1:
+                _log.error(
+                    "event_dropped_queue_full",
+                    queue_size=self._queue_size,
+                    dropped_total=self.dropped,
+                    event_id=event.id,
+                    kind=event.kind,
+                )
+            return False
+        self._queue.append(event)
+        self._metrics.queue_depth.set(len(self._queue))
+        self._idle.clear()
+        self._ready.set()
+        return True
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until everything queued so far was delivered (or refused); False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def run(self) -> None:
+        backoff = self._backoff_initial
+        batch_limit = self._max_batch
+        async with aiohttp.ClientSession(timeout=self._timeout) as session:
+            while True:
+                if not self._queue:
+                    self._idle.set()
+                    self._ready.clear()
+                    await self._ready.wait()
+                    continue
+                batch = [self._queue[i] for i in range(min(batch_limit, len(self._queue)))]
+                outcome = await self._post(session, batch)
+                if outcome == "delivered" or outcome == "rejected":
+                    for _ in batch:
+                        self._queue.popleft()
+                    self._metrics.queue_depth.set(len(self._queue))
+                    backoff = self._backoff_initial
+                    batch_limit = self._max_batch
+                    if outcome == "delivered":
+                        self._metrics.shipped.inc(len(batch))
+                    else:
+                        self._metrics.dropped.labels("rejected").inc(len(batch))
+                    continue
+                if outcome == "too_large" and len(batch) > 1:
+                    batch_limit = max(1, len(batch) // 2)
+                    continue
+                delay = backoff * (0.5 + random.random())
+                backoff = min(self._backoff_max, backoff * 2)
+                await asyncio.sleep(delay)
+
+    async def _post(self, session: aiohttp.ClientSession, batch: list[Event]) -> str:
+        body = json.dumps(batch_to_wire(self.node, batch), separators=(",", ":")).encode()
+        try:
+            async with session.post(self.endpoint, data=body, headers=self._headers) as resp:
+                text = await resp.text()
+                status = resp.status
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self._metrics.requests.labels("unreachable").inc()
+            self._metrics.engine_up.set(0)
+            _log.warning(
+                "engine_unreachable",
+                url=self.endpoint,
+                error=str(exc) or type(exc).__name__,
+                queued=len(self._queue),
+            )
+            return "retry"
+        self._metrics.engine_up.set(1 if status < 500 else 0)
+        if 200 <= status < 300:
+            self._metrics.requests.labels("delivered").inc()
+            return "delivered"
+        if status == 413:
+            self._metrics.requests.labels("too_large").inc()
+            if len(batch) == 1:
+                _log.error("event_rejected_too_large", event_id=batch[0].id, response=text[:500])
+                return "rejected"
+            return "too_large"
+        if status in _RETRYABLE:
+            self._metrics.requests.labels("retry").inc()
+            _log.warning("engine_busy", status=status, response=text[:200], queued=len(self._queue))
+            return "retry"
+        if status in (401, 403):
+            # A configuration problem: keep the events, they are delivered once the token is fixed.
+            self._metrics.requests.labels("unauthorized").inc()
+            _log.error("engine_refused_token", status=status, response=text[:200], queued=len(self._queue))
+            return "retry"
+        self._metrics.requests.labels("rejected").inc()
+        _log.error("batch_rejected", status=status, response=text[:500], events=len(batch))
+        return "rejected"

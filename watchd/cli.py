@@ -1,0 +1,149 @@
+"""The ``watchd`` command line. User mistakes are one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from watchd import __version__
+from watchd.config import AgentConfig, EngineConfig, load_config
+from watchd.errors import UsageError
+from watchd.logs import configure_logging
+from watchd.systemd import notify, watchdog_pinger
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="watchd", description="Keeps GPU clusters healthy.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    e = sub.add_parser("engine", help="run the central engine (ingest, rules, actions)")
+    e.add_argument("-c", "--config", type=Path, help="engine YAML config (default: embedded defaults)")
+    e.add_argument("--check", action="store_true", help="validate the config and rules, then exit")
+
+    a = sub.add_parser("agent", help="run the node agent (kernel log -> events -> engine)")
+    a.add_argument("-c", "--config", type=Path, help="agent YAML config (default: embedded defaults)")
+    a.add_argument("--check", action="store_true", help="validate the config, then exit")
+
+    x = sub.add_parser("xid", help="decode NVIDIA Xid errors from kernel log text (dmesg | watchd xid)")
+    x.add_argument("files", nargs="*", help="files to read ('-' or none: standard input)")
+    x.add_argument("--json", action="store_true", help="one JSON object per Xid")
+
+    d = sub.add_parser("demo", help="an engine and simulated nodes on loopback; an Xid 79 is injected")
+    d.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
+
+    n = sub.add_parser("node", help="act on one node through the scheduler")
+    nsub = n.add_subparsers(dest="node_command", metavar="ACTION", required=True)
+    r = nsub.add_parser("resume", help="return a node watchd drained to service (never an admin's drain)")
+    r.add_argument("name")
+    r.add_argument("-c", "--config", type=Path, help="engine YAML config (for the Slurm settings)")
+
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except UsageError as exc:
+        print(f"watchd {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "version":
+        print(f"watchd {__version__}")
+        return 0
+    if args.command == "xid":
+        from watchd.xid.render import run_xid
+
+        return run_xid(args.files, args.json, sys.stdin, sys.stdout)
+    if args.command == "engine":
+        return _run_engine(args.config, args.check)
+    if args.command == "agent":
+        return _run_agent(args.config, args.check)
+    if args.command == "demo":
+        from watchd.demo import run_demo
+
+        if not 1 <= args.nodes <= 1000:
+            raise UsageError("--nodes must be between 1 and 1000")
+        return asyncio.run(run_demo(args.nodes, sys.stdout))
+    if args.command == "node":
+        return asyncio.run(_node_resume(args.name, args.config))
+    raise AssertionError(args.command)
+
+
+def _run_engine(path: Path | None, check: bool) -> int:
+    from watchd.engine.runner import Engine
+
+    config = load_config(EngineConfig, path)
+    engine = Engine(config)  # loads the rules and the token: errors surface before anything starts
+    if check:
+        print(f"ok: mode {config.mode}, {len(engine.rules.rules)} rules ({', '.join(engine.rules.names)})")
+        return 0
+    configure_logging(config.log.level, config.log.format)
+
+    async def run() -> None:
+        async with engine:
+            await _serve_until_signalled(reload=engine.reload_rules)
+
+    asyncio.run(run())
+    return 0
+
+
+def _run_agent(path: Path | None, check: bool) -> int:
+    from watchd.agent.runner import Agent
+
+    config = load_config(AgentConfig, path)
+    config.engine.auth.resolve()
+    if check:
+        print(f"ok: node {config.node}, engine {config.engine.url}")
+        return 0
+    configure_logging(config.log.level, config.log.format)
+
+    async def run() -> None:
+        async with Agent(config):
+            await _serve_until_signalled()
+
+    asyncio.run(run())
+    return 0
+
+
+async def _serve_until_signalled(reload: Callable[[], object] | None = None) -> None:
+    """Signals only trigger shutdown (or reload); the caller's context managers do the teardown."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if reload is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload)
+    notify("READY=1")
+    pinger = asyncio.create_task(watchdog_pinger())
+    try:
+        await stop.wait()
+    finally:
+        notify("STOPPING=1")
+        pinger.cancel()
+
+
+async def _node_resume(name: str, path: Path | None) -> int:
+    from watchd.engine.runner import scheduler_from_config
+
+    config = load_config(EngineConfig, path)
+    scheduler = scheduler_from_config(config)
+    if scheduler is None:
+        raise UsageError("no scheduler is enabled in the config (slurm.enabled is false)")
+    from watchd.adapters.base import SchedulerError
+
+    try:
+        result = await scheduler.resume(name)
+    except SchedulerError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"{name}: {result.outcome}" + (f" ({result.detail})" if result.detail else ""))
+    return 0 if result.outcome in ("resumed", "not_drained") else 1

@@ -1,0 +1,193 @@
+"""Daemon configuration: one YAML file per daemon, validated strictly at load.
+
+Unknown keys and bad values are rejected with the file, the key path and the reason. Secrets (the ingest
+token) come from the environment or a file, so the YAML itself can be world-readable.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from watchd.errors import ConfigError
+
+Seconds = Annotated[float, Field(gt=0)]
+Port = Annotated[int, Field(ge=0, le=65535)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TokenSource(_Strict):
+    """Where the shared bearer token comes from: exactly one of ``token_file``, ``token_env``, ``token``."""
+
+    token_file: Path | None = None
+    token_env: str | None = None
+    token: str | None = Field(default=None, repr=False)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TokenSource:
+        given = [n for n in ("token_file", "token_env", "token") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give only one of token_file, token_env, token (got {', '.join(given)})")
+        return self
+
+    def resolve(self) -> str | None:
+        """The token, or None when authentication is switched off (no source given)."""
+        if self.token is not None:
+            value = self.token
+        elif self.token_env is not None:
+            if self.token_env not in os.environ:
+                raise ConfigError(f"auth.token_env: environment variable {self.token_env} is not set")
+            value = os.environ[self.token_env]
+        elif self.token_file is not None:
+            try:
+                value = self.token_file.read_text()
+            except OSError as exc:
+                raise ConfigError(f"auth.token_file: cannot read {self.token_file}: {exc.strerror}") from exc
+        else:
+            return None
+        value = value.strip()
+        if not value:
+            raise ConfigError("auth: the token is empty")
+        return value
+
+
+class Listen(_Strict):
+    host: str = "127.0.0.1"
+    port: Port
+
+
+class LogConfig(_Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+# ---------------------------------------------------------------------------------------------- engine
+
+
+class IngestConfig(_Strict):
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    max_events_per_batch: Annotated[int, Field(ge=1)] = 10_000
+    dedup_window_s: Seconds = 3600.0
+    dedup_max_ids: Annotated[int, Field(ge=1000)] = 1_000_000
+    queue_size: Annotated[int, Field(ge=1)] = 100_000
+
+
+class SlurmConfig(_Strict):
+    enabled: bool = True
+    scontrol: str = "scontrol"
+    squeue: str = "squeue"
+    sinfo: str = "sinfo"
+    slurm_conf: Path | None = None
+    timeout_s: Seconds = 10.0
+
+
+class ActionsConfig(_Strict):
+    cooldown_s: Annotated[float, Field(ge=0)] = 600.0
+    max_concurrent: Annotated[int, Field(ge=1)] = 64
+
+
+class EngineConfig(_Strict):
+    listen: Listen = Listen(port=9120)
+    auth: TokenSource = TokenSource()
+    mode: Literal["dry-run", "enforce"] = "dry-run"
+    rules: list[Path] = Field(default_factory=list)
+    ingest: IngestConfig = IngestConfig()
+    slurm: SlurmConfig = SlurmConfig()
+    actions: ActionsConfig = ActionsConfig()
+    log: LogConfig = LogConfig()
+
+
+# ----------------------------------------------------------------------------------------------- agent
+
+
+class KmsgConfig(_Strict):
+    enabled: bool = True
+    path: Path = Path("/dev/kmsg")
+    state_file: Path | None = Path("/var/lib/watchd/kmsg.state")
+
+
+class FileSourceConfig(_Strict):
+    path: Path
+    poll_interval_s: Seconds = 0.05
+
+
+class SourcesConfig(_Strict):
+    kmsg: KmsgConfig = KmsgConfig()
+    files: list[FileSourceConfig] = Field(default_factory=list)
+
+
+class EngineEndpoint(_Strict):
+    url: str = "http://127.0.0.1:9120"
+    auth: TokenSource = TokenSource()
+    timeout_s: Seconds = 5.0
+
+
+class ShipperConfig(_Strict):
+    max_batch: Annotated[int, Field(ge=1)] = 1000
+    queue_size: Annotated[int, Field(ge=1)] = 100_000
+    backoff_initial_s: Seconds = 0.2
+    backoff_max_s: Seconds = 30.0
+    shutdown_flush_s: Annotated[float, Field(ge=0)] = 5.0
+
+
+class AgentConfig(_Strict):
+    node: str = Field(default_factory=lambda: socket.gethostname().split(".")[0])
+    engine: EngineEndpoint = EngineEndpoint()
+    listen: Listen = Listen(port=9121)
+    sources: SourcesConfig = SourcesConfig()
+    shipper: ShipperConfig = ShipperConfig()
+    log: LogConfig = LogConfig()
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        problems.append(f"{source}: {path}: {msg}")
+    return "\n".join(problems)
+
+
+def parse_config(model: type[M], data: Any, source: str) -> M:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+
+
+def load_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from None
+
+
+def load_config(model: type[M], path: Path | None) -> M:
+    """Load ``path`` into ``model``; with no path, the embedded defaults."""
+    if path is None:
+        return model()
+    return parse_config(model, load_yaml(path), str(path))

@@ -1,0 +1,1 @@
+"""The engine: ingest, rules, action executor, adapters, metrics."""

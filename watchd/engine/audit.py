@@ -1,0 +1,46 @@
+"""The audit trail: every decision the engine takes, with its outcome and timing."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from watchd.events import Scalar
+from watchd.logs import get_logger
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    time: float
+    rule: str
+    event_id: str
+    node: str
+    action: str
+    mode: str
+    outcome: str
+    detail: str = ""
+    duration_s: float = 0.0
+    params: dict[str, Scalar] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class AuditSink(Protocol):
+    def record(self, entry: AuditRecord) -> None: ...
+
+
+class MemoryAudit:
+    """Keeps the most recent records for the status API and writes each one to the structured log."""
+
+    def __init__(self, keep: int = 10_000) -> None:
+        self.entries: deque[AuditRecord] = deque(maxlen=keep)
+        self._log = get_logger("watchd.audit")
+
+    def record(self, entry: AuditRecord) -> None:
+        self.entries.append(entry)
+        self._log.info("action", **entry.to_dict())
+
+    def recent(self, limit: int = 100) -> list[AuditRecord]:
+        return list(self.entries)[-limit:]

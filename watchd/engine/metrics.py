@@ -1,0 +1,72 @@
+"""The engine's Prometheus metrics, in a registry of its own (several engines can share a process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class EngineMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.events_received = Counter(
+            "watchd_events_received",
+            "Events accepted by ingest, by source and kind.",
+            ["source", "kind"],
+            registry=r,
+        )
+        self.events_duplicate = Counter(
+            "watchd_events_duplicate",
+            "Events dropped at ingest because their id was seen before.",
+            registry=r,
+        )
+        self.ingest_rejected = Counter(
+            "watchd_ingest_rejected",
+            "Ingest requests refused, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.rule_matches = Counter(
+            "watchd_rule_matches",
+            "Events matched, by rule.",
+            ["rule"],
+            registry=r,
+        )
+        self.actions = Counter(
+            "watchd_actions",
+            "Actions decided, by kind, mode and outcome.",
+            ["action", "mode", "outcome"],
+            registry=r,
+        )
+        self.decision_latency = Histogram(
+            "watchd_decision_latency_seconds",
+            "From an event's arrival at ingest until its actions are done (or logged in dry-run).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.action_duration = Histogram(
+            "watchd_action_duration_seconds",
+            "Time spent in the scheduler for one action, by kind.",
+            ["action"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.event_age = Histogram(
+            "watchd_event_age_seconds",
+            "From an event's observation on the node until its arrival at ingest.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "watchd_engine_queue_depth",
+            "Events accepted but not yet evaluated.",
+            registry=r,
+        )
+        self.rules_loaded = Gauge("watchd_rules_loaded", "Rules in the active rule set.", registry=r)
+        self.mode_enforce = Gauge(
+            "watchd_engine_enforce",
+            "1 when the engine acts (enforce), 0 in dry-run.",
+            registry=r,
+        )

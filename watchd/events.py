@@ -1,0 +1,119 @@
+"""The one event model shared by agent and engine, and its versioned wire format.
+
+An :class:`Event` is one observation on one node: it names the node and the source that saw it, the time of
+the observation (not of its arrival at the engine) and carries a stable ``id`` so that a re-sent or re-read
+event is recognised as the same one. Kind-specific fields live in ``attrs`` (for ``kind == "xid"``: ``xid``,
+``pci_bus_id``, ``pid``, ``process``, ``message``, ``meaning``, ``action``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+WIRE_VERSION = 1
+INGEST_PATH = "/api/v1/events"
+
+Scalar = str | int | float | bool | None
+
+
+def stable_id(*parts: object) -> str:
+    """A short, stable id for an observation, derived from what identifies it at its source."""
+    digest = hashlib.blake2b("\x1f".join(str(p) for p in parts).encode(), digest_size=12)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: str
+    node: str
+    source: str
+    kind: str
+    time: float
+    attrs: dict[str, Scalar] = field(default_factory=dict)
+
+    def get(self, name: str) -> Any:
+        """A field by name: top-level fields first, then ``attrs``; None when absent."""
+        if name in _TOP_LEVEL:
+            return getattr(self, name)
+        return self.attrs.get(name)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "node": self.node,
+            "source": self.source,
+            "kind": self.kind,
+            "time": self.time,
+            "attrs": dict(self.attrs),
+        }
+
+
+_TOP_LEVEL = frozenset({"id", "node", "source", "kind", "time"})
+
+
+def batch_to_wire(node: str, events: list[Event]) -> dict[str, Any]:
+    return {"version": WIRE_VERSION, "node": node, "events": [e.to_wire() for e in events]}
+
+
+class WireError(ValueError):
+    """A batch that does not follow the wire format; the message says what is wrong and where."""
+
+
+_MAX_ID = 128
+_MAX_STR = 8192
+
+
+def _text(obj: dict[str, Any], key: str, where: str, limit: int = 256) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value:
+        raise WireError(f"{where}.{key}: expected a non-empty string")
+    if len(value) > limit:
+        raise WireError(f"{where}.{key}: longer than {limit} characters")
+    return value
+
+
+def event_from_wire(obj: Any, where: str) -> Event:
+    if not isinstance(obj, dict):
+        raise WireError(f"{where}: expected an object")
+    unknown = set(obj) - _WIRE_KEYS
+    if unknown:
+        raise WireError(f"{where}: unknown keys {sorted(unknown)}")
+    when = obj.get("time")
+    if isinstance(when, bool) or not isinstance(when, int | float) or not 0 <= when < 1e11:
+        raise WireError(f"{where}.time: expected seconds since the epoch")
+    attrs = obj.get("attrs", {})
+    if not isinstance(attrs, dict):
+        raise WireError(f"{where}.attrs: expected an object")
+    for key, value in attrs.items():
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise WireError(f"{where}.attrs.{key}: expected a string, number, boolean or null")
+        if isinstance(value, str) and len(value) > _MAX_STR:
+            raise WireError(f"{where}.attrs.{key}: longer than {_MAX_STR} characters")
+    return Event(
+        id=_text(obj, "id", where, _MAX_ID),
+        node=_text(obj, "node", where),
+        source=_text(obj, "source", where),
+        kind=_text(obj, "kind", where, 64),
+        time=float(when),
+        attrs=attrs,
+    )
+
+
+_WIRE_KEYS = frozenset({"id", "node", "source", "kind", "time", "attrs"})
+
+
+def batch_from_wire(obj: Any, max_events: int) -> list[Event]:
+    """Validate a decoded batch; raises WireError naming the first problem."""
+    if not isinstance(obj, dict):
+        raise WireError("body: expected a JSON object")
+    version = obj.get("version")
+    if version != WIRE_VERSION:
+        raise WireError(f"version: expected {WIRE_VERSION}, got {version!r}")
+    events = obj.get("events")
+    if not isinstance(events, list):
+        raise WireError("events: expected a list")
+    if len(events) > max_events:
+        raise WireError(f"events: {len(events)} events in one batch, at most {max_events} allowed")
+    return [event_from_wire(e, f"events[{i}]") for i, e in enumerate(events)]

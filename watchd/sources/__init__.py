@@ -1,0 +1,1 @@
+"""Log watchers: kmsg, file-follow and a fake, all behind one interface and producing the same record."""

@@ -1,0 +1,46 @@
+"""The log-source interface, and a fake with ``inject_log`` for tests and the demo."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from watchd.clock import Clock, SystemClock
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One kernel-log line as a watcher saw it."""
+
+    text: str
+    time: float  # when it was observed (the kernel's timestamp where the source has one)
+    key: str  # identifies the line at its source, stable across re-reads: the base of the event id
+
+
+class LogSource(Protocol):
+    name: str
+
+    def lines(self) -> AsyncIterator[LogLine]:
+        """Lines as they appear, forever; cancellation stops it."""
+        ...
+
+
+class FakeLogSource:
+    """A log source fed by the test: ``inject_log("NVRM: Xid ...")``."""
+
+    def __init__(self, name: str = "fake", clock: Clock | None = None) -> None:
+        self.name = name
+        self._clock = clock or SystemClock()
+        self._queue: asyncio.Queue[LogLine] = asyncio.Queue()
+        self._seq = itertools.count(1)
+
+    def inject_log(self, text: str) -> None:
+        for line in text.splitlines():
+            self._queue.put_nowait(LogLine(line, self._clock.now(), f"{self.name}:{next(self._seq)}"))
+
+    async def lines(self) -> AsyncIterator[LogLine]:
+        while True:
+            yield await self._queue.get()

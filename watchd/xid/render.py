@@ -1,0 +1,107 @@
+"""``watchd xid``: decode Xid errors from log files or stdin, as an aligned table or JSON lines."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, BinaryIO, TextIO
+
+from watchd.errors import UsageError
+from watchd.xid.catalog import lookup
+from watchd.xid.parser import XidParser, XidRecord
+
+__all__ = ["record_to_json", "render_table", "run_xid"]
+
+_COLUMNS = ("PCI", "XID", "PID", "PROCESS", "MEANING", "ACTION")
+NO_XID_FOUND = "no Xid found"
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    # keep the table one line per record whatever a process name contains
+    return " ".join(str(value).split()) or "-"
+
+
+def render_table(records: Sequence[XidRecord]) -> str:
+    """An aligned table (PCI, XID, PID, PROCESS, MEANING, ACTION), one row per record; ``-`` for None.
+
+    No trailing newline; just the header row when ``records`` is empty.
+    """
+    rows: list[tuple[str, ...]] = [_COLUMNS]
+    for rec in records:
+        info = lookup(rec.xid)
+        values = (rec.pci_bus_id, rec.xid, rec.pid, rec.process, info.meaning, info.action)
+        rows.append(tuple(_cell(v) for v in values))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def record_to_json(rec: XidRecord) -> dict[str, Any]:
+    """A JSON-ready dict: the record, its catalog entry (meaning, bucket, action) and its details flattened.
+
+    A detail never replaces one of the fixed keys.
+    """
+    info = lookup(rec.xid)
+    out: dict[str, Any] = {
+        "xid": rec.xid,
+        "pci_bus_id": rec.pci_bus_id,
+        "uuid": rec.uuid,
+        "pid": rec.pid,
+        "process": rec.process,
+        "message": rec.message,
+        "meaning": info.meaning,
+        "bucket": info.bucket,
+        "action": info.action,
+        "raw": rec.raw,
+    }
+    for key, value in rec.details.items():
+        out.setdefault(key, value)
+    return out
+
+
+def _lines(stream: BinaryIO) -> Iterator[str]:
+    for raw in stream:
+        yield raw.decode("utf-8", errors="replace")
+
+
+def _stdin_lines(stdin: TextIO) -> Iterator[str]:
+    buffer: BinaryIO | None = getattr(stdin, "buffer", None)
+    if buffer is not None:
+        yield from _lines(buffer)
+    else:  # a text-only stream (tests, embedding): already decoded
+        yield from stdin
+
+
+def _read_path(path: str) -> Iterator[str]:
+    try:
+        with open(path, "rb") as fh:
+            yield from _lines(fh)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def _records(sources: Iterable[Iterator[str]]) -> Iterator[XidRecord]:
+    for lines in sources:
+        parser = XidParser()  # one log stream per input
+        for line in lines:
+            yield from parser.feed(line)
+
+
+def run_xid(paths: Sequence[str], as_json: bool, stdin: TextIO, stdout: TextIO) -> int:
+    """``watchd xid [--json] [FILE...]``: decode the Xid errors in each FILE (stdin when none, or for ``-``).
+
+    Input is read as bytes and decoded as UTF-8 with replacement, so binary junk in a log never stops it.
+    ``--json`` writes one JSON object per record and line (nothing when there is none); otherwise an aligned
+    table, or ``no Xid found``. Returns 0; a file that cannot be read raises :class:`UsageError`.
+    """
+    names = list(paths) or ["-"]
+    sources = (_stdin_lines(stdin) if name == "-" else _read_path(name) for name in names)
+    if as_json:
+        for rec in _records(sources):
+            stdout.write(json.dumps(record_to_json(rec)) + "\n")
+        return 0
+    records = list(_records(sources))
+    stdout.write((render_table(records) if records else NO_XID_FOUND) + "\n")
+    return 0
