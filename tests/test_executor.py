@@ -52,7 +52,7 @@ async def test_dry_run_touches_nothing() -> None:
     await run(executor, xid_event("gpu-1"))
     assert outcomes(audit) == [("drain", "gpu-1", "dry_run"), ("requeue", "gpu-1", "dry_run")]
     assert fake.calls == []
-    assert "would drain gpu-1: Xid 79" in audit.entries[0].detail
+    assert "would drain gpu-1: watchd: Xid 79" in audit.entries[0].detail
 
 
 async def test_admin_drain_is_untouched_and_its_jobs_too() -> None:

@@ -1,4 +1,4 @@
-"""SlurmScheduler against a real Slurm 22.05 cluster (tests/harness/slurm.py), plus its parsing and error paths.
+"""SlurmScheduler against a real Slurm 22.05 cluster (tests/harness/slurm.py), plus parsing and error paths.
 
 The cluster is session-scoped and shared: every test resumes the nodes it drained and cancels its jobs.
 """
@@ -208,7 +208,7 @@ async def test_failed_drain_group_marks_only_its_nodes(tmp_path: Path) -> None:
     # `show` answers, `update` fails for one reason group only
     body = """
 case "$1" in
-show) for n in $(echo "$4" | tr ',' ' '); do echo "NodeName=$n Arch=x86_64 State=IDLE ThreadsPerCore=1"; done ;;
+show) for n in $(echo "$4" | tr ',' ' '); do echo "NodeName=$n Arch=x86_64 State=IDLE Weight=1"; done ;;
 update) case "$4" in *bad*) echo "slurm_update error: Invalid node state specified" >&2; exit 1 ;; esac ;;
 esac
 """

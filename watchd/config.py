@@ -91,7 +91,7 @@ class SlurmConfig(_Strict):
 
 class ActionsConfig(_Strict):
     cooldown_s: Annotated[float, Field(ge=0)] = 600.0
-    max_concurrent: Annotated[int, Field(ge=1)] = 64
+    max_concurrent: Annotated[int, Field(ge=1)] = 1024
 
 
 class EngineConfig(_Strict):

@@ -16,8 +16,9 @@ Needs root and the Debian packages ``slurmctld slurmd slurm-client munge``. If n
 default socket, a private one is started with its socket in the temp dir (``AuthInfo=socket=...``).
 
 Every process the harness starts, and every job process, carries the environment variable
-``WATCHD_SLURM_HARNESS=<temp dir>``: ``stop()`` kills exactly those, and ``start()`` reaps the leftovers of
-a crashed earlier run (a harness dir whose owner pid is dead).
+``WATCHD_SLURM_HARNESS=<temp dir>`` (slurmstepd, which overwrites its environment, is found by the files it
+keeps open under the temp dir): ``stop()`` kills exactly those, and ``start()`` reaps the leftovers of a
+crashed earlier run (a harness dir whose owner pid is dead).
 """
 
 from __future__ import annotations
@@ -124,19 +125,26 @@ def _tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text[-lines:])
 
 
-def _pids_with_marker(marker: str) -> list[int]:
-    """Pids of processes whose environment holds ``WATCHD_SLURM_HARNESS=<marker>``."""
+def _cluster_pids(marker: str) -> list[int]:
+    """Pids of the processes of the cluster in dir ``marker``: those whose environment holds
+    ``WATCHD_SLURM_HARNESS=<marker>``, and those with a file open (or cwd) under it. slurmstepd overwrites
+    its environment with its process title, but keeps the slurmd log (and the job's output) open."""
     needle = f"{MARKER_ENV}={marker}".encode()
+    under = marker.rstrip("/") + "/"
     me = os.getpid()
     pids: list[int] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
         try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
+            if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                pids.append(int(entry))
+                continue
+            links = [os.readlink(f"/proc/{entry}/cwd")]
+            links += [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
         except OSError:
             continue
-        if needle in env.split(b"\0"):
+        if any(link.startswith(under) for link in links):
             pids.append(int(entry))
     return pids
 
@@ -179,7 +187,7 @@ def reap_stale(base: Path | None = None) -> list[Path]:
             continue
         if _pid_alive(owner):
             continue
-        _kill_pids(_pids_with_marker(str(d)))
+        _kill_pids(_cluster_pids(str(d)))
         shutil.rmtree(d, ignore_errors=True)
         reaped.append(d)
     return reaped
@@ -430,8 +438,15 @@ class SlurmCluster:
         if self.dir is None:
             return
         if any(p.poll() is None for p in self._procs) and self._env:
+            # let slurmd/slurmstepd end the jobs cleanly while the daemons are still up
             with contextlib.suppress(Exception):
-                self.run("scancel", "--full", "--quiet", "--user=root", check=False, timeout=5)
+                self.run("scancel", "--quiet", "--user=root", check=False, timeout=5)
+                deadline = time.monotonic() + 5
+                while (
+                    time.monotonic() < deadline
+                    and self.run("squeue", "-h", "-o", "%i", check=False, timeout=5).stdout.strip()
+                ):
+                    time.sleep(0.1)
         for p in self._procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -444,7 +459,7 @@ class SlurmCluster:
                 p.kill()
                 p.wait()
         # slurmstepd and job processes are not our children: find them by the marker
-        _kill_pids(_pids_with_marker(str(self.dir)))
+        _kill_pids(_cluster_pids(str(self.dir)))
         self._procs.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
@@ -542,7 +557,7 @@ class SlurmCluster:
         self.run("scontrol", "update", f"NodeName={nodes}", "State=RESUME")
 
     def reset_nodes(self, names: Sequence[str] | None = None) -> None:
-        """Resume every drained node (any reason) among ``names`` (default all): a clean slate between tests."""
+        """Resume every drained node (any reason) among ``names`` (default: all), for a clean slate."""
         names = list(names) if names is not None else self.all_node_names
         res = self.run("scontrol", "show", "node", "-o", check=False)
         drained = [

@@ -12,6 +12,12 @@ ResumeOutcome = Literal["resumed", "not_drained", "refused", "failed"]
 WATCHD_REASON_PREFIX = "watchd:"
 
 
+def drain_reason(reason: str, prefix: str = WATCHD_REASON_PREFIX) -> str:
+    """The reason as the scheduler will show it: one line, starting with watchd's prefix."""
+    reason = " ".join(reason.split())  # one line: scontrol and sinfo -R show a single line
+    return reason if reason.startswith(prefix) else f"{prefix} {reason}"
+
+
 @dataclass(frozen=True, slots=True)
 class NodeState:
     name: str

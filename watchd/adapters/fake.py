@@ -16,6 +16,7 @@ from watchd.adapters.base import (
     RequeueResult,
     ResumeResult,
     SchedulerError,
+    drain_reason,
 )
 
 
@@ -87,10 +88,6 @@ class FakeScheduler:
     def _ours(self, st: NodeState) -> bool:
         return st.reason is not None and st.reason.startswith(self.reason_prefix)
 
-    def _with_prefix(self, reason: str) -> str:
-        reason = " ".join(reason.split())
-        return reason if reason.startswith(self.reason_prefix) else f"{self.reason_prefix} {reason}"
-
     async def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
         self.calls.append(("node_states", tuple(nodes)))
         self._check()
@@ -112,7 +109,7 @@ class FakeScheduler:
                     node, "skipped", f"node is {_show(st)} for reason {st.reason!r}, not set by watchd"
                 )
             else:
-                groups.setdefault(self._with_prefix(reason), []).append(node)
+                groups.setdefault(drain_reason(reason, self.reason_prefix), []).append(node)
         for reason, names in groups.items():
             # the real adapter issues one `scontrol update` per distinct reason: record the same grouping
             self.calls.append(("update_drain", (reason, tuple(names))))

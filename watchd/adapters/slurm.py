@@ -32,6 +32,7 @@ from watchd.adapters.base import (
     RequeueResult,
     ResumeResult,
     SchedulerError,
+    drain_reason,
 )
 
 # Job states in which a job holds a node and can be requeued.
@@ -205,10 +206,6 @@ class SlurmScheduler:
             raise SchedulerError(f"{cmd}: exit status {rc}: {stderr.strip() or stdout.strip()}")
         return rc, stdout, stderr
 
-    def _with_prefix(self, reason: str) -> str:
-        reason = " ".join(reason.split())  # one line: scontrol and sinfo -R show a single line
-        return reason if reason.startswith(self.reason_prefix) else f"{self.reason_prefix} {reason}"
-
     def _ours(self, st: NodeState) -> bool:
         return st.reason is not None and st.reason.startswith(self.reason_prefix)
 
@@ -257,7 +254,7 @@ class SlurmScheduler:
                     node, "skipped", f"node is {_show(st)} for reason {st.reason!r}, not set by watchd"
                 )
             else:
-                groups[self._with_prefix(reason)].append(node)
+                groups[drain_reason(reason, self.reason_prefix)].append(node)
 
         sem = asyncio.Semaphore(self.max_concurrency)
 

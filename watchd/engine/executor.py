@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Literal
 
-from watchd.adapters.base import DrainResult, RequeueResult, Scheduler, SchedulerError
+from watchd.adapters.base import DrainResult, RequeueResult, Scheduler, SchedulerError, drain_reason
 from watchd.clock import Clock
 from watchd.engine.audit import AuditRecord, AuditSink
 from watchd.engine.metrics import EngineMetrics
@@ -90,7 +90,7 @@ class ActionExecutor:
         metrics: EngineMetrics,
         audit: AuditSink,
         cooldown_s: float = 600.0,
-        max_concurrent: int = 64,
+        max_concurrent: int = 1024,
     ) -> None:
         self.mode: Mode = mode
         self._scheduler = scheduler
@@ -196,7 +196,7 @@ class ActionExecutor:
 
 def _describe(action: PlannedAction) -> str:
     if action.kind == "drain":
-        return f"would drain {action.node}: {action.params.get('reason', '')}"
+        return f"would drain {action.node}: {drain_reason(str(action.params.get('reason', '')))}"
     return f"would requeue the jobs on {action.node}"
 
 
