@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-# `pytest` (unlike `python -m pytest`) does not put the repo root on sys.path; the tests import `watchd` and
-# `tests.harness` from it. (Equivalent to `pythonpath = ["."]` under [tool.pytest.ini_options].)
-_ROOT = str(Path(__file__).resolve().parent.parent)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from tests.harness.slurm import SlurmCluster, available  # noqa: E402
-
-
-def _must_run_real_components() -> bool:
-    return bool(os.environ.get("CI")) or os.environ.get("WATCHD_REQUIRE_SLURM") == "1"
+from tests.harness.slurm import SlurmCluster, available
+from tests.support import real_components_required
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +17,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     fails. Tests share it: leave nodes resumed and jobs cancelled."""
     ok, why = available()
     if not ok:
-        if _must_run_real_components():
+        if real_components_required():
             pytest.fail(f"Slurm test cluster required (CI / WATCHD_REQUIRE_SLURM=1) but unavailable: {why}")
         pytest.skip(why)
     cluster = SlurmCluster(real_nodes=4, simulated_nodes=200)

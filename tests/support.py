@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 
@@ -27,3 +28,8 @@ async def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+def real_components_required() -> bool:
+    """Under CI (or WATCHD_REQUIRE_SLURM=1) a missing real component is a failure, never a skip."""
+    return bool(os.environ.get("CI")) or os.environ.get("WATCHD_REQUIRE_SLURM") == "1"
