@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -60,7 +61,10 @@ class Bench:
     def drained_count(self, partition: str) -> int:
         out = subprocess.run(
             ["sinfo", "-h", "-N", "-p", partition, "-o", "%N %T"],
-            env=self.env, capture_output=True, text=True, check=False,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         return sum(1 for line in out.stdout.splitlines() if "drain" in line.split()[-1])
 
@@ -69,19 +73,26 @@ class Bench:
         real = [n for n in nodes if n in self.cluster.real_node_names]
         self.cluster.wait_nodes_responding(real)
 
-    def floor(self, n: int) -> list[float]:
-        out = []
+    def floor(self, n: int) -> tuple[list[float], list[float]]:
+        """One `scontrol update State=DRAIN`: its own latency, and until `sinfo` shows it (the same
+        observation the watchd figures go through, polling included)."""
+        raw, observed = [], []
         for i in range(n):
             t0 = time.perf_counter()
             subprocess.run(
                 ["scontrol", "update", "NodeName=gpu-1", "State=DRAIN", f"Reason=floor {i}"],
-                env=self.env, check=True, capture_output=True,
+                env=self.env,
+                check=True,
+                capture_output=True,
             )
-            out.append(time.perf_counter() - t0)
+            raw.append(time.perf_counter() - t0)
+            while "drain" not in self.sinfo_state("gpu-1"):
+                pass
+            observed.append(time.perf_counter() - t0)
             self.resume(["gpu-1"])
-        return out
+        return raw, observed
 
-    def single(self, n: int, node: str, inject: callable) -> list[float]:  # type: ignore[valid-type]
+    def single(self, n: int, node: str, inject: Callable[[str], None]) -> list[float]:
         out = []
         for i in range(n):
             self.resume([node])
@@ -101,8 +112,12 @@ class Bench:
         async with AsyncExitStack() as stack:
             for n in nodes:
                 config = AgentConfig(
-                    node=n, engine=EngineEndpoint(url=f"http://127.0.0.1:{engine_port}", auth=TokenSource(token=token)),
-                    listen=Listen(port=0), sources=SourcesConfig(),
+                    node=n,
+                    engine=EngineEndpoint(
+                        url=f"http://127.0.0.1:{engine_port}", auth=TokenSource(token=token)
+                    ),
+                    listen=Listen(port=0),
+                    sources=SourcesConfig(),
                 )
                 await stack.enter_async_context(Agent(config, sources=[sources[n]]))
             for run in range(runs):
@@ -137,14 +152,15 @@ def main() -> int:
     args = p.parse_args()
 
     results: dict[str, object] = {}
-    with tempfile.TemporaryDirectory(prefix="watchd-bench-") as tmp, SlurmCluster(
-        real_nodes=4, simulated_nodes=max(200, args.burst)
-    ) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="watchd-bench-") as tmp,
+        SlurmCluster(real_nodes=4, simulated_nodes=max(200, args.burst)) as cluster,
+    ):
         work = Path(tmp)
         bench = Bench(cluster, work)
         token_file = work / "token"
         token_file.write_text("bench-token\n")
-        floor = bench.floor(args.injections)
+        floor, floor_seen = bench.floor(args.injections)
 
         engine_cfg = engine_config(free_port(), token_file, "enforce", str(cluster.conf_path))
         engine_cfg["actions"] = {"cooldown_s": 0}
@@ -169,6 +185,7 @@ def main() -> int:
                 agent.wait_ready()
 
             if kmsg_writable():
+
                 def to_kmsg(line: str) -> None:
                     with open("/dev/kmsg", "w") as f:
                         f.write(line + "\n")
@@ -191,20 +208,26 @@ def main() -> int:
     floor_med = statistics.median(floor)
     print(f"\nwatchd drain latency on the real Slurm test cluster ({os.cpu_count()} cores, shared machine)")
     print(f"  floor: one `scontrol update State=DRAIN`  median {ms(floor_med)}  p99 {ms(pct(floor, 99))}")
+    seen_med = statistics.median(floor_seen)
+    print(f"  the same, until sinfo shows it drained    median {ms(seen_med)}  p99 {ms(pct(floor_seen, 99))}")
     results["floor_ms"] = {"median": floor_med * 1000, "p99": pct(floor, 99) * 1000}
+    results["floor_seen_by_sinfo_ms"] = {"median": seen_med * 1000, "p99": pct(floor_seen, 99) * 1000}
     for name, values in paths.items():
         med, p99 = statistics.median(values), pct(values, 99)
         print(
             f"  Xid line -> sinfo drained, via {name:<5}  median {ms(med)}  p99 {ms(p99)}  "
-            f"({med / floor_med:.1f}x floor; targets: <= 5x floor, p99 < 500 ms: "
+            f"({med / floor_med:.1f}x floor, {med / seen_med:.1f}x seen; targets <= 5x floor, p99 < 500 ms: "
             f"{'met' if med <= 5 * floor_med and p99 < 0.5 else 'MISSED'})  n={len(values)}"
         )
         results[f"single_{name}_ms"] = {"median": med * 1000, "p99": p99 * 1000, "n": len(values)}
     bmed = statistics.median(burst)
     print(
         f"  burst: {args.burst} nodes fail at once -> all drained  median {ms(bmed)}  "
-        f"runs {', '.join(f'{b * 1000:.0f}' for b in burst)} ms  (target < 2 s: {'met' if bmed < 2 else 'MISSED'}; "
-        f"NVSentinel's published P50 for 150 nodes: 16.8 s, {16.8 / bmed:.0f}x slower)"
+        f"runs {', '.join(f'{b * 1000:.0f}' for b in burst)} ms"
+    )
+    print(
+        f"         target < 2 s: {'met' if bmed < 2 else 'MISSED'}; "
+        f"NVSentinel's published P50 for 150 nodes is 16.8 s ({16.8 / bmed:.0f}x this)"
     )
     results["burst"] = {"nodes": args.burst, "median_ms": bmed * 1000, "runs_ms": [b * 1000 for b in burst]}
     if args.json:

@@ -3,13 +3,14 @@ processes, and the node drained with watchd's reason, its job requeued, an admin
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.daemons import Daemon, agent_config, engine_config, free_port
+from tests.daemons import Daemon, agent_config, engine_config, free_port, watchd_command
 from tests.harness.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -108,6 +109,15 @@ def test_xid79_drains_the_node_and_requeues_its_job(clean: SlurmCluster, tmp_pat
         assert 'watchd_actions_total{action="drain",mode="enforce",outcome="drained"} 1.0' in metrics
         assert 'watchd_actions_total{action="requeue",mode="enforce",outcome="requeued"} 1.0' in metrics
         assert 'watchd_rule_matches_total{rule="xid-fatal-hardware"} 2.0' in metrics
+
+        # An operator returns the node to service; watchd refuses to resume the admin's drain.
+        resume = [*watchd_command(), "node", "resume", "--config", str(scene.engine.config_path)]
+        admin = subprocess.run([*resume, "gpu-4"], capture_output=True, text=True, check=False)
+        assert admin.returncode == 1 and "refused" in admin.stdout
+        assert cluster.reason("gpu-4") == "maintenance: replacing fan"
+        ours = subprocess.run([*resume, "gpu-2"], capture_output=True, text=True, check=False)
+        assert ours.returncode == 0 and "resumed" in ours.stdout, ours.stdout + ours.stderr
+        assert "DRAIN" not in cluster.node_state("gpu-2")
     finally:
         scene.stop()
 

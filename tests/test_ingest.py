@@ -147,3 +147,17 @@ async def test_metrics_and_health_endpoints(engine: Engine) -> None:
     assert 'watchd_actions_total{action="drain",mode="enforce",outcome="drained"} 1.0' in text
     assert 'watchd_events_received_total{kind="xid",source="kmsg"} 1.0' in text
     assert [a["action"] for a in actions] == ["drain", "requeue"]
+
+
+async def test_full_queue_refuses_the_whole_batch_for_a_retry() -> None:
+    config = EngineConfig(
+        listen=Listen(port=0), auth=TokenSource(token=TOKEN), ingest=IngestConfig(queue_size=2)
+    )
+    async with Engine(config, use_config_scheduler=False) as engine:
+        events = [xid_event(event_id=f"q{i}") for i in range(3)]
+        status, reply = await post(engine, batch(*events))
+        assert status == 503 and "retry" in str(reply["error"])
+        assert rejected(engine, "busy") == 1
+        # nothing of the refused batch was taken in, so its events are not duplicates when re-sent
+        status, reply = await post(engine, batch(*events[:2]))
+        assert status == 200 and reply == {"accepted": 2, "duplicates": 0}

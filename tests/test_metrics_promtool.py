@@ -32,7 +32,9 @@ async def fetch(port: int) -> str:
 
 
 def check(promtool: str, text: str) -> None:
-    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
     assert res.returncode == 0, f"promtool check metrics:\n{res.stdout}{res.stderr}"
 
 
@@ -52,5 +54,7 @@ async def test_engine_and_agent_metrics_pass_promtool(promtool: str) -> None:
 def test_promtool_rejects_bad_metrics(promtool: str) -> None:
     """The check above can fail: promtool does flag a badly named counter."""
     bad = "# HELP requests Requests.\n# TYPE requests counter\nrequests 1\n"
-    res = subprocess.run([promtool, "check", "metrics"], input=bad, capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=bad, capture_output=True, text=True, check=False
+    )
     assert res.returncode != 0
