@@ -6,9 +6,10 @@ The cluster is session-scoped and shared: every test resumes the nodes it draine
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,20 @@ def cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     slurm_cluster.reset_nodes()
 
 
+@pytest.fixture(params=[True, False], ids=["persistent", "one-shot"])
+def persistent(request: pytest.FixtureRequest) -> bool:
+    """Every adapter test runs through the interactive scontrol session and through one-shot processes."""
+    return bool(request.param)
+
+
 @pytest.fixture
-def sched(cluster: SlurmCluster) -> SlurmScheduler:
-    return SlurmScheduler(env={"SLURM_CONF": cluster.env["SLURM_CONF"]}, timeout=20)
+async def sched(cluster: SlurmCluster, persistent: bool) -> AsyncIterator[SlurmScheduler]:
+    async with SlurmScheduler(
+        env={"SLURM_CONF": cluster.env["SLURM_CONF"]}, timeout=20, persistent=persistent
+    ) as s:
+        yield s
+        if persistent:  # the session did the work: no silent fallback to one-shot processes
+            assert s.session is not None and s.session_fallbacks == 0
 
 
 # --------------------------------------------------------------------------- real cluster
@@ -168,6 +180,45 @@ async def test_requeue_unknown_node_raises(cluster: SlurmCluster, sched: SlurmSc
         await sched.requeue_jobs_on("nope-1")
 
 
+@slurm
+@pytest.mark.parametrize(
+    "reason",
+    [
+        'xid 13: "Graphics Exception" on [gpu 0]',  # ends with a quote: scontrol strips one, we send two
+        "it's a=b c:d [x] State=DOWN Reason=y",
+        'odd "quote count',
+        'a" b',  # cannot stay one word in interactive scontrol: sent one-shot
+        "non-ascii \u00e9t\u00e9",  # sent one-shot
+    ],
+)
+async def test_awkward_reason_round_trips_exactly(
+    cluster: SlurmCluster, sched: SlurmScheduler, reason: str
+) -> None:
+    res = await sched.drain({"sim-17": reason})
+    assert res["sim-17"].outcome == "drained"
+    assert cluster.reason("sim-17") == f"{WATCHD_REASON_PREFIX} {reason}"
+    st = (await sched.node_states(["sim-17"]))["sim-17"]
+    assert st.reason == f"{WATCHD_REASON_PREFIX} {reason}"
+    assert (await sched.drain({"sim-17": reason}))["sim-17"].outcome == "already_drained"
+    assert (await sched.resume("sim-17")).outcome == "resumed"
+
+
+@slurm
+async def test_session_killed_between_calls_falls_back_then_respawns(cluster: SlurmCluster) -> None:
+    async with SlurmScheduler(env={"SLURM_CONF": cluster.env["SLURM_CONF"]}, timeout=20) as sched:
+        assert sched.session is not None
+        await sched.node_states(["gpu-1"])
+        first = sched.session.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        res = await sched.drain({"sim-21": "xid 79"})  # fails over to one-shot if the death shows only now
+        assert res["sim-21"].outcome == "drained" and "DRAIN" in cluster.node_state("sim-21")
+        assert (await sched.resume("sim-21")).outcome == "resumed"
+        assert sched.session.pid not in (None, first)
+        assert sched.session.starts == 2 and sched.session_fallbacks <= 1
+    assert sched.session.pid is None  # aclose() stopped it
+
+
 # --------------------------------------------------------------------------- errors (no cluster needed)
 def _script(tmp_path: Path, body: str) -> str:
     path = tmp_path / "fake-scontrol"
@@ -176,35 +227,40 @@ def _script(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
-async def test_missing_binary_raises_scheduler_error() -> None:
-    sched = SlurmScheduler(scontrol="/nonexistent/scontrol")
+async def test_missing_binary_raises_scheduler_error(persistent: bool) -> None:
+    sched = SlurmScheduler(scontrol="/nonexistent/scontrol", persistent=persistent)
     with pytest.raises(SchedulerError, match=r"/nonexistent/scontrol.*cannot run"):
         await sched.node_states(["gpu-1"])
     with pytest.raises(SchedulerError):
         await sched.drain({"gpu-1": "x"})
 
 
-async def test_timeout_kills_the_process(tmp_path: Path) -> None:
+async def test_timeout_kills_the_process(tmp_path: Path, persistent: bool) -> None:
     pidfile = tmp_path / "pid"
-    sched = SlurmScheduler(scontrol=_script(tmp_path, f"echo $$ > {pidfile}; exec sleep 30"), timeout=0.5)
+    sched = SlurmScheduler(
+        scontrol=_script(tmp_path, f"echo $$ > {pidfile}; exec sleep 30"), timeout=0.5, persistent=persistent
+    )
     t0 = time.monotonic()
     with pytest.raises(SchedulerError, match=r"timed out after 0.5s"):
         await sched.resume("gpu-1")
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 0.9  # a timeout is not retried one-shot
     pid = int(pidfile.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
 
-async def test_failure_carries_command_status_and_stderr(tmp_path: Path) -> None:
-    sched = SlurmScheduler(scontrol=_script(tmp_path, "echo 'slurm_load_node error: boom' >&2; exit 3"))
+async def test_failure_carries_command_status_and_stderr(tmp_path: Path, persistent: bool) -> None:
+    # (persistent: the script is no interactive scontrol; the session fails to start, the call goes one-shot)
+    sched = SlurmScheduler(
+        scontrol=_script(tmp_path, "echo 'slurm_load_node error: boom' >&2; exit 3"), persistent=persistent
+    )
     with pytest.raises(SchedulerError) as exc:
         await sched.node_states(["gpu-1"])
     msg = str(exc.value)
     assert "show node -o gpu-1" in msg and "exit status 3" in msg and "boom" in msg
 
 
-async def test_failed_drain_group_marks_only_its_nodes(tmp_path: Path) -> None:
+async def test_failed_drain_group_marks_only_its_nodes(tmp_path: Path, persistent: bool) -> None:
     # `show` answers, `update` fails for one reason group only
     body = """
 case "$1" in
@@ -212,7 +268,7 @@ show) for n in $(echo "$4" | tr ',' ' '); do echo "NodeName=$n Arch=x86_64 State
 update) case "$4" in *bad*) echo "slurm_update error: Invalid node state specified" >&2; exit 1 ;; esac ;;
 esac
 """
-    sched = SlurmScheduler(scontrol=_script(tmp_path, body))
+    sched = SlurmScheduler(scontrol=_script(tmp_path, body), persistent=persistent)
     res = await sched.drain({"a": "good", "b": "bad", "c": "good"})
     assert res["a"].outcome == "drained" and res["c"].outcome == "drained"
     assert res["b"].outcome == "failed" and "Invalid node state" in res["b"].detail

@@ -101,6 +101,9 @@ class Engine:
         stack = self._stack
         await stack.__aenter__()
         try:
+            aclose = getattr(self.scheduler, "aclose", None)
+            if aclose is not None:
+                stack.push_async_callback(aclose)  # runs last: after the executor and processor stopped
             await stack.enter_async_context(self.executor)
             self._processor = asyncio.create_task(self._process(), name="engine-processor")
             stack.push_async_callback(self._stop_processor)
