@@ -60,6 +60,50 @@ class RequeueResult:
         return not self.failed
 
 
+def describe(st: NodeState) -> str:
+    """A node's state as scontrol shows it, e.g. ``IDLE+DRAIN``."""
+    return "+".join([st.state.upper(), *sorted(st.flags)])
+
+
+def drained_by_watchd(st: NodeState, prefix: str = WATCHD_REASON_PREFIX) -> bool:
+    return st.drained and st.reason is not None and st.reason.startswith(prefix)
+
+
+def plan_drain(
+    reasons: Mapping[str, str], states: Mapping[str, NodeState], prefix: str = WATCHD_REASON_PREFIX
+) -> tuple[dict[str, DrainResult], dict[str, list[str]]]:
+    """The safety decision every scheduler shares, before it touches anything.
+
+    Returns the nodes settled without a change (unknown, already drained by watchd, or drained or down for
+    someone else's reason: never touched) and the nodes to drain, grouped by their final reason."""
+    settled: dict[str, DrainResult] = {}
+    groups: dict[str, list[str]] = {}
+    for node, reason in reasons.items():
+        st = states.get(node)
+        if st is None:
+            settled[node] = DrainResult(node, "failed", "unknown node")
+        elif drained_by_watchd(st, prefix):
+            settled[node] = DrainResult(node, "already_drained", st.reason or "")
+        elif st.drained or st.down:
+            settled[node] = DrainResult(
+                node, "skipped", f"node is {describe(st)} for reason {st.reason!r}, not set by watchd"
+            )
+        else:
+            groups.setdefault(drain_reason(reason, prefix), []).append(node)
+    return settled, groups
+
+
+def refuse_resume(st: NodeState | None, node: str, prefix: str = WATCHD_REASON_PREFIX) -> ResumeResult | None:
+    """Why a node must not be resumed by watchd, or None when it may (watchd drained it)."""
+    if st is None:
+        return ResumeResult(node, "failed", "unknown node")
+    if not st.drained:
+        return ResumeResult(node, "not_drained", describe(st))
+    if not drained_by_watchd(st, prefix):
+        return ResumeResult(node, "refused", f"drained by someone else: {st.reason!r}")
+    return None
+
+
 class SchedulerError(Exception):
     """A scheduler call failed: the command, its exit status and stderr are in the message."""
 

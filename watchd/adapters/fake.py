@@ -16,7 +16,8 @@ from watchd.adapters.base import (
     RequeueResult,
     ResumeResult,
     SchedulerError,
-    drain_reason,
+    plan_drain,
+    refuse_resume,
 )
 
 
@@ -85,9 +86,6 @@ class FakeScheduler:
         if self.error is not None:
             raise self.error
 
-    def _ours(self, st: NodeState) -> bool:
-        return st.reason is not None and st.reason.startswith(self.reason_prefix)
-
     async def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
         self.calls.append(("node_states", tuple(nodes)))
         self._check()
@@ -96,20 +94,7 @@ class FakeScheduler:
     async def drain(self, reasons: Mapping[str, str]) -> dict[str, DrainResult]:
         self.calls.append(("drain", dict(reasons)))
         self._check()
-        results: dict[str, DrainResult] = {}
-        groups: dict[str, list[str]] = {}
-        for node, reason in reasons.items():
-            st = self.nodes.get(node)
-            if st is None:
-                results[node] = DrainResult(node, "failed", "unknown node")
-            elif st.drained and self._ours(st):
-                results[node] = DrainResult(node, "already_drained", st.reason or "")
-            elif st.drained or st.down:
-                results[node] = DrainResult(
-                    node, "skipped", f"node is {_show(st)} for reason {st.reason!r}, not set by watchd"
-                )
-            else:
-                groups.setdefault(drain_reason(reason, self.reason_prefix), []).append(node)
+        results, groups = plan_drain(reasons, self.nodes, self.reason_prefix)
         for reason, names in groups.items():
             # the real adapter issues one `scontrol update` per distinct reason: record the same grouping
             self.calls.append(("update_drain", (reason, tuple(names))))
@@ -154,15 +139,9 @@ class FakeScheduler:
         self.calls.append(("resume", node))
         self._check()
         st = self.nodes.get(node)
-        if st is None:
-            return ResumeResult(node, "failed", "unknown node")
-        if not st.drained:
-            return ResumeResult(node, "not_drained", _show(st))
-        if not self._ours(st):
-            return ResumeResult(node, "refused", f"drained by someone else: {st.reason!r}")
+        refusal = refuse_resume(st, node, self.reason_prefix)
+        if refusal is not None:
+            return refusal
+        assert st is not None
         self.nodes[node] = replace(st, flags=st.flags - {"DRAIN"}, reason=None)
         return ResumeResult(node, "resumed", st.reason or "")
-
-
-def _show(st: NodeState) -> str:
-    return "+".join([st.state.upper(), *sorted(st.flags)])

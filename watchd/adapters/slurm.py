@@ -44,7 +44,8 @@ from watchd.adapters.base import (
     RequeueResult,
     ResumeResult,
     SchedulerError,
-    drain_reason,
+    plan_drain,
+    refuse_resume,
 )
 from watchd.adapters.scontrol_session import (
     ScontrolSession,
@@ -270,9 +271,6 @@ class SlurmScheduler:
                 return rc, out, err
         return await self._exec(self.scontrol, *_one_shot_args(args), check=check)
 
-    def _ours(self, st: NodeState) -> bool:
-        return st.reason is not None and st.reason.startswith(self.reason_prefix)
-
     # ------------------------------------------------------------- protocol
     async def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
         wanted = list(dict.fromkeys(nodes))
@@ -305,20 +303,7 @@ class SlurmScheduler:
         if not reasons:
             return {}
         states = await self.node_states(list(reasons))
-        results: dict[str, DrainResult] = {}
-        groups: dict[str, list[str]] = defaultdict(list)
-        for node, reason in reasons.items():
-            st = states.get(node)
-            if st is None:
-                results[node] = DrainResult(node, "failed", "unknown node")
-            elif st.drained and self._ours(st):
-                results[node] = DrainResult(node, "already_drained", st.reason or "")
-            elif st.drained or st.down:
-                results[node] = DrainResult(
-                    node, "skipped", f"node is {_show(st)} for reason {st.reason!r}, not set by watchd"
-                )
-            else:
-                groups[drain_reason(reason, self.reason_prefix)].append(node)
+        results, groups = plan_drain(reasons, states, self.reason_prefix)
 
         sem = asyncio.Semaphore(self.max_concurrency)
 
@@ -402,12 +387,10 @@ class SlurmScheduler:
 
     async def resume(self, node: str) -> ResumeResult:
         st = (await self.node_states([node])).get(node)
-        if st is None:
-            return ResumeResult(node, "failed", "unknown node")
-        if not st.drained:
-            return ResumeResult(node, "not_drained", _show(st))
-        if not self._ours(st):
-            return ResumeResult(node, "refused", f"drained by someone else: {st.reason!r}")
+        refusal = refuse_resume(st, node, self.reason_prefix)
+        if refusal is not None:
+            return refusal
+        assert st is not None
         try:
             await self._scontrol("update", f"NodeName={node}", "State=RESUME")
         except SchedulerError as exc:
@@ -426,7 +409,3 @@ def _one_shot_args(args: Sequence[str]) -> list[str]:
     if out[:2] == ["show", "node"] and "-o" not in out:
         out.insert(2, "-o")
     return out
-
-
-def _show(st: NodeState) -> str:
-    return "+".join([st.state.upper(), *sorted(st.flags)])
