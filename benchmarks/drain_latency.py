@@ -173,7 +173,6 @@ def main() -> int:
             log_file = work / "gpu-2.log"
             log_file.write_text("")
             file_cfg = agent_config("gpu-2", engine.port, token_file, log_file)
-            file_cfg["sources"]["files"][0]["poll_interval_s"] = 0.05  # the default
             file_cfg["log"] = {"level": "warning", "format": "json"}
             agents.append(Daemon("agent", file_cfg, work))
             if kmsg_writable():

@@ -98,7 +98,7 @@ def agent_config(node: str, engine_port: int, token_file: Path, log_file: Path) 
         "node": node,
         "engine": {"url": f"http://127.0.0.1:{engine_port}", "auth": {"token_file": str(token_file)}},
         "listen": {"host": "127.0.0.1", "port": free_port()},
-        "sources": {"kmsg": {"enabled": False}, "files": [{"path": str(log_file), "poll_interval_s": 0.01}]},
+        "sources": {"kmsg": {"enabled": False}, "files": [{"path": str(log_file)}]},
         "shipper": {"backoff_initial_s": 0.05, "backoff_max_s": 1},
         "log": {"format": "json"},
     }

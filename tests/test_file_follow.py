@@ -108,3 +108,22 @@ async def test_keys_are_stable_per_position(tmp_path: Path) -> None:
     await c2.wait(2)
     assert [line.key for line in c2.lines] == [line.key for line in c.lines]
     await c2.stop()
+
+
+async def test_a_new_line_is_seen_at_once_without_waiting_for_the_poll(tmp_path: Path) -> None:
+    log = tmp_path / "syslog"
+    log.write_text("")
+    source = FileFollowSource(log, poll_interval=30.0)  # only inotify can wake it in time
+    c = Collector(source)
+    await asyncio.sleep(0.1)
+    append(log, "now\n")
+    assert await c.wait(1, timeout=2.0) == ["now"]
+    await c.stop()
+
+
+def test_change_waiter_falls_back_to_sleeping_for_a_missing_folder(tmp_path: Path) -> None:
+    from watchd.sources.inotify import ChangeWaiter
+
+    waiter = ChangeWaiter(tmp_path / "does-not-exist")
+    assert not waiter.active
+    assert ChangeWaiter(tmp_path).active

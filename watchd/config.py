@@ -116,7 +116,7 @@ class KmsgConfig(_Strict):
 
 class FileSourceConfig(_Strict):
     path: Path
-    poll_interval_s: Seconds = 0.05
+    poll_interval_s: Seconds = 0.5
 
 
 class SourcesConfig(_Strict):

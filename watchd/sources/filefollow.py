@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,13 +9,15 @@ from pathlib import Path
 from watchd.clock import Clock, SystemClock
 from watchd.logs import get_logger
 from watchd.sources.base import LogLine
+from watchd.sources.inotify import ChangeWaiter
 
 _log = get_logger("watchd.source.file")
 _CHUNK = 1 << 20
 
 
 class FileFollowSource:
-    """Polls the file (every ``poll_interval`` seconds): cheap, and works on every filesystem.
+    """Wakes on inotify events of the file's folder, and polls every ``poll_interval`` seconds as well (the
+    only way where inotify is not available, e.g. on some network filesystems).
 
     Rotation (a new inode at the path) drains the rest of the old file, then reads the new one from its
     start; truncation restarts at offset 0. A missing file is waited for. Each line's key is its inode and
@@ -25,7 +26,7 @@ class FileFollowSource:
     def __init__(
         self,
         path: Path,
-        poll_interval: float = 0.05,
+        poll_interval: float = 0.5,
         *,
         from_start: bool = False,
         clock: Clock | None = None,
@@ -45,6 +46,7 @@ class FileFollowSource:
         first = True
         rotated = False
         missing_logged = False
+        waiter = ChangeWaiter(self.path.parent)
         try:
             while True:
                 if fh is None:
@@ -55,7 +57,7 @@ class FileFollowSource:
                             _log.warning("log_file_unavailable", path=str(self.path), error=exc.strerror)
                             missing_logged = True
                         first = False  # a file that appears later is read from its start
-                        await asyncio.sleep(self._interval)
+                        await waiter.wait(self._interval)
                         continue
                     missing_logged = False
                     st = os.fstat(fh.fileno())
@@ -92,7 +94,8 @@ class FileFollowSource:
                     fh.seek(0)
                     offset, pending = 0, b""
                     continue
-                await asyncio.sleep(self._interval)
+                await waiter.wait(self._interval)
         finally:
+            waiter.close()
             if fh is not None:
                 fh.close()
