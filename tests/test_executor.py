@@ -23,7 +23,7 @@ def outcomes(audit: MemoryAudit) -> list[tuple[str, str, str]]:
 
 
 async def run(executor: ActionExecutor, *events: object) -> None:
-    rules = load_rules([])
+    rules = load_rules([]).engine()
     async with executor:
         for event in events:
             for decision in rules.evaluate(event):  # type: ignore[arg-type]
@@ -71,7 +71,7 @@ async def test_repeat_within_cooldown_is_deduplicated_and_later_allowed() -> Non
     fake = FakeScheduler()
     fake.add_nodes(["gpu-1"])
     executor, audit, clock = make(fake)
-    rules = load_rules([])
+    rules = load_rules([]).engine()
     async with executor:
         for eid in ("a", "b"):
             for d in rules.evaluate(xid_event("gpu-1", event_id=eid)):
@@ -91,7 +91,7 @@ async def test_failed_drain_is_reported_and_retried_on_next_event() -> None:
     fake.add_nodes(["gpu-1"])
     fake.error = SchedulerError("scontrol: exit status 1: Unable to contact slurm controller")
     executor, audit, _ = make(fake)
-    rules = load_rules([])
+    rules = load_rules([]).engine()
     async with executor:
         for d in rules.evaluate(xid_event("gpu-1", event_id="a")):
             executor.submit(d, 0.0)

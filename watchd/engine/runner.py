@@ -19,7 +19,7 @@ from watchd.engine.server import Accepted, make_app
 from watchd.errors import ConfigError
 from watchd.httputil import serve
 from watchd.logs import get_logger
-from watchd.rules import RuleSet, load_rules
+from watchd.rules import RuleEngine, RuleSet, load_rules
 
 _log = get_logger("watchd.engine")
 
@@ -53,6 +53,7 @@ class Engine:
         self.metrics = EngineMetrics()
         self.audit = MemoryAudit()
         self.rules: RuleSet = load_rules(config.rules)
+        self.evaluator: RuleEngine = self.rules.engine()
         self.scheduler = (
             scheduler
             if scheduler is not None or not use_config_scheduler
@@ -83,7 +84,9 @@ class Engine:
         except ConfigError as exc:
             _log.error("rules_reload_failed", error=str(exc))
             return False
-        self.rules = new
+        evaluator = new.engine()
+        evaluator.carry_state_from(self.evaluator)
+        self.rules, self.evaluator = new, evaluator
         self.metrics.rules_loaded.set(len(new.rules))
         _log.info("rules_reloaded", rules=len(new.rules))
         return True
@@ -154,7 +157,7 @@ class Engine:
         while True:
             event, received_at = await queue.get()
             try:
-                for decision in self.rules.evaluate(event):
+                for decision in self.evaluator.evaluate(event):
                     self.metrics.rule_matches.labels(decision.rule).inc()
                     self.executor.submit(decision, received_at)
             except Exception:

@@ -1,0 +1,125 @@
+"""Match expressions, compiled once at load into one predicate per rule.
+
+A match is a mapping: every key must hold (AND); ``any: [match, ...]`` holds when one of its matches holds
+(OR). A key names a field of the event (``kind``, ``node``, ``source`` or an attribute such as ``xid``) and
+compares it with a scalar (equality) or an operator mapping: ``in``, ``not_in``, ``regex``, ``gt``, ``ge``,
+``lt``, ``le``, ``exists``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from watchd.events import Event
+
+OPERATORS = frozenset({"in", "not_in", "regex", "gt", "ge", "lt", "le", "exists"})
+
+Path = tuple[str | int, ...]
+
+
+class MatchError(ValueError):
+    """A problem in a match expression, at ``path`` inside it."""
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+Predicate = Callable[[Event], bool]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _compile_operator(name: str, op: str, arg: Any, path: Path) -> Predicate:
+    if op in ("in", "not_in"):
+        if not isinstance(arg, list) or not all(isinstance(a, str | int | float | bool) for a in arg):
+            raise MatchError(path, f"'{op}' takes a list of values")
+        options = frozenset(arg)
+        if op == "in":
+            return lambda e: e.get(name) in options
+        return lambda e: e.get(name) not in options
+    if op == "regex":
+        if not isinstance(arg, str):
+            raise MatchError(path, "'regex' takes a string")
+        try:
+            pattern = re.compile(arg)
+        except re.error as exc:
+            raise MatchError(path, f"bad regex {arg!r}: {exc}") from None
+
+        def regex(e: Event) -> bool:
+            value = e.get(name)
+            return value is not None and pattern.search(str(value)) is not None
+
+        return regex
+    if op == "exists":
+        if not isinstance(arg, bool):
+            raise MatchError(path, "'exists' takes true or false")
+        return lambda e: (e.get(name) is not None) == arg
+    bound = _number(arg)
+    if bound is None:
+        raise MatchError(path, f"'{op}' takes a number")
+    compare: Callable[[float, float], bool] = {
+        "gt": float.__gt__,
+        "ge": float.__ge__,
+        "lt": float.__lt__,
+        "le": float.__le__,
+    }[op]
+
+    def numeric(e: Event) -> bool:
+        value = _number(e.get(name))
+        return value is not None and compare(value, bound)
+
+    return numeric
+
+
+def compile_match(match: Mapping[str, Any], path: Path = ()) -> Predicate:
+    """Compile a match mapping once, at load, into one predicate. Raises MatchError with the path."""
+    checks: list[Predicate] = []
+    for key, cond in match.items():
+        here = (*path, key)
+        if key == "any":
+            if not isinstance(cond, list) or not cond or not all(isinstance(c, dict) for c in cond):
+                raise MatchError(here, "'any' takes a non-empty list of matches")
+            alternatives = [compile_match(c, (*here, i)) for i, c in enumerate(cond)]
+            checks.append(lambda e, alts=alternatives: any(a(e) for a in alts))  # type: ignore[misc]
+        elif isinstance(cond, dict):
+            unknown = set(cond) - OPERATORS
+            if unknown or not cond:
+                raise MatchError(here, f"unknown operator {sorted(unknown)}; use one of {sorted(OPERATORS)}")
+            checks.extend(_compile_operator(key, op, arg, (*here, op)) for op, arg in cond.items())
+        elif cond is None or isinstance(cond, str | int | float | bool):
+            checks.append(lambda e, k=key, v=cond: e.get(k) == v)  # type: ignore[misc]
+        else:
+            raise MatchError(here, "expected a value or an operator mapping")
+    if len(checks) == 1:
+        return checks[0]
+    return lambda e: all(c(e) for c in checks)
+
+
+def index_keys(match: Mapping[str, Any]) -> list[tuple[str, frozenset[Any]]]:
+    """Fields the match pins to a set of values (equality or ``in``): used to index rules by event."""
+    keys = []
+    for key, cond in match.items():
+        if key == "any":
+            continue
+        if isinstance(cond, str | int | float | bool):
+            keys.append((key, frozenset({cond})))
+        elif isinstance(cond, dict) and set(cond) == {"in"} and isinstance(cond["in"], list):
+            keys.append((key, frozenset(cond["in"])))
+    return keys
+
+
+def match_kinds(match: Mapping[str, Any]) -> frozenset[str] | None:
+    """The event kinds a match can hold for, when it says (``kind: xid`` or ``kind: {in: [...]}``)."""
+    kind = match.get("kind")
+    if isinstance(kind, str):
+        return frozenset({kind})
+    if isinstance(kind, dict) and isinstance(kind.get("in"), list):
+        return frozenset(str(k) for k in kind["in"])
+    return None

@@ -1,0 +1,169 @@
+"""The rule file schema (pydantic): strict, documented, and exported as JSON Schema for editors."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from watchd.rules.durations import Duration
+
+ActionKind = Literal["drain", "resume", "requeue", "alert", "webhook", "log"]
+DISRUPTIVE: frozenset[str] = frozenset({"drain", "requeue"})
+Mode = Literal["dry-run", "enforce"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DrainParams(_Strict):
+    """Take the node out of service (Slurm: State=DRAIN with the reason, prefixed ``watchd:``)."""
+
+    reason: str = Field("{{ kind }} on {{ node }}", description="template; shown by sinfo -R")
+
+
+class ResumeParams(_Strict):
+    """Return the node to service, only if watchd drained it."""
+
+
+class RequeueParams(_Strict):
+    """Requeue the requeueable jobs on the node."""
+
+
+class AlertParams(_Strict):
+    """Fire an alert to Alertmanager (labels: alertname=rule name, severity, node, the rule's labels)."""
+
+    summary: str = Field("{{ rule }} on {{ node }}", description="template")
+    description: str = Field("", description="template")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels (templates)")
+    resolve_after: Duration = Field(3600.0, description="resolved automatically after this long")
+
+
+class WebhookParams(_Strict):
+    """POST a JSON document (the decision) to a URL."""
+
+    url: Annotated[str, Field(pattern=r"^https?://")]
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    retries: Annotated[int, Field(ge=0, le=10)] = 3
+
+
+class LogParams(_Strict):
+    """Record the event in the audit log with a message."""
+
+    message: str = Field("{{ kind }} on {{ node }}", description="template")
+
+
+class ActionSpec(_Strict):
+    """Exactly one action per list item."""
+
+    drain: DrainParams | None = None
+    resume: ResumeParams | None = None
+    requeue: RequeueParams | None = None
+    alert: AlertParams | None = None
+    webhook: WebhookParams | None = None
+    log: LogParams | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ActionSpec:
+        given = [k for k in ACTION_NAMES if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"name exactly one action of {', '.join(ACTION_NAMES)}")
+        return self
+
+    @property
+    def kind(self) -> ActionKind:
+        for name in ACTION_NAMES:
+            if getattr(self, name) is not None:
+                return name
+        raise AssertionError("unreachable: validated")
+
+    @property
+    def params(self) -> BaseModel:
+        value = getattr(self, self.kind)
+        assert isinstance(value, BaseModel)
+        return value
+
+
+ACTION_NAMES: tuple[ActionKind, ...] = ("drain", "resume", "requeue", "alert", "webhook", "log")
+
+
+class UnlessSpec(_Strict):
+    """Suppress the rule when another event matching ``match`` was seen in the same group within ``within``
+    before (e.g. Xid 45 right after another Xid on the same GPU)."""
+
+    match: dict[str, Any]
+    within: Duration
+
+
+class RateLimit(_Strict):
+    """At most ``max`` disruptive actions by this rule within ``per``; beyond it they are held."""
+
+    max: Annotated[int, Field(ge=1)]
+    per: Duration
+
+
+class RuleSpec(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", description="unique across all rule files")]
+    description: str = ""
+    severity: Literal["info", "warning", "critical"] = "warning"
+    labels: dict[str, str] = Field(default_factory=dict)
+    match: dict[str, Any] = Field(
+        description="field: value or {operator: argument}; all must hold; any: [..] is OR"
+    )
+    group_by: list[str] = Field(
+        default_factory=lambda: ["node"], description="fields that make a group (node, gpu, job, ...)"
+    )
+    count: Annotated[int, Field(ge=1)] = Field(1, description="matching events needed within the window")
+    window: Duration | None = Field(None, description="sliding window for count (required when count > 1)")
+    distinct: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict, description="at least N different values of a field among the counted events"
+    )
+    for_: Duration | None = Field(None, alias="for", description="the match must hold this long in the group")
+    unless: UnlessSpec | None = None
+    cooldown: Duration = Field(0.0, description="after firing, the group stays quiet this long")
+    mode: Mode | None = Field(None, description="dry-run here even when the engine enforces")
+    rate_limit: RateLimit | None = None
+    actions: list[ActionSpec] = Field(min_length=1)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("actions", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        # "- requeue" is shorthand for "- requeue: {}", and "- drain:" (null) for "- drain: {}".
+        if not isinstance(value, list):
+            return value
+        out = []
+        for item in value:
+            if isinstance(item, str):
+                item = {item: {}}
+            elif isinstance(item, dict):
+                item = {k: ({} if v is None else v) for k, v in item.items()}
+            out.append(item)
+        return out
+
+    @model_validator(mode="after")
+    def _coherent(self) -> RuleSpec:
+        if self.count > 1 and self.window is None:
+            raise ValueError("count > 1 needs a window")
+        if self.distinct and self.window is None:
+            raise ValueError("distinct needs a window")
+        if self.for_ is not None and (self.count > 1 or self.distinct):
+            raise ValueError("use either for or count/distinct, not both")
+        if not self.group_by:
+            raise ValueError("group_by needs at least one field")
+        return self
+
+
+class RuleFile(_Strict):
+    rules: list[RuleSpec]
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a rule file, for editors (``watchd rules schema``)."""
+    schema = RuleFile.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "watchd rule file"
+    return schema

@@ -1,0 +1,155 @@
+"""Rule evaluation over a stream of events: group_by, count within a sliding window, distinct values,
+``for``, ``unless`` and cooldown. Pure: the only clock is the events' own observation time, so the same
+timeline always gives the same decisions (that is what makes ``watchd rules test`` possible)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from watchd.events import Event, Scalar
+from watchd.rules.ruleset import Decision, Rule, RuleIndex, plan
+
+GroupKey = tuple[Any, ...]
+
+#: Groups kept per rule; beyond it the least recently seen group is forgotten (and counted).
+MAX_GROUPS = 100_000
+
+
+@dataclass(slots=True)
+class _RuleState:
+    window: dict[GroupKey, deque[tuple[float, tuple[Any, ...]]]] = field(default_factory=dict)
+    held_since: dict[GroupKey, float] = field(default_factory=dict)
+    fired_hold: set[GroupKey] = field(default_factory=set)
+    unless_seen: dict[GroupKey, tuple[float, str]] = field(default_factory=dict)
+    last_fired: dict[GroupKey, float] = field(default_factory=dict)
+
+
+def _bounded_set(table: dict[GroupKey, Any], key: GroupKey, value: Any, limit: int) -> int:
+    """Insert as most recent; drop the least recent entry when over ``limit``. Returns how many dropped."""
+    table.pop(key, None)
+    table[key] = value
+    if len(table) > limit:
+        del table[next(iter(table))]
+        return 1
+    return 0
+
+
+class RuleEngine:
+    def __init__(self, rules: tuple[Rule, ...], max_groups: int = MAX_GROUPS) -> None:
+        self.rules = rules
+        self._index = RuleIndex(rules)
+        self._unless_rules = tuple(r for r in rules if r.unless is not None)
+        self._for_rules = tuple(r for r in rules if r.spec.for_ is not None)
+        self._state: dict[str, _RuleState] = {r.name: _RuleState() for r in rules if r.stateful}
+        self._max_groups = max_groups
+        self.groups_evicted = 0
+
+    def carry_state_from(self, old: RuleEngine) -> None:
+        """After a reload: rules whose definition did not change keep their windows and cooldowns."""
+        before = {r.name: r.spec for r in old.rules}
+        for rule in self.rules:
+            if rule.name in self._state and before.get(rule.name) == rule.spec and rule.name in old._state:
+                self._state[rule.name] = old._state[rule.name]
+
+    @property
+    def tracked_groups(self) -> int:
+        return sum(len(s.window) + len(s.held_since) + len(s.last_fired) for s in self._state.values())
+
+    def evaluate(self, event: Event) -> list[Decision]:
+        """Every decision this event triggers, in rule-file order."""
+        now = event.time
+        for rule in self._unless_rules:
+            assert rule.unless is not None and rule.spec.unless is not None
+            if rule.unless(event):
+                key = _group_key(rule, event)
+                self.groups_evicted += _bounded_set(
+                    self._state[rule.name].unless_seen, key, (now, event.id), self._max_groups
+                )
+        decisions: list[Decision] = []
+        candidates = self._index.candidates(event)
+        matched = set()
+        for rule in candidates:
+            if not rule.matches(event):
+                continue
+            matched.add(rule.name)
+            if not rule.stateful:
+                decisions.append(plan(rule, event))
+                continue
+            decision = self._stateful(rule, event, now)
+            if decision is not None:
+                decisions.append(decision)
+        for rule in self._for_rules:  # an event of the rule's kind that no longer matches ends a hold
+            if rule.name not in matched and _same_kind(rule, event):
+                state = self._state[rule.name]
+                key = _group_key(rule, event)
+                state.held_since.pop(key, None)
+                state.fired_hold.discard(key)
+        return decisions
+
+    def _stateful(self, rule: Rule, event: Event, now: float) -> Decision | None:
+        spec = rule.spec
+        state = self._state[rule.name]
+        key = _group_key(rule, event)
+        group = dict(zip(spec.group_by, key, strict=True))
+        if spec.unless is not None:
+            seen = state.unless_seen.get(key)
+            if seen is not None and seen[1] != event.id and 0 <= now - seen[0] <= spec.unless.within:
+                return None
+        count = 1
+        if spec.for_ is not None:
+            since = state.held_since.setdefault(key, now)
+            if now - since < spec.for_ or key in state.fired_hold:
+                return None
+            state.fired_hold.add(key)
+        elif spec.count > 1 or spec.distinct:
+            assert spec.window is not None
+            window = state.window.get(key)
+            if window is None:
+                window = deque()
+                self.groups_evicted += _bounded_set(state.window, key, window, self._max_groups)
+            window.append((now, tuple(event.get(f) for f in spec.distinct)))
+            horizon = now - spec.window
+            while window and window[0][0] < horizon:
+                window.popleft()
+            if len(window) < spec.count:
+                return None
+            for i, need in enumerate(spec.distinct.values()):
+                if len({values[i] for _, values in window if values[i] is not None}) < need:
+                    return None
+            count = len(window)
+        if spec.cooldown > 0:
+            last = state.last_fired.get(key)
+            if last is not None and now - last < spec.cooldown:
+                return None
+            self.groups_evicted += _bounded_set(state.last_fired, key, now, self._max_groups)
+        if spec.count > 1 or spec.distinct:
+            state.window.pop(key, None)  # fired: the next firing needs a fresh count
+        return plan(rule, event, group, count)
+
+
+def _group_key(rule: Rule, event: Event) -> tuple[Any, ...]:
+    return tuple(event.get(f) for f in rule.spec.group_by)
+
+
+def _same_kind(rule: Rule, event: Event) -> bool:
+    kind = rule.spec.match.get("kind")
+    if isinstance(kind, str):
+        return kind == event.kind
+    if isinstance(kind, Mapping) and isinstance(kind.get("in"), list):
+        return event.kind in kind["in"]
+    return True
+
+
+def decisions_for(rules: tuple[Rule, ...], events: list[Event]) -> list[Decision]:
+    """Evaluate a whole timeline (used by ``watchd rules test`` and the benchmarks)."""
+    engine = RuleEngine(rules)
+    out: list[Decision] = []
+    for event in sorted(events, key=lambda e: e.time):
+        out.extend(engine.evaluate(event))
+    return out
+
+
+__all__ = ["GroupKey", "RuleEngine", "Scalar", "decisions_for"]

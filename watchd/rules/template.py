@@ -1,0 +1,94 @@
+"""Rule strings are Jinja2 templates, rendered in a sandbox: no attribute access to internals, no code.
+
+The context holds the event's fields at the top level (``{{ xid }}``, ``{{ pci_bus_id }}``), and ``event``
+(the same fields), ``node``, ``job``, ``rule``, ``count`` and ``group``. A template naming anything else is
+rejected when the rules are loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jinja2 import TemplateSyntaxError, Undefined, meta
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+#: Fields any event may carry, and what every template may name besides them.
+COMMON_FIELDS = frozenset({"id", "node", "source", "kind", "time"})
+CONTEXT_NAMES = frozenset({"event", "node", "job", "rule", "count", "group", "severity"})
+#: Fields of the event kinds watchd produces (a template naming another field is an error).
+KIND_FIELDS: dict[str, frozenset[str]] = {
+    "xid": frozenset(
+        {
+            "xid",
+            "pci_bus_id",
+            "uuid",
+            "pid",
+            "process",
+            "message",
+            "meaning",
+            "bucket",
+            "action",
+            "raw",
+            "recovery_action",
+            "recovery_action_from",
+            "recovery_action_to",
+            "pci_device_id",
+            "nvlink_subcode",
+            "nvlink_severity",
+            "nvlink_link",
+            "nvlink_intr_info",
+            "gpu",
+            "job",
+        }
+    ),
+}
+GPU_FIELDS = frozenset({"gpu", "uuid", "pci_bus_id", "model", "job", "value", "threshold", "evidence"})
+
+
+class _Undefined(Undefined):
+    """A field the event does not carry renders as ``?``."""
+
+    def __str__(self) -> str:
+        return "?"
+
+
+_ENV = ImmutableSandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=False)
+_ENV.globals.clear()  # no range(), lipsum(), cycler(): a template formats fields, nothing more
+
+
+class TemplateError(ValueError):
+    pass
+
+
+class Template:
+    """Compiled once at load; ``render`` is a pure function of the context."""
+
+    __slots__ = ("_compiled", "_static", "names", "source")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        try:
+            ast = _ENV.parse(source)
+        except TemplateSyntaxError as exc:
+            raise TemplateError(f"template {source!r}: {exc.message}") from None
+        self.names = frozenset(meta.find_undeclared_variables(ast))
+        self._static = "{{" not in source and "{%" not in source
+        self._compiled = _ENV.from_string(source)
+
+    def render(self, context: Mapping[str, Any]) -> str:
+        if self._static:
+            return self.source
+        try:
+            return self._compiled.render(context)
+        except Exception as exc:  # a sandbox refusal or a type error in a filter: say so, never crash
+            return f"<template error: {exc}>"
+
+
+def allowed_names(kinds: frozenset[str] | None) -> frozenset[str]:
+    """Names a template may use for a rule matching ``kinds`` (None: any kind)."""
+    fields: set[str] = set(COMMON_FIELDS | CONTEXT_NAMES | GPU_FIELDS)
+    for kind, names in KIND_FIELDS.items():
+        if kinds is None or kind in kinds:
+            fields |= names
+    return frozenset(fields)
