@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.harness.alertmanager import AlertmanagerProcess
+from tests.harness.alertmanager import available as am_available
 from tests.harness.slurm import SlurmCluster, available
 from tests.support import real_components_required
 
@@ -26,3 +28,16 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def alertmanager() -> Iterator[AlertmanagerProcess]:
+    """A real Alertmanager on loopback (``.url``). Skips when unavailable, except under CI /
+    WATCHD_REQUIRE_SLURM=1 where it fails. Shared by the tests: give each alert a unique alertname."""
+    ok, why = am_available()
+    if not ok:
+        if real_components_required():
+            pytest.fail(f"Alertmanager required (CI / WATCHD_REQUIRE_SLURM=1) but unavailable: {why}")
+        pytest.skip(why)
+    with AlertmanagerProcess() as am:  # raises with the log tail on failure: never a skip
+        yield am

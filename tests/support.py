@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from watchd.events import Event
 
@@ -33,3 +34,8 @@ async def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str
 def real_components_required() -> bool:
     """Under CI (or WATCHD_REQUIRE_SLURM=1) a missing real component is a failure, never a skip."""
     return bool(os.environ.get("CI")) or os.environ.get("WATCHD_REQUIRE_SLURM") == "1"
+
+
+def scheduler_actions(entries: Iterable[Any]) -> list[Any]:
+    """The audit records of drains and requeues (the rule pack may add alerts and logs around them)."""
+    return [a for a in entries if (a["action"] if isinstance(a, dict) else a.action) in ("drain", "requeue")]

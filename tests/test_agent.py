@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from tests.support import XID79, eventually
+from tests.support import XID79, eventually, scheduler_actions
 from watchd.agent.runner import Agent
 from watchd.config import (
     AgentConfig,
@@ -63,9 +63,9 @@ async def test_xid_line_becomes_an_event_at_the_engine(engine: Engine) -> None:
     source = FakeLogSource("kmsg")
     async with Agent(agent_config(engine.port), sources=[source]) as agent:
         source.inject_log("some unrelated kernel line\n" + XID79)
-        await eventually(lambda: len(engine.audit.entries) == 2, what="decisions")
+        await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="decisions")
         assert agent.metrics.shipped._value.get() == 1
-    drain = engine.audit.entries[0]
+    drain = scheduler_actions(engine.audit.entries)[0]
     assert (drain.node, drain.action, drain.outcome) == ("gpu-3", "drain", "dry_run")
     assert drain.params["reason"] == "Xid 79 GPU 0000:3b:00.0 GPU has fallen off the bus"
 

@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 
 from tests.support import xid_event
@@ -7,15 +9,35 @@ from watchd.clock import FakeClock
 from watchd.engine.audit import MemoryAudit
 from watchd.engine.executor import ActionExecutor, Mode
 from watchd.engine.metrics import EngineMetrics
-from watchd.rules import load_rules
+from watchd.engine.safety import BreakerLimits
+from watchd.rules import RuleEngine, parse_rule_file
+
+RULES = """
+rules:
+  - name: xid-fatal-hardware
+    match: {kind: xid, xid: {in: [48, 64, 74, 79, 95, 119, 140]}}
+    actions:
+      - drain: {reason: "Xid {{ xid }} GPU {{ pci_bus_id }} {{ meaning }}"}
+      - requeue
+  - name: xid-application
+    match: {kind: xid, xid: {in: [13, 31, 43]}}
+    actions: [log]
+"""
+
+
+def rule_engine(text: str = RULES) -> RuleEngine:
+    rules, problems = parse_rule_file(text, "test-rules.yaml")
+    assert not problems, [str(p) for p in problems]
+    return RuleEngine(tuple(rules))
 
 
 def make(
-    scheduler: FakeScheduler | None, mode: Mode = "enforce"
+    scheduler: FakeScheduler | None, mode: Mode = "enforce", **kw: Any
 ) -> tuple[ActionExecutor, MemoryAudit, FakeClock]:
-    clock = FakeClock()
+    clock = kw.pop("clock", None) or FakeClock()
     audit = MemoryAudit()
-    return ActionExecutor(scheduler, mode, clock, EngineMetrics(), audit, cooldown_s=600), audit, clock
+    kw.setdefault("limits", BreakerLimits(max_fraction=1.0, max_nodes=10_000))
+    return ActionExecutor(scheduler, mode, clock, EngineMetrics(), audit, cooldown_s=600, **kw), audit, clock
 
 
 def outcomes(audit: MemoryAudit) -> list[tuple[str, str, str]]:
@@ -23,7 +45,7 @@ def outcomes(audit: MemoryAudit) -> list[tuple[str, str, str]]:
 
 
 async def run(executor: ActionExecutor, *events: object) -> None:
-    rules = load_rules([]).engine()
+    rules = rule_engine()
     async with executor:
         for event in events:
             for decision in rules.evaluate(event):  # type: ignore[arg-type]
@@ -71,7 +93,7 @@ async def test_repeat_within_cooldown_is_deduplicated_and_later_allowed() -> Non
     fake = FakeScheduler()
     fake.add_nodes(["gpu-1"])
     executor, audit, clock = make(fake)
-    rules = load_rules([]).engine()
+    rules = rule_engine()
     async with executor:
         for eid in ("a", "b"):
             for d in rules.evaluate(xid_event("gpu-1", event_id=eid)):
@@ -91,7 +113,7 @@ async def test_failed_drain_is_reported_and_retried_on_next_event() -> None:
     fake.add_nodes(["gpu-1"])
     fake.error = SchedulerError("scontrol: exit status 1: Unable to contact slurm controller")
     executor, audit, _ = make(fake)
-    rules = load_rules([]).engine()
+    rules = rule_engine()
     async with executor:
         for d in rules.evaluate(xid_event("gpu-1", event_id="a")):
             executor.submit(d, 0.0)
@@ -131,3 +153,180 @@ async def test_application_xid_is_logged_only(code: int) -> None:
     await run(executor, xid_event("gpu-1", code))
     assert outcomes(audit) == [("log", "gpu-1", "logged")]
     assert fake.calls == []
+
+
+# ------------------------------------------------------------------------------------------------- safety
+
+SAFETY_RULES = """
+rules:
+  - name: fatal
+    match: {kind: xid, xid: 79}
+    actions:
+      - drain: {reason: "Xid {{ xid }}"}
+      - requeue
+      - alert: {summary: "Xid {{ xid }} on {{ node }}"}
+  - name: limited
+    match: {kind: xid, xid: 48}
+    rate_limit: {max: 2, per: 1h}
+    actions: [drain]
+  - name: careful
+    match: {kind: xid, xid: 64}
+    mode: dry-run
+    actions: [drain]
+  - name: back-in-service
+    match: {kind: node_repaired}
+    actions: [resume]
+"""
+
+
+async def decide(executor: ActionExecutor, engine: RuleEngine, *events: Any) -> None:
+    for event in events:
+        for d in engine.evaluate(event):
+            executor.submit(d, 0.0)
+    await executor.drain_in_flight(5)
+
+
+def pool_of(n: int) -> FakeScheduler:
+    fake = FakeScheduler()
+    fake.add_nodes([f"n{i}" for i in range(n)])
+    fake.partitions = {"gpu": [f"n{i}" for i in range(n)]}
+    return fake
+
+
+async def test_breaker_holds_the_n_plus_first_drain_and_keeps_alerting() -> None:
+    from watchd.adapters.alerts import FakeAlertSink
+    from watchd.engine.executor import Pools
+
+    fake = pool_of(20)
+    alerts = FakeAlertSink()
+    limits = BreakerLimits(max_fraction=0.10, max_nodes=50, window_s=3600)  # 10% of 20 = 2 nodes
+    executor, audit, clock = make(
+        fake, limits=limits, alerts=alerts, pools=Pools.from_members(await fake.pools())
+    )
+    engine = rule_engine(SAFETY_RULES)
+    async with executor:
+        await decide(executor, engine, *(xid_event(f"n{i}", event_id=f"e{i}") for i in range(3)))
+        drained = sorted(n for n, st in fake.nodes.items() if st.drained)
+        assert len(drained) == 2
+        held = executor.store.held()
+        assert [(h.kind, h.pool) for h in held] == [("drain", "gpu")]
+        assert "blast-radius breaker" in held[0].reason and held[0].event["node"] == held[0].node
+        # the held node's jobs are left alone, its alert still fires, and the breaker alert fires too
+        by_node = {(a.node, a.action): a.outcome for a in audit.entries}
+        assert by_node[(held[0].node, "requeue")] == "skipped"
+        assert by_node[(held[0].node, "alert")] == "fired"
+        await executor.drain_in_flight(1)
+        assert "breaker/gpu" in alerts.firing
+        assert alerts.firing["breaker/gpu"].labels["alertname"] == "WatchdBlastRadiusBreakerOpen"
+        # an operator releases it: it runs past the breaker
+        result = await executor.release(held[0].id, "alice")
+        assert result.outcome == "drained" and fake.nodes[held[0].node].drained
+        assert (await executor.release(held[0].id, "alice")).outcome == "not_held"
+        # an hour later the window has moved on
+        clock.advance(3601)
+        await decide(executor, engine, xid_event("n10", event_id="late"))
+        assert fake.nodes["n10"].drained
+
+
+async def test_a_node_already_drained_by_someone_else_neither_counts_nor_is_held() -> None:
+    from watchd.engine.executor import Pools
+
+    fake = pool_of(10)  # 10% of 10 = 1 node
+    fake.set_admin_drain("n0", "maintenance")
+    executor, audit, _ = make(
+        fake, limits=BreakerLimits(0.10, 50, 3600), pools=Pools.from_members(await fake.pools())
+    )
+    async with executor:
+        await decide(
+            executor, rule_engine(SAFETY_RULES), xid_event("n0", event_id="a"), xid_event("n1", event_id="b")
+        )
+    assert {(a.node, a.action): a.outcome for a in audit.entries if a.action == "drain"} == {
+        ("n0", "drain"): "skipped",
+        ("n1", "drain"): "drained",
+    }
+    assert executor.store.held() == []
+
+
+async def test_discarded_held_action_never_runs() -> None:
+    from watchd.engine.executor import Pools
+
+    fake = pool_of(10)
+    executor, _, _ = make(
+        fake, limits=BreakerLimits(0.10, 50, 3600), pools=Pools.from_members(await fake.pools())
+    )
+    async with executor:
+        await decide(
+            executor, rule_engine(SAFETY_RULES), *(xid_event(f"n{i}", event_id=f"e{i}") for i in range(2))
+        )
+        (held,) = executor.store.held()
+        assert executor.discard(held.id, "bob").outcome == "discarded"
+        assert (await executor.release(held.id, "bob")).outcome == "not_held"
+    assert not fake.nodes[held.node].drained
+
+
+async def test_rule_rate_limit_holds_beyond_its_budget() -> None:
+    fake = pool_of(10)
+    executor, audit, _ = make(fake)
+    async with executor:
+        await decide(
+            executor, rule_engine(SAFETY_RULES), *(xid_event(f"n{i}", 48, event_id=f"e{i}") for i in range(3))
+        )
+    assert [a.outcome for a in audit.entries].count("drained") == 2
+    (held,) = executor.store.held()
+    assert "rate limit of rule limited" in held.reason
+
+
+async def test_per_rule_dry_run_under_an_enforcing_engine() -> None:
+    fake = pool_of(2)
+    executor, audit, _ = make(fake)
+    async with executor:
+        await decide(executor, rule_engine(SAFETY_RULES), xid_event("n0", 64))
+    assert [(a.action, a.mode, a.outcome) for a in audit.entries] == [("drain", "dry-run", "dry_run")]
+    assert not fake.nodes["n0"].drained
+
+
+async def test_resume_only_what_watchd_drained() -> None:
+    from watchd.events import Event
+
+    fake = pool_of(2)
+    fake.set_admin_drain("n1", "maintenance")
+    executor, audit, _ = make(fake)
+    engine = rule_engine(SAFETY_RULES)
+    async with executor:
+        await decide(executor, engine, xid_event("n0", event_id="x"))
+        assert fake.nodes["n0"].drained
+        repaired = [
+            Event(id=f"r{n}", node=n, source="t", kind="node_repaired", time=1.0) for n in ("n0", "n1")
+        ]
+        await decide(executor, engine, *repaired)
+    resumes = {a.node: a.outcome for a in audit.entries if a.action == "resume"}
+    assert resumes == {"n0": "resumed", "n1": "refused"}
+    assert not fake.nodes["n0"].drained and fake.nodes["n1"].reason == "maintenance"
+
+
+async def test_state_survives_a_restart(tmp_path: Any) -> None:
+    from watchd.engine.store import Store
+
+    fake = pool_of(4)
+    db = tmp_path / "engine.db"
+    store = Store.open(db)
+    executor, _, clock = make(fake, store=store)
+    engine = rule_engine(SAFETY_RULES)
+    async with executor:
+        await decide(executor, engine, xid_event("n0", event_id="a"))
+    store.close()
+    # A crash between decision and scheduler call leaves an unfinished intent behind: simulate one.
+    crashed = Store.open(db)
+    crashed.begin_action("drain:n3", "drain", "n3", "fatal", "z", {"reason": "Xid 79"}, clock.now())
+    crashed.close()
+    fake.calls.clear()
+    store = Store.open(db)
+    executor, audit, _ = make(fake, store=store, clock=clock)
+    async with executor:
+        await executor.drain_in_flight(5)
+        assert fake.nodes["n3"].drained, "the unfinished drain is re-driven once"
+        await decide(executor, engine, xid_event("n0", event_id="b"))  # same node, within the cooldown
+    assert [a.outcome for a in audit.entries if a.node == "n0" and a.action == "drain"] == ["deduplicated"]
+    assert store.unfinished_actions() == []
+    assert next(a.node for a in store.recent_audit(100) if a.action == "drain") == "n0"
+    store.close()

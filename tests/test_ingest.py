@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from tests.support import eventually, xid_event
+from tests.support import eventually, scheduler_actions, xid_event
 from watchd.adapters.fake import FakeScheduler
 from watchd.config import EngineConfig, IngestConfig, Listen, TokenSource
 from watchd.engine.runner import Engine
@@ -53,7 +53,7 @@ def rejected(engine: Engine, reason: str) -> float:
 async def test_accepts_and_acts(engine: Engine) -> None:
     status, body = await post(engine, batch(xid_event("gpu-1")))
     assert status == 200 and body == {"accepted": 1, "duplicates": 0}
-    await eventually(lambda: len(engine.audit.entries) == 2, what="drain and requeue")
+    await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="drain and requeue")
     assert engine.scheduler.nodes["gpu-1"].drained  # type: ignore[union-attr]
 
 
@@ -116,9 +116,9 @@ async def test_duplicates_are_counted_not_acted_on_twice(engine: Engine) -> None
     event = xid_event("gpu-2", event_id="same")
     assert (await post(engine, batch(event, event)))[1] == {"accepted": 1, "duplicates": 1}
     assert (await post(engine, batch(event)))[1] == {"accepted": 0, "duplicates": 1}
-    await eventually(lambda: len(engine.audit.entries) == 2, what="one decision")
+    await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="one decision")
     await asyncio.sleep(0.1)
-    assert len(engine.audit.entries) == 2
+    assert len(scheduler_actions(engine.audit.entries)) == 2
     assert engine.metrics.events_duplicate._value.get() == 2
 
 
@@ -136,7 +136,7 @@ async def test_slow_client_does_not_stall_others(engine: Engine) -> None:
 
 async def test_metrics_and_health_endpoints(engine: Engine) -> None:
     await post(engine, batch(xid_event()))
-    await eventually(lambda: len(engine.audit.entries) == 2, what="actions")
+    await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="actions")
     async with aiohttp.ClientSession() as s:
         async with s.get(f"http://127.0.0.1:{engine.port}/metrics") as r:
             text = await r.text()

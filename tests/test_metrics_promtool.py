@@ -8,7 +8,7 @@ import subprocess
 import aiohttp
 import pytest
 
-from tests.support import XID79, eventually, real_components_required
+from tests.support import XID79, eventually, real_components_required, scheduler_actions
 from tests.test_agent import agent_config, engine_config
 from watchd.agent.runner import Agent
 from watchd.engine.runner import Engine
@@ -43,7 +43,7 @@ async def test_engine_and_agent_metrics_pass_promtool(promtool: str) -> None:
         source = FakeLogSource("kmsg")
         async with Agent(agent_config(engine.port), sources=[source]) as agent:
             source.inject_log(XID79)
-            await eventually(lambda: len(engine.audit.entries) == 2, what="decisions")
+            await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="decisions")
             engine_text, agent_text = await fetch(engine.port), await fetch(agent.port)
     assert "watchd_decision_latency_seconds_bucket" in engine_text
     assert "watchd_agent_events_shipped_total 1.0" in agent_text

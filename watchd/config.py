@@ -94,14 +94,42 @@ class ActionsConfig(_Strict):
     max_concurrent: Annotated[int, Field(ge=1)] = 1024
 
 
+class SafetyConfig(_Strict):
+    max_fraction: Annotated[float, Field(gt=0, le=1)] = 0.10
+    max_nodes: Annotated[int, Field(ge=1)] = 50
+    window_s: Seconds = 3600.0
+    pools_refresh_s: Seconds = 60.0
+
+
+class StateConfig(_Strict):
+    path: Path | None = None  # None: in memory (not durable; the shipped config sets a file)
+    audit_retention_days: Annotated[float, Field(gt=0)] = 90.0
+
+
+class AlertmanagerConfig(_Strict):
+    urls: list[Annotated[str, Field(pattern=r"^https?://")]] = Field(default_factory=list)
+    resend_interval_s: Seconds = 60.0
+    timeout_s: Seconds = 5.0
+
+
+class ReloadConfig(_Strict):
+    watch_files: bool = True
+    poll_interval_s: Seconds = 2.0
+
+
 class EngineConfig(_Strict):
     listen: Listen = Listen(port=9120)
+    external_url: str = ""
     auth: TokenSource = TokenSource()
     mode: Literal["dry-run", "enforce"] = "dry-run"
     rules: list[Path] = Field(default_factory=list)
+    reload: ReloadConfig = ReloadConfig()
     ingest: IngestConfig = IngestConfig()
     slurm: SlurmConfig = SlurmConfig()
     actions: ActionsConfig = ActionsConfig()
+    safety: SafetyConfig = SafetyConfig()
+    state: StateConfig = StateConfig()
+    alertmanager: AlertmanagerConfig = AlertmanagerConfig()
     log: LogConfig = LogConfig()
 
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-DrainOutcome = Literal["drained", "already_drained", "skipped", "failed"]
+DrainOutcome = Literal["drained", "already_drained", "skipped", "failed", "held"]
 ResumeOutcome = Literal["resumed", "not_drained", "refused", "failed"]
 
 WATCHD_REASON_PREFIX = "watchd:"
@@ -117,9 +117,16 @@ class Scheduler(Protocol):
         """Current state of the named nodes; unknown names are left out."""
         ...
 
-    async def drain(self, reasons: Mapping[str, str]) -> dict[str, DrainResult]:
+    async def pools(self) -> dict[str, list[str]]:
+        """Each pool (Slurm partition) and its member nodes: the blast-radius breaker counts per pool."""
+        ...
+
+    async def drain(
+        self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
+    ) -> dict[str, DrainResult]:
         """Drain each node with its reason. A node already drained or down for a reason that does not
-        carry watchd's prefix is never touched (outcome ``skipped``)."""
+        carry watchd's prefix is never touched (outcome ``skipped``). ``states``: node states the caller
+        has just read (saves reading them again)."""
         ...
 
     async def requeue_jobs_on(self, node: str) -> RequeueResult:

@@ -44,6 +44,7 @@ class FakeScheduler:
     fail_drain: set[str] = field(default_factory=set)
     fail_requeue: set[str] = field(default_factory=set)
     error: SchedulerError | None = None
+    partitions: dict[str, list[str]] = field(default_factory=dict)  # empty: one pool "all" of every node
     name: str = "fake"
 
     # ------------------------------------------------------------- setup
@@ -91,10 +92,17 @@ class FakeScheduler:
         self._check()
         return {n: self.nodes[n] for n in dict.fromkeys(nodes) if n in self.nodes}
 
-    async def drain(self, reasons: Mapping[str, str]) -> dict[str, DrainResult]:
+    async def pools(self) -> dict[str, list[str]]:
+        self.calls.append(("pools", None))
+        self._check()
+        return {name: list(nodes) for name, nodes in self.partitions.items()} or {"all": list(self.nodes)}
+
+    async def drain(
+        self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
+    ) -> dict[str, DrainResult]:
         self.calls.append(("drain", dict(reasons)))
         self._check()
-        results, groups = plan_drain(reasons, self.nodes, self.reason_prefix)
+        results, groups = plan_drain(reasons, self.nodes if states is None else states, self.reason_prefix)
         for reason, names in groups.items():
             # the real adapter issues one `scontrol update` per distinct reason: record the same grouping
             self.calls.append(("update_drain", (reason, tuple(names))))

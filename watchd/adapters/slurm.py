@@ -299,10 +299,22 @@ class SlurmScheduler:
                 states[st.name] = st
         return states
 
-    async def drain(self, reasons: Mapping[str, str]) -> dict[str, DrainResult]:
+    async def pools(self) -> dict[str, list[str]]:
+        _, out, _ = await self._exec(self.sinfo, "-h", "-o", "%R|%N")
+        members: dict[str, list[str]] = {}
+        for line in out.splitlines():
+            partition, _, nodes = line.strip().partition("|")
+            if partition and nodes:
+                members.setdefault(partition, []).extend(expand_hostlist(nodes))
+        return members
+
+    async def drain(
+        self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
+    ) -> dict[str, DrainResult]:
         if not reasons:
             return {}
-        states = await self.node_states(list(reasons))
+        if states is None:
+            states = await self.node_states(list(reasons))
         results, groups = plan_drain(reasons, states, self.reason_prefix)
 
         sem = asyncio.Semaphore(self.max_concurrency)

@@ -1,39 +1,102 @@
-"""The action executor: turns decisions into scheduler calls, safely.
+"""The action executor: turns decisions into scheduler calls, alerts and webhooks, safely.
 
-Stages, each small: dry-run (decide and record, touch nothing), de-duplication per action and node within a
-cooldown, coalescing of concurrent drains into one scheduler round, and the audit record. A requeue that
-follows a drain in the same rule runs only when that drain took the node out of service: a node drained
-by someone else is never touched, its jobs included.
+One small stage per concern, in this order for every action:
+1. de-duplication per action and node within the cooldown (durable: a restart neither repeats nor forgets);
+2. mode: the engine's, made stricter by the rule's (dry-run decides and records, touches nothing);
+3. safety for disruptive actions: the rule's rate limit and the blast-radius breaker; beyond them the action
+   is held for an operator, an alert fires, and everything else goes on;
+4. execution: drains coalesced into scheduler rounds (DrainBatcher), requeues, resumes, alerts, webhooks;
+5. the audit record, and the outcome fed back to the rules as a ``watchd_action`` event.
+
+Every action is written to the store as an intent before the scheduler is touched and finished after, so a
+``kill -9`` in between is re-driven once at the next start (drains and requeues are idempotent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
-from typing import Literal
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from watchd.adapters.base import DrainResult, RequeueResult, Scheduler, SchedulerError, drain_reason
+from watchd.adapters.alerts import Alert, AlertSink
+from watchd.adapters.base import (
+    DrainResult,
+    RequeueResult,
+    Scheduler,
+    SchedulerError,
+    drain_reason,
+    plan_drain,
+)
+from watchd.adapters.webhook import WebhookSender
 from watchd.clock import Clock
 from watchd.engine.audit import AuditRecord, AuditSink
 from watchd.engine.metrics import EngineMetrics
+from watchd.engine.safety import BreakerLimits, Verdict, breaker_verdict, rate_verdict
+from watchd.engine.store import HeldAction, Store
+from watchd.events import Event, stable_id
 from watchd.logs import get_logger
-from watchd.rules import Decision, PlannedAction
+from watchd.rules import DISRUPTIVE, Decision, PlannedAction
 
 Mode = Literal["dry-run", "enforce"]
 
 _log = get_logger("watchd.executor")
 _DRAINED_BY_US = ("drained", "already_drained", "dry_run")
+_CHANGED_SOMETHING = ("drained", "dry_run", "requeued", "partial")
+BREAKER_ALERT = "WatchdBlastRadiusBreakerOpen"
+
+
+@dataclass
+class Pools:
+    """Which pools (Slurm partitions) each node belongs to, and their sizes; refreshed by the engine."""
+
+    of_node: dict[str, list[str]] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_members(cls, members: Mapping[str, list[str]]) -> Pools:
+        of_node: dict[str, list[str]] = {}
+        for pool, nodes in members.items():
+            for node in nodes:
+                of_node.setdefault(node, []).append(pool)
+        return cls(of_node, {pool: len(nodes) for pool, nodes in members.items()})
+
+    def pools(self, node: str) -> list[str]:
+        return self.of_node.get(node) or ["all"]
+
+
+Gate = Callable[[], Verdict]
+
+
+class SafetyGate:
+    """A safety check to run at the last moment; remembers its verdict (the pool that held the action)."""
+
+    def __init__(self, check: Gate) -> None:
+        self._check = check
+        self.verdict: Verdict | None = None
+
+    def __call__(self) -> Verdict:
+        self.verdict = self._check()
+        return self.verdict
+
+
+def held_pool(gate: SafetyGate | None) -> str:
+    return gate.verdict.pool if gate is not None and gate.verdict is not None else ""
 
 
 class DrainBatcher:
     """Coalesces drain requests that arrive while a scheduler round is in flight into the next round.
 
-    A lone failure is drained at once; a burst of N failures costs two rounds, not N."""
+    A lone failure is drained at once; a burst of N failures costs two rounds, not N. Each round reads the
+    nodes' states once, settles those that need no change (never touched), then asks each remaining
+    request's gate (the safety breaker) one after another: rounds are serial, so the breaker counts exactly,
+    and a node someone else already drained neither counts nor gets held."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
-        self._pending: dict[str, tuple[str, list[asyncio.Future[DrainResult]]]] = {}
+        self._pending: dict[str, tuple[str, Gate | None, list[asyncio.Future[DrainResult]]]] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -45,17 +108,17 @@ class DrainBatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for _, futures in self._pending.values():
+        for _, _, futures in self._pending.values():
             for fut in futures:
                 if not fut.done():
                     fut.set_result(DrainResult("", "failed", "engine shutting down"))
 
-    async def drain(self, node: str, reason: str) -> DrainResult:
+    async def drain(self, node: str, reason: str, gate: Gate | None = None) -> DrainResult:
         fut: asyncio.Future[DrainResult] = asyncio.get_running_loop().create_future()
         if node in self._pending:
-            self._pending[node][1].append(fut)
+            self._pending[node][2].append(fut)
         else:
-            self._pending[node] = (reason, [fut])
+            self._pending[node] = (reason, gate, [fut])
         self._wakeup.set()
         return await fut
 
@@ -66,19 +129,43 @@ class DrainBatcher:
             batch, self._pending = self._pending, {}
             if not batch:
                 continue
-            reasons = {node: reason for node, (reason, _) in batch.items()}
+            reasons = {node: reason for node, (reason, _, _) in batch.items()}
             try:
-                results: Mapping[str, DrainResult] = await self._scheduler.drain(reasons)
+                results = await self._round(reasons, {n: gate for n, (_, gate, _) in batch.items()})
             except SchedulerError as exc:
                 results = {n: DrainResult(n, "failed", str(exc)) for n in reasons}
             except Exception as exc:  # an adapter bug must not stop every later drain
                 _log.exception("drain_round_crashed", nodes=len(reasons))
                 results = {n: DrainResult(n, "failed", f"internal error: {exc!r}") for n in reasons}
-            for node, (_, futures) in batch.items():
+            for node, (_, _, futures) in batch.items():
                 result = results.get(node) or DrainResult(node, "failed", "scheduler returned no result")
                 for fut in futures:
                     if not fut.done():
                         fut.set_result(result)
+
+    async def _round(
+        self, reasons: dict[str, str], gates: Mapping[str, Gate | None]
+    ) -> dict[str, DrainResult]:
+        states = await self._scheduler.node_states(list(reasons))
+        settled, groups = plan_drain(reasons, states)
+        results: dict[str, DrainResult] = dict(settled)
+        allowed: dict[str, str] = {}
+        for node in (n for names in groups.values() for n in names):
+            gate = gates.get(node)
+            verdict = gate() if gate is not None else Verdict(True)
+            if verdict.allowed:
+                allowed[node] = reasons[node]
+            else:
+                results[node] = DrainResult(node, "held", verdict.reason)
+        if allowed:
+            results.update(await self._scheduler.drain(allowed, states))
+        return results
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    outcome: str
+    detail: str = ""
 
 
 class ActionExecutor:
@@ -89,29 +176,47 @@ class ActionExecutor:
         clock: Clock,
         metrics: EngineMetrics,
         audit: AuditSink,
+        *,
+        store: Store | None = None,
+        alerts: AlertSink | None = None,
+        webhooks: WebhookSender | None = None,
+        limits: BreakerLimits | None = None,
+        pools: Pools | None = None,
         cooldown_s: float = 600.0,
         max_concurrent: int = 1024,
+        feedback: Callable[[Event], None] | None = None,
+        generator_url: str = "",
     ) -> None:
         self.mode: Mode = mode
         self._scheduler = scheduler
         self._clock = clock
         self._metrics = metrics
         self._audit = audit
+        self.store = store or Store.open(":memory:")
+        self._alerts = alerts
+        self._webhooks = webhooks
+        self.limits = limits or BreakerLimits()
+        self.pools = pools or Pools()
         self._cooldown = cooldown_s
-        self._last: dict[tuple[str, str], float] = {}
         self._slots = asyncio.Semaphore(max_concurrent)
         self._batcher = DrainBatcher(scheduler) if scheduler is not None else None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._feedback = feedback
+        self._generator_url = generator_url
+        self._alert_expiry: dict[str, asyncio.TimerHandle] = {}
 
     async def __aenter__(self) -> ActionExecutor:
         if self._batcher is not None:
             self._batcher.start()
+        self._redrive_unfinished()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.drain_in_flight(timeout=10.0)
         if self._batcher is not None:
             await self._batcher.stop()
+        for handle in self._alert_expiry.values():
+            handle.cancel()
 
     async def drain_in_flight(self, timeout: float) -> None:
         """Wait (bounded) for the decisions being executed."""
@@ -119,88 +224,348 @@ class ActionExecutor:
             await asyncio.wait(list(self._tasks), timeout=timeout)
 
     def submit(self, decision: Decision, received_at: float) -> None:
-        task = asyncio.create_task(self._execute(decision, received_at))
+        self._spawn(self._execute(decision, received_at))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------------------------------ decisions
+
+    def effective_mode(self, decision: Decision | None) -> Mode:
+        if self.mode == "dry-run" or (decision is not None and decision.mode == "dry-run"):
+            return "dry-run"
+        return "enforce"
 
     async def _execute(self, decision: Decision, received_at: float) -> None:
         async with self._slots:
             drain_outcome: str | None = None  # of a drain earlier in this decision
             for action in decision.actions:
                 start = self._clock.monotonic()
-                outcome, detail = await self._one(action, drain_outcome)
+                try:
+                    result = await self._one(decision, action, drain_outcome)
+                except Exception as exc:  # a bug in one action must not lose the audit of the others
+                    _log.exception("action_crashed", action=action.kind, node=action.node)
+                    result = Outcome("failed", f"internal error: {exc!r}")
                 if action.kind == "drain":
-                    drain_outcome = outcome
-                elapsed = self._clock.monotonic() - start
-                self._metrics.actions.labels(action.kind, self.mode, outcome).inc()
-                self._audit.record(
-                    AuditRecord(
-                        time=self._clock.now(),
-                        rule=decision.rule,
-                        event_id=decision.event.id,
-                        node=action.node,
-                        action=action.kind,
-                        mode=self.mode,
-                        outcome=outcome,
-                        detail=detail,
-                        duration_s=round(elapsed, 6),
-                        params=dict(action.params),
-                    )
-                )
+                    drain_outcome = result.outcome
+                self._record(decision, action, result, self._clock.monotonic() - start)
             self._metrics.decision_latency.observe(self._clock.monotonic() - received_at)
 
-    def _first_within_cooldown(self, action: PlannedAction) -> bool:
-        key = (action.kind, action.node)
-        now = self._clock.monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < self._cooldown:
-            return False
-        self._last[key] = now
-        return True
+    def _record(self, decision: Decision, action: PlannedAction, result: Outcome, elapsed: float) -> None:
+        mode = self.effective_mode(decision)
+        self._metrics.actions.labels(action.kind, mode, result.outcome).inc()
+        entry = AuditRecord(
+            time=self._clock.now(),
+            rule=decision.rule,
+            event_id=decision.event.id,
+            node=action.node,
+            action=action.kind,
+            mode=mode,
+            outcome=result.outcome,
+            detail=result.detail,
+            duration_s=round(elapsed, 6),
+            params=_scalars(action.params),
+        )
+        self._audit.record(entry)
+        self.store.append_audit(entry)
+        if self._feedback is not None and decision.event.kind != "watchd_action":
+            self._feedback(
+                Event(
+                    id=stable_id("action", decision.event.id, decision.rule, action.kind, action.node),
+                    node=action.node,
+                    source="watchd",
+                    kind="watchd_action",
+                    time=self._clock.now(),
+                    attrs={
+                        "action": action.kind,
+                        "outcome": result.outcome,
+                        "rule": decision.rule,
+                        "mode": mode,
+                    },
+                )
+            )
 
-    def _forget(self, action: PlannedAction) -> None:
-        self._last.pop((action.kind, action.node), None)
+    async def _one(self, decision: Decision, action: PlannedAction, drain_outcome: str | None) -> Outcome:
+        kind = action.kind
+        if kind == "log":
+            return Outcome("logged", str(action.params.get("message", "")))
+        if kind == "alert":
+            return await self._alert(decision, action)
+        if kind == "webhook":
+            return await self._webhook(decision, action)
+        if kind == "requeue" and drain_outcome == "deduplicated":
+            return Outcome("deduplicated", "the drain it follows was already decided within the cooldown")
+        if kind == "requeue" and drain_outcome not in (None, *_DRAINED_BY_US):
+            return Outcome("skipped", "the node was not drained by watchd, so its jobs are left alone")
+        return await self._scheduled(decision, action, check_safety=not (kind == "requeue" and drain_outcome))
 
-    async def _one(self, action: PlannedAction, drain_outcome: str | None) -> tuple[str, str]:
-        if action.kind == "log":
-            return "logged", str(action.params.get("message", ""))
-        if action.kind == "requeue" and drain_outcome == "deduplicated":
-            return "deduplicated", "the drain it follows was already decided within the cooldown"
-        if action.kind == "requeue" and drain_outcome not in (None, *_DRAINED_BY_US):
-            return "skipped", "the node was not drained by watchd, so its jobs are left alone"
-        if not self._first_within_cooldown(action):
-            return "deduplicated", f"{action.kind} of {action.node} already decided within the cooldown"
-        if self.mode == "dry-run":
-            return "dry_run", _describe(action)
+    # ------------------------------------------------------------------------------------------ scheduler
+
+    async def _scheduled(
+        self, decision: Decision | None, action: PlannedAction, *, check_safety: bool, held_id: int = 0
+    ) -> Outcome:
+        key = f"{action.kind}:{action.node}"
+        now = self._clock.now()
+        rule = decision.rule if decision is not None else "operator"
+        event_id = decision.event.id if decision is not None else f"held-{held_id}"
+        params = _scalars(action.params)
+        if not self.store.begin_action(
+            key, action.kind, action.node, rule, event_id, params, now, cooldown_until=now + self._cooldown
+        ):
+            return Outcome(
+                "deduplicated", f"{action.kind} of {action.node} already decided within the cooldown"
+            )
+        mode = self.effective_mode(decision)
+        gate: SafetyGate | None = None
+        if action.kind in DISRUPTIVE and check_safety and decision is not None:
+            gate = self._gate(decision, action, mode, now)
+        if mode == "enforce" and action.kind == "drain":
+            # The gate runs inside the serial drain round, once the node is known to be in service.
+            result = await self._call_scheduler(action, gate)
+        else:
+            verdict = gate() if gate is not None else Verdict(True)
+            if not verdict.allowed:
+                result = Outcome("held", verdict.reason)
+            elif mode == "dry-run":
+                result = Outcome("dry_run", _describe(action))
+            else:
+                if gate is None and action.kind in DISRUPTIVE:
+                    self._count_disruption(rule, action.node, mode, now)  # a released or follow-up action
+                result = await self._call_scheduler(action)
+        if result.outcome == "held" and decision is not None:
+            held = self.store.hold(
+                HeldAction(
+                    rule=rule,
+                    kind=action.kind,
+                    node=action.node,
+                    pool=held_pool(gate),
+                    params=params,
+                    event=decision.event.to_wire(),
+                    reason=result.detail,
+                    held_at=now,
+                )
+            )
+            self._spawn(self._breaker_alert(result.detail, action, held_pool(gate)))
+            result = Outcome("held", f"held as #{held}: {result.detail}")
+        elif action.kind in DISRUPTIVE and result.outcome not in _CHANGED_SOMETHING:
+            self._count_disruption(rule, action.node, mode, now, undo=True)  # it changed nothing
+        failed = result.outcome in ("failed", "no_scheduler", "held")
+        self.store.finish_action(
+            key, result.outcome, result.detail, self._clock.now(), cooldown_until=now if failed else None
+        )
+        return result
+
+    def _gate(self, decision: Decision, action: PlannedAction, mode: Mode, now: float) -> SafetyGate:
+        """The safety check for one disruptive action: when it allows, the disruption is counted at once."""
+
+        def check() -> Verdict:
+            verdict = self._safety(decision, action, mode, now)
+            if verdict.allowed:
+                self._count_disruption(decision.rule, action.node, mode, now)
+            return verdict
+
+        return SafetyGate(check)
+
+    def _safety(self, decision: Decision, action: PlannedAction, mode: Mode, now: float) -> Verdict:
+        prefix = "dry-run:" if mode == "dry-run" else ""
+        limit = decision.rate_limit
+        if limit is not None:
+            times = [
+                t for _, t in self.store.disruptions_since(f"{prefix}rule:{decision.rule}", now - limit.per)
+            ]
+            verdict = rate_verdict(decision.rule, times, now, limit.max, limit.per)
+            if not verdict.allowed:
+                return Verdict(False, verdict.reason, f"rule:{decision.rule}")
+        if action.kind != "drain":
+            return Verdict(True)
+        pools = self.pools.pools(action.node)
+        since = now - self.limits.window_s
+        recent = {p: [n for n, _ in self.store.disruptions_since(f"{prefix}{p}", since)] for p in pools}
+        return breaker_verdict(action.node, pools, self.pools.sizes, recent, self.limits)
+
+    def _count_disruption(self, rule: str, node: str, mode: Mode, now: float, undo: bool = False) -> None:
+        prefix = "dry-run:" if mode == "dry-run" else ""
+        change = self.store.forget_disruption if undo else self.store.record_disruption
+        for pool in (f"rule:{rule}", *self.pools.pools(node)):
+            change(f"{prefix}{pool}", node, now)
+
+    async def _call_scheduler(self, action: PlannedAction, gate: Gate | None = None) -> Outcome:
         if self._scheduler is None or self._batcher is None:
-            self._forget(action)
-            return "no_scheduler", "no scheduler adapter is enabled"
+            return Outcome("no_scheduler", "no scheduler adapter is enabled")
         start = self._clock.monotonic()
-        outcome: str
         try:
             if action.kind == "drain":
-                result = await self._batcher.drain(action.node, str(action.params.get("reason", "")))
-                outcome, detail = result.outcome, result.detail
+                result = await self._batcher.drain(action.node, str(action.params.get("reason", "")), gate)
+                out = Outcome(result.outcome, result.detail)
+            elif action.kind == "requeue":
+                out = _requeue_outcome(await self._scheduler.requeue_jobs_on(action.node))
             else:
-                outcome, detail = _requeue_outcome(await self._scheduler.requeue_jobs_on(action.node))
+                resumed = await self._scheduler.resume(action.node)
+                out = Outcome(resumed.outcome, resumed.detail)
         except SchedulerError as exc:
-            outcome, detail = "failed", str(exc)
-        except Exception as exc:
-            _log.exception("action_crashed", action=action.kind, node=action.node)
-            outcome, detail = "failed", f"internal error: {exc!r}"
+            out = Outcome("failed", str(exc))
         self._metrics.action_duration.labels(action.kind).observe(self._clock.monotonic() - start)
-        if outcome == "failed":
-            self._forget(action)  # let the next event retry
-        return outcome, detail
+        return out
+
+    def _redrive_unfinished(self) -> None:
+        """Actions decided before a crash but never finished: drive each once more (they are idempotent)."""
+        for intent in self.store.unfinished_actions():
+            _log.warning(
+                "redriving_unfinished_action", key=intent.key, rule=intent.rule, decided_at=intent.decided_at
+            )
+            action = PlannedAction(kind=intent.kind, node=intent.node, params=intent.params)  # type: ignore[arg-type]
+            self._spawn(self._redrive(intent.key, action))
+
+    async def _redrive(self, key: str, action: PlannedAction) -> None:
+        result = (
+            Outcome("dry_run", _describe(action))
+            if self.mode == "dry-run"
+            else await self._call_scheduler(action)
+        )
+        self.store.finish_action(
+            key, result.outcome, f"re-driven after a restart: {result.detail}", self._clock.now()
+        )
+        self._audit.record(
+            AuditRecord(
+                time=self._clock.now(),
+                rule="(re-driven)",
+                event_id=key,
+                node=action.node,
+                action=action.kind,
+                mode=self.mode,
+                outcome=result.outcome,
+                detail=f"re-driven after a restart: {result.detail}",
+                params=_scalars(action.params),
+            )
+        )
+
+    # ------------------------------------------------------------------------------------------ held actions
+
+    async def release(self, held_id: int, by: str) -> Outcome:
+        """An operator lets a held action go: it runs now, past the breaker (still de-duplicated)."""
+        held = self.store.release(held_id, by, self._clock.now())
+        if held is None:
+            return Outcome("not_held", f"no held action #{held_id}")
+        action = PlannedAction(kind=held.kind, node=held.node, params=held.params)  # type: ignore[arg-type]
+        result = await self._scheduled(None, action, check_safety=False, held_id=held_id)
+        self._audit.record(
+            AuditRecord(
+                time=self._clock.now(),
+                rule=held.rule,
+                event_id=f"held-{held_id}",
+                node=held.node,
+                action=held.kind,
+                mode=self.mode,
+                outcome=result.outcome,
+                detail=f"released by {by}: {result.detail}",
+                params=held.params,
+            )
+        )
+        return result
+
+    def discard(self, held_id: int, by: str) -> Outcome:
+        held = self.store.discard(held_id, by, self._clock.now())
+        if held is None:
+            return Outcome("not_held", f"no held action #{held_id}")
+        return Outcome("discarded", f"{held.kind} of {held.node} discarded by {by}")
+
+    # ------------------------------------------------------------------------------------------ alerts
+
+    async def _alert(self, decision: Decision, action: PlannedAction) -> Outcome:
+        if self._alerts is None:
+            return Outcome("no_alertmanager", "no Alertmanager is configured")
+        params = action.params
+        labels = {
+            "alertname": decision.rule,
+            "severity": decision.severity,
+            "node": action.node,
+            **dict(decision.labels),
+            **dict(params.get("labels") or {}),
+        }
+        key = f"{decision.rule}/" + "/".join(f"{v}" for v in decision.group.values())
+        alert = Alert(
+            labels=labels,
+            annotations={
+                "summary": str(params.get("summary", "")),
+                "description": str(params.get("description", "")),
+            },
+            generator_url=f"{self._generator_url}/api/v1/status?node={action.node}"
+            if self._generator_url
+            else "",
+        )
+        await self._alerts.fire(key, alert)
+        self._expire_alert(key, float(params.get("resolve_after") or 3600.0))
+        return Outcome("fired", f"{alert.name} {key}")
+
+    def _expire_alert(self, key: str, after: float) -> None:
+        old = self._alert_expiry.pop(key, None)
+        if old is not None:
+            old.cancel()
+        alerts = self._alerts
+        if alerts is None:
+            return
+
+        def resolve() -> None:
+            self._alert_expiry.pop(key, None)
+            self._spawn(alerts.resolve(key))
+
+        self._alert_expiry[key] = asyncio.get_running_loop().call_later(after, resolve)
+
+    async def _breaker_alert(self, reason: str, action: PlannedAction, pool: str) -> None:
+        if self._alerts is None:
+            return
+        alert = Alert(
+            labels={"alertname": BREAKER_ALERT, "severity": "critical", "pool": pool},
+            annotations={
+                "summary": f"watchd is holding disruptive actions ({pool})",
+                "description": f"{reason}. Held: {action.kind} of {action.node}. "
+                "Review with `watchd actions list`, then release or discard.",
+            },
+        )
+        key = f"breaker/{pool}"
+        await self._alerts.fire(key, alert)
+        self._expire_alert(key, self.limits.window_s)
+
+    async def _webhook(self, decision: Decision, action: PlannedAction) -> Outcome:
+        if self._webhooks is None:
+            return Outcome("failed", "webhooks are not available")
+        params = action.params
+        payload = {
+            "rule": decision.rule,
+            "severity": decision.severity,
+            "node": action.node,
+            "mode": self.effective_mode(decision),
+            "labels": dict(decision.labels),
+            "group": dict(decision.group),
+            "event": decision.event.to_wire(),
+        }
+        result = await self._webhooks.post(
+            str(params["url"]),
+            payload,
+            headers=params.get("headers") or None,
+            max_attempts=int(params.get("retries", 3)) + 1,
+        )
+        return Outcome(
+            result.outcome, f"HTTP {result.status} after {result.attempts} attempt(s) {result.error}".strip()
+        )
+
+
+def _scalars(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameters as they go to the audit log and the store: JSON values."""
+    return json.loads(json.dumps(dict(params), default=str))  # type: ignore[no-any-return]
 
 
 def _describe(action: PlannedAction) -> str:
     if action.kind == "drain":
         return f"would drain {action.node}: {drain_reason(str(action.params.get('reason', '')))}"
+    if action.kind == "resume":
+        return f"would resume {action.node} (if watchd drained it)"
     return f"would requeue the jobs on {action.node}"
 
 
-def _requeue_outcome(result: RequeueResult) -> tuple[str, str]:
+def _requeue_outcome(result: RequeueResult) -> Outcome:
     parts = []
     if result.requeued:
         parts.append("requeued " + ",".join(result.requeued))
@@ -212,4 +577,4 @@ def _requeue_outcome(result: RequeueResult) -> tuple[str, str]:
         outcome = "partial" if result.requeued else "failed"
     else:
         outcome = "requeued" if result.requeued else "nothing_to_requeue"
-    return outcome, "; ".join(parts) or "no jobs on the node"
+    return Outcome(outcome, "; ".join(parts) or "no jobs on the node")

@@ -65,6 +65,16 @@ class EngineMetrics:
             registry=r,
         )
         self.rules_loaded = Gauge("watchd_rules_loaded", "Rules in the active rule set.", registry=r)
+        self.rules_reload_ok = Gauge(
+            "watchd_rules_last_reload_successful",
+            "1 when the last rule (re)load succeeded, else 0.",
+            registry=r,
+        )
+        self.rules_reload_time = Gauge(
+            "watchd_rules_last_reload_success_timestamp_seconds",
+            "When the rules were last (re)loaded.",
+            registry=r,
+        )
         self.mode_enforce = Gauge(
             "watchd_engine_enforce",
             "1 when the engine acts (enforce), 0 in dry-run.",

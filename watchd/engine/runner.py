@@ -5,18 +5,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from types import TracebackType
+from typing import Any
 
-from watchd.adapters.base import Scheduler
+from watchd.adapters.alertmanager import AlertmanagerNotifier
+from watchd.adapters.base import Scheduler, SchedulerError
+from watchd.adapters.webhook import WebhookSender
 from watchd.clock import Clock, SystemClock
 from watchd.config import EngineConfig
 from watchd.engine.audit import MemoryAudit
 from watchd.engine.dedup import SeenIds
-from watchd.engine.executor import ActionExecutor
+from watchd.engine.executor import ActionExecutor, Pools
 from watchd.engine.metrics import EngineMetrics
+from watchd.engine.safety import BreakerLimits
 from watchd.engine.server import Accepted, make_app
+from watchd.engine.store import Store
 from watchd.errors import ConfigError
+from watchd.events import Event
 from watchd.httputil import serve
 from watchd.logs import get_logger
 from watchd.rules import RuleEngine, RuleSet, load_rules
@@ -37,6 +44,21 @@ def scheduler_from_config(config: EngineConfig) -> Scheduler | None:
         timeout=config.slurm.timeout_s,
         env=env,
     )
+
+
+def open_store(config: EngineConfig) -> Store:
+    path = config.state.path
+    if path is None:
+        _log.warning(
+            "state_not_durable",
+            hint="set state.path: decisions, cooldowns and the breaker are lost on restart",
+        )
+        return Store.open(":memory:")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"state.path: cannot create {path.parent}: {exc.strerror}") from None
+    return Store.open(path)
 
 
 class Engine:
@@ -60,66 +82,168 @@ class Engine:
             else (scheduler_from_config(config))
         )
         self.token = config.auth.resolve()
+        self.store = open_store(config)
         self.queue: asyncio.Queue[Accepted] = asyncio.Queue(maxsize=config.ingest.queue_size)
         self.seen = SeenIds(self.clock, config.ingest.dedup_window_s, config.ingest.dedup_max_ids)
+        self.alerts = (
+            AlertmanagerNotifier(
+                config.alertmanager.urls,
+                registry=self.metrics.registry,
+                clock=self.clock,
+                resend_interval=config.alertmanager.resend_interval_s,
+                timeout=config.alertmanager.timeout_s,
+            )
+            if config.alertmanager.urls
+            else None
+        )
+        self.webhooks = WebhookSender()
+        safety = config.safety
         self.executor = ActionExecutor(
             self.scheduler,
             config.mode,
             self.clock,
             self.metrics,
             self.audit,
+            store=self.store,
+            alerts=self.alerts,
+            webhooks=self.webhooks,
+            limits=BreakerLimits(safety.max_fraction, safety.max_nodes, safety.window_s),
             cooldown_s=config.actions.cooldown_s,
             max_concurrent=config.actions.max_concurrent,
+            feedback=self._feed_back,
+            generator_url=config.external_url.rstrip("/"),
         )
         self.port = 0
         self._stack = AsyncExitStack()
-        self._processor: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._rule_mtimes = self._mtimes()
         self.metrics.rules_loaded.set(len(self.rules.rules))
+        self.metrics.rules_reload_ok.set(1)
         self.metrics.mode_enforce.set(1 if config.mode == "enforce" else 0)
+
+    # ---------------------------------------------------------------------------------------- rules
 
     def reload_rules(self) -> bool:
         """Build the new rule set completely, then swap it in; on error the old one stays active."""
+        self._rule_mtimes = self._mtimes()
         try:
             new = load_rules(self.config.rules)
         except ConfigError as exc:
             _log.error("rules_reload_failed", error=str(exc))
+            self.metrics.rules_reload_ok.set(0)
             return False
         evaluator = new.engine()
         evaluator.carry_state_from(self.evaluator)
         self.rules, self.evaluator = new, evaluator
         self.metrics.rules_loaded.set(len(new.rules))
+        self.metrics.rules_reload_ok.set(1)
+        self.metrics.rules_reload_time.set(self.clock.now())
         _log.info("rules_reloaded", rules=len(new.rules))
         return True
 
-    def status(self) -> dict[str, object]:
+    def _mtimes(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for path in self.config.rules:
+            files = [p for p in path.iterdir() if p.suffix in (".yaml", ".yml")] if path.is_dir() else [path]
+            for f in files:
+                with contextlib.suppress(OSError):
+                    out[str(f)] = f.stat().st_mtime
+        return out
+
+    async def _watch_rule_files(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reload.poll_interval_s)
+            if self._mtimes() != self._rule_mtimes:
+                _log.info("rule_files_changed")
+                self.reload_rules()
+
+    # ---------------------------------------------------------------------------------------- status
+
+    def _feed_back(self, event: Event) -> None:
+        """The engine's own actions go back to the rules (e.g. the lemon-node rule counts drains)."""
+        try:
+            self.queue.put_nowait((event, self.clock.monotonic()))
+        except asyncio.QueueFull:
+            _log.warning("feedback_event_dropped_queue_full", node=event.node)
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock.now()
+        window = self.config.safety.window_s
+        pools = self.executor.pools
+        breaker = []
+        for pool, size in sorted(pools.sizes.items()) or [("all", 0)]:
+            taken = self.store.disruptions_since(pool, now - window)
+            breaker.append(
+                {
+                    "pool": pool,
+                    "size": size,
+                    "taken_out": [n for n, _ in taken],
+                    "limit": self.executor.limits.allowed_in(size),
+                }
+            )
+        recent = [a.to_dict() for a in self.store.recent_audit(200)]
+        incidents: dict[str, dict[str, Any]] = {}
+        for a in recent:
+            if a["action"] in ("drain", "requeue", "alert") and a["outcome"] not in ("deduplicated",):
+                node = incidents.setdefault(a["node"], {"node": a["node"], "actions": []})
+                node["actions"].append({k: a[k] for k in ("time", "rule", "action", "outcome", "detail")})
         return {
             "mode": self.executor.mode,
+            "pid": os.getpid(),
             "rules": self.rules.names,
             "queue_depth": self.queue.qsize(),
             "scheduler": self.scheduler.name if self.scheduler is not None else None,
-            "pid": os.getpid(),
+            "incidents": list(incidents.values()),
+            "recent_actions": recent[-50:],
+            "held": [h.__dict__ for h in self.store.held()],
+            "breaker": breaker,
+            "alerts": self.alerts.state() if self.alerts is not None else [],
         }
+
+    def held(self) -> list[dict[str, Any]]:
+        return [h.__dict__ for h in self.store.held()]
+
+    async def release(self, held_id: int, by: str) -> dict[str, str]:
+        result = await self.executor.release(held_id, by)
+        return {"outcome": result.outcome, "detail": result.detail}
+
+    def discard(self, held_id: int, by: str) -> dict[str, str]:
+        result = self.executor.discard(held_id, by)
+        return {"outcome": result.outcome, "detail": result.detail}
+
+    def recent_actions(self, limit: int) -> list[dict[str, Any]]:
+        return [a.to_dict() for a in self.audit.recent(limit)]
+
+    # ---------------------------------------------------------------------------------------- lifecycle
 
     async def __aenter__(self) -> Engine:
         stack = self._stack
         await stack.__aenter__()
         try:
+            stack.callback(self.store.close)
             aclose = getattr(self.scheduler, "aclose", None)
             if aclose is not None:
-                stack.push_async_callback(aclose)  # runs last: after the executor and processor stopped
+                stack.push_async_callback(aclose)  # runs late: after the executor and processor stopped
+            await stack.enter_async_context(self.webhooks)
+            if self.alerts is not None:
+                await stack.enter_async_context(self.alerts)
+            await self._refresh_pools()
             await stack.enter_async_context(self.executor)
-            self._processor = asyncio.create_task(self._process(), name="engine-processor")
-            stack.push_async_callback(self._stop_processor)
+            self._spawn(self._process(), "engine-processor")
+            self._spawn(self._every(self.config.safety.pools_refresh_s, self._refresh_pools), "pools")
+            self._spawn(self._every(3600.0, self._prune), "prune")
+            if self.config.reload.watch_files and self.config.rules:
+                self._spawn(self._watch_rule_files(), "rules-watch")
+            stack.push_async_callback(self._stop_tasks)
             app = make_app(
                 token=self.token,
                 queue=self.queue,
                 seen=self.seen,
                 metrics=self.metrics,
-                audit=self.audit,
                 clock=self.clock,
                 max_body_bytes=self.config.ingest.max_body_bytes,
                 max_events=self.config.ingest.max_events_per_batch,
-                status=self.status,
+                control=self,
             )
             listen = self.config.listen
             self.port = await stack.enter_async_context(serve(app, listen.host, listen.port))
@@ -134,6 +258,8 @@ class Engine:
             rules=len(self.rules.rules),
             auth=self.token is not None,
             scheduler=self.scheduler.name if self.scheduler else None,
+            state=str(self.config.state.path),
+            alertmanagers=len(self.config.alertmanager.urls),
         )
         return self
 
@@ -143,14 +269,35 @@ class Engine:
         await self._stack.aclose()
         _log.info("engine_stopped")
 
-    async def _stop_processor(self) -> None:
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=name))  # type: ignore[arg-type]
+
+    async def _stop_tasks(self) -> None:
         # Ingest is closed by now: evaluate what was accepted (bounded), then stop.
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.queue.join(), timeout=5.0)
-        if self._processor is not None:
-            self._processor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._processor
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _every(self, seconds: float, job: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            await job()
+
+    async def _refresh_pools(self) -> None:
+        if self.scheduler is None:
+            return
+        try:
+            self.executor.pools = Pools.from_members(await self.scheduler.pools())
+        except SchedulerError as exc:
+            _log.warning("pools_unavailable", error=str(exc))
+
+    async def _prune(self) -> None:
+        now = self.clock.now()
+        self.store.prune_audit(now - self.config.state.audit_retention_days * 86400)
+        self.store.prune_disruptions(now - max(self.config.safety.window_s, 86400.0))
+        self.store.prune_cooldowns(now)
 
     async def _process(self) -> None:
         queue = self.queue

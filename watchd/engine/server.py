@@ -6,11 +6,11 @@ import asyncio
 import hmac
 import json
 from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from watchd.clock import Clock
-from watchd.engine.audit import MemoryAudit
 from watchd.engine.dedup import SeenIds
 from watchd.engine.metrics import EngineMetrics
 from watchd.events import INGEST_PATH, Event, WireError, batch_from_wire
@@ -20,6 +20,20 @@ from watchd.logs import get_logger
 _log = get_logger("watchd.ingest")
 
 Accepted = tuple[Event, float]  # the event and its arrival time (monotonic)
+
+
+class Control(Protocol):
+    """What the HTTP API asks of the engine besides ingest."""
+
+    def status(self) -> dict[str, Any]: ...
+
+    def recent_actions(self, limit: int) -> list[dict[str, Any]]: ...
+
+    def held(self) -> list[dict[str, Any]]: ...
+
+    async def release(self, held_id: int, by: str) -> dict[str, str]: ...
+
+    def discard(self, held_id: int, by: str) -> dict[str, str]: ...
 
 
 def _reject(status: int, reason: str, metrics: EngineMetrics, label: str) -> web.Response:
@@ -33,19 +47,21 @@ def make_app(
     queue: asyncio.Queue[Accepted],
     seen: SeenIds,
     metrics: EngineMetrics,
-    audit: MemoryAudit,
     clock: Clock,
     max_body_bytes: int,
     max_events: int,
-    status: Callable[[], dict[str, object]],
+    control: Control,
 ) -> web.Application:
     expected = f"Bearer {token}".encode() if token is not None else None
 
+    def authorized(request: web.Request) -> bool:
+        if expected is None:
+            return True
+        return hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected)
+
     async def ingest(request: web.Request) -> web.Response:
-        if expected is not None:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                return _reject(401, "missing or wrong bearer token", metrics, "unauthorized")
+        if not authorized(request):
+            return _reject(401, "missing or wrong bearer token", metrics, "unauthorized")
         if request.content_length is not None and request.content_length > max_body_bytes:
             return _reject(413, f"body larger than {max_body_bytes} bytes", metrics, "too_large")
         try:
@@ -88,10 +104,27 @@ def make_app(
             limit = min(10_000, max(1, int(request.query.get("limit", "100"))))
         except ValueError:
             return web.json_response({"error": "limit: expected an integer"}, status=400)
-        return web.json_response({"actions": [a.to_dict() for a in audit.recent(limit)]})
+        return web.json_response({"actions": control.recent_actions(limit)})
 
     async def status_handler(_: web.Request) -> web.Response:
-        return web.json_response(status())
+        return web.json_response(control.status())
+
+    async def held_handler(_: web.Request) -> web.Response:
+        return web.json_response({"held": control.held()})
+
+    async def resolve_held(request: web.Request) -> web.Response:
+        if not authorized(request):
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        try:
+            held_id = int(request.match_info["id"])
+        except ValueError:
+            return web.json_response({"error": "id: expected an integer"}, status=400)
+        by = request.headers.get("X-Watchd-Operator", "api")[:100]
+        if request.match_info["verb"] == "release":
+            result = await control.release(held_id, by)
+        else:
+            result = control.discard(held_id, by)
+        return web.json_response(result, status=404 if result["outcome"] == "not_held" else 200)
 
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors_as_json])
     app.router.add_post(INGEST_PATH, ingest)
@@ -99,6 +132,8 @@ def make_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/api/v1/actions", actions)
     app.router.add_get("/api/v1/status", status_handler)
+    app.router.add_get("/api/v1/held", held_handler)
+    app.router.add_post(r"/api/v1/held/{id}/{verb:release|discard}", resolve_held)
     return app
 
 

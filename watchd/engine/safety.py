@@ -1,0 +1,71 @@
+"""Safety decisions before any disruptive action (pure: state in, verdict out, ``now`` passed in).
+
+- Blast-radius breaker: within a sliding window, watchd may take out of service at most ``max_fraction``
+  of a pool (a Slurm partition) and at most ``max_nodes`` of it. Beyond that, disruptive actions are held
+  for an operator; detection, alerts and resumes go on.
+- Per-rule rate limit: at most ``max`` disruptive actions by one rule within ``per``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerLimits:
+    max_fraction: float = 0.10
+    max_nodes: int = 50
+    window_s: float = 3600.0
+
+    def allowed_in(self, pool_size: int) -> int:
+        """How many nodes of a pool of this size may be out of service (by watchd) in one window."""
+        by_fraction = math.floor(pool_size * self.max_fraction) if pool_size > 0 else self.max_nodes
+        return max(1, min(self.max_nodes, by_fraction))
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    allowed: bool
+    reason: str = ""
+    pool: str = ""
+
+
+def breaker_verdict(
+    node: str,
+    pools_of_node: Sequence[str],
+    pool_sizes: Mapping[str, int],
+    recent: Mapping[str, Iterable[str]],
+    limits: BreakerLimits,
+) -> Verdict:
+    """May ``node`` be taken out now? ``recent``: per pool, the nodes watchd disrupted within the window.
+
+    A node already counted in the window does not count twice (draining it again changes nothing)."""
+    for pool in pools_of_node or ("all",):
+        taken = set(recent.get(pool, ()))
+        if node in taken:
+            continue
+        size = pool_sizes.get(pool, 0)
+        allowed = limits.allowed_in(size)
+        if len(taken) + 1 > allowed:
+            share = f"{len(taken)} of {size}" if size else f"{len(taken)}"
+            return Verdict(
+                False,
+                f"blast-radius breaker: {share} nodes of pool {pool} already taken out by watchd within "
+                f"{limits.window_s:g} s (limit {allowed}: {limits.max_fraction:.0%}, "
+                f"at most {limits.max_nodes})",
+                pool,
+            )
+    return Verdict(True)
+
+
+def rate_verdict(rule: str, times: Iterable[float], now: float, max_actions: int, per_s: float) -> Verdict:
+    """``times``: when this rule's earlier disruptive actions were taken."""
+    within = sum(1 for t in times if now - t < per_s)
+    if within >= max_actions:
+        return Verdict(
+            False,
+            f"rate limit of rule {rule}: {within} disruptive actions within {per_s:g} s (max {max_actions})",
+        )
+    return Verdict(True)
