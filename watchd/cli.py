@@ -11,6 +11,7 @@ from pathlib import Path
 
 from watchd import __version__
 from watchd.config import AgentConfig, EngineConfig, load_config
+from watchd.control import DEFAULT_URL
 from watchd.errors import UsageError
 from watchd.logs import configure_logging
 from watchd.systemd import notify, watchdog_pinger
@@ -40,6 +41,25 @@ def _parser() -> argparse.ArgumentParser:
     r = nsub.add_parser("resume", help="return a node watchd drained to service (never an admin's drain)")
     r.add_argument("name")
     r.add_argument("-c", "--config", type=Path, help="engine YAML config (for the Slurm settings)")
+
+    rl = sub.add_parser("rules", help="check, test and describe rule files")
+    rsub = rl.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
+    rc = rsub.add_parser("check", help="report every problem with file:line:column; exit 1 on any")
+    rc.add_argument("paths", nargs="+", type=Path, help="rule files or folders")
+    rt = rsub.add_parser("test", help="run rule unit tests (timelines of events and expected actions)")
+    rt.add_argument("files", nargs="+", type=Path, help="test files")
+    rsub.add_parser("schema", help="print the JSON Schema of rule files (for editors)")
+
+    st = sub.add_parser("status", help="what the engine sees and did: incidents, held actions, breaker")
+    st.add_argument("--url", default=DEFAULT_URL, help=f"the engine (default {DEFAULT_URL})")
+    st.add_argument("--json", action="store_true", help="the raw status document")
+
+    ac = sub.add_parser("actions", help="list, release or discard actions the safety breaker held")
+    ac.add_argument("verb", choices=["list", "release", "discard"])
+    ac.add_argument("ids", nargs="*", type=int, help="held action ids (release, discard)")
+    ac.add_argument("--url", default=DEFAULT_URL, help=f"the engine (default {DEFAULT_URL})")
+    ac.add_argument("--token-file", type=Path, help="the engine's token (default: $WATCHD_TOKEN)")
+    ac.add_argument("--by", help="who decides (default: your user name), recorded in the audit")
 
     sub.add_parser("version", help="print the version")
     return p
@@ -76,6 +96,22 @@ def _dispatch(args: argparse.Namespace) -> int:
         return asyncio.run(run_demo(args.nodes, sys.stdout))
     if args.command == "node":
         return asyncio.run(_node_resume(args.name, args.config))
+    if args.command == "rules":
+        from watchd.rules import commands
+
+        if args.rules_command == "check":
+            return commands.run_check(args.paths, sys.stdout)
+        if args.rules_command == "test":
+            return commands.run_test(args.files, sys.stdout)
+        return commands.run_schema(sys.stdout)
+    if args.command == "status":
+        from watchd.control import run_status
+
+        return run_status(args.url, args.json, sys.stdout)
+    if args.command == "actions":
+        from watchd.control import run_actions
+
+        return run_actions(args.verb, args.ids, args.url, args.token_file, args.by, sys.stdout)
     raise AssertionError(args.command)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import os
 from collections.abc import Awaitable, Callable
@@ -195,13 +196,13 @@ class Engine:
             "scheduler": self.scheduler.name if self.scheduler is not None else None,
             "incidents": list(incidents.values()),
             "recent_actions": recent[-50:],
-            "held": [h.__dict__ for h in self.store.held()],
+            "held": [dataclasses.asdict(h) for h in self.store.held()],
             "breaker": breaker,
             "alerts": self.alerts.state() if self.alerts is not None else [],
         }
 
     def held(self) -> list[dict[str, Any]]:
-        return [h.__dict__ for h in self.store.held()]
+        return [dataclasses.asdict(h) for h in self.store.held()]
 
     async def release(self, held_id: int, by: str) -> dict[str, str]:
         result = await self.executor.release(held_id, by)

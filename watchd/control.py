@@ -1,0 +1,112 @@
+"""``watchd status`` and ``watchd actions ...``: the engine's HTTP API, printed for people."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, TextIO
+
+from watchd.errors import UsageError
+
+DEFAULT_URL = "http://127.0.0.1:9120"
+
+
+def _token(token_file: Path | None) -> str | None:
+    if token_file is not None:
+        try:
+            return token_file.read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"--token-file {token_file}: {exc.strerror}") from None
+    return os.environ.get("WATCHD_TOKEN") or None
+
+
+def _call(url: str, path: str, method: str = "GET", token: str | None = None, by: str = "") -> Any:
+    request = urllib.request.Request(
+        f"{url.rstrip('/')}{path}", method=method, data=b"" if method == "POST" else None
+    )
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    if by:
+        request.add_header("X-Watchd-Operator", by)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read())
+        except ValueError:
+            body = {}
+        if exc.code == 404 and "outcome" in body:
+            return body
+        raise UsageError(f"{url}{path}: HTTP {exc.code}: {body.get('error', exc.reason)}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UsageError(f"cannot reach the engine at {url}: {reason}") from None
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def run_status(url: str, as_json: bool, out: TextIO) -> int:
+    status = _call(url, "/api/v1/status")
+    if as_json:
+        print(json.dumps(status, indent=2), file=out)
+        return 0
+    print(
+        f"engine {url}: mode {status['mode']}, scheduler {status['scheduler']}, "
+        f"{len(status['rules'])} rules, queue {status['queue_depth']}",
+        file=out,
+    )
+    print("\nbreaker (nodes taken out by watchd within the window / limit):", file=out)
+    for pool in status["breaker"]:
+        print(
+            f"  {pool['pool']:<16} {len(pool['taken_out'])}/{pool['limit']} of {pool['size']} nodes"
+            + (f": {', '.join(pool['taken_out'][:10])}" if pool["taken_out"] else ""),
+            file=out,
+        )
+    _print_held(status["held"], out)
+    print(f"\nincidents ({len(status['incidents'])} nodes):", file=out)
+    for incident in status["incidents"]:
+        last = incident["actions"][-1]
+        print(
+            f"  {incident['node']:<16} {last['action']} {last['outcome']} by {last['rule']} "
+            f"at {_when(last['time'])}: {last['detail']}",
+            file=out,
+        )
+    if status.get("alerts"):
+        print(f"\nfiring alerts: {len(status['alerts'])}", file=out)
+    return 0
+
+
+def _print_held(held: list[dict[str, Any]], out: TextIO) -> None:
+    print(f"\nheld actions ({len(held)}):", file=out)
+    for h in held:
+        print(
+            f"  #{h['id']:<5} {h['kind']:<8} {h['node']:<16} rule {h['rule']}, held {_when(h['held_at'])}",
+            file=out,
+        )
+        print(f"         {h['reason']}", file=out)
+
+
+def run_actions(
+    verb: str, ids: list[int], url: str, token_file: Path | None, by: str | None, out: TextIO
+) -> int:
+    if verb == "list":
+        _print_held(_call(url, "/api/v1/held")["held"], out)
+        return 0
+    if not ids:
+        raise UsageError(f"actions {verb}: name the held action ids (see `watchd actions list`)")
+    token = _token(token_file)
+    operator = by or getpass.getuser()
+    failed = 0
+    for held_id in ids:
+        result = _call(url, f"/api/v1/held/{held_id}/{verb}", "POST", token, operator)
+        print(f"#{held_id}: {result['outcome']}: {result['detail']}", file=out)
+        failed += result["outcome"] in ("not_held", "failed")
+    return 1 if failed else 0
