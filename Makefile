@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEBS   := slurmctld slurmd slurm-client munge prometheus-alertmanager prometheus
 
-.PHONY: demo test lint typecheck unit deps venv bench clean
+.PHONY: demo test lint typecheck unit rules-test deps venv bench clean
 
 $(BIN)/watchd: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,11 @@ typecheck: venv
 unit: venv
 	$(BIN)/pytest -q
 
-test: deps lint typecheck unit
+# The shipped rule pack: every file valid, every rule test in rules/tests passing.
+rules-test: venv
+	$(BIN)/watchd rules check rules && $(BIN)/watchd rules test rules/tests/*.yaml
+
+test: deps lint typecheck unit rules-test
 
 bench: venv deps
 	$(BIN)/python benchmarks/drain_latency.py

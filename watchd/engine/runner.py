@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import contextlib
+import dataclasses
 import os
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
