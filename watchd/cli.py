@@ -117,13 +117,16 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _run_engine(path: Path | None, check: bool) -> int:
     from watchd.engine.runner import Engine
+    from watchd.rules import load_rules
 
     config = load_config(EngineConfig, path)
-    engine = Engine(config)  # loads the rules and the token: errors surface before anything starts
-    if check:
-        print(f"ok: mode {config.mode}, {len(engine.rules.rules)} rules ({', '.join(engine.rules.names)})")
+    if check:  # validate everything that can be validated without starting anything
+        rules = load_rules(config.rules)
+        config.auth.resolve()
+        print(f"ok: mode {config.mode}, {len(rules.rules)} rules ({', '.join(rules.names)})")
         return 0
     configure_logging(config.log.level, config.log.format)
+    engine = Engine(config)  # loads the rules, the token and the state: errors surface before serving
 
     async def run() -> None:
         async with engine:
