@@ -1,0 +1,74 @@
+"""An engine's alert actions reach a real Alertmanager, are kept firing by re-sends, and are resolved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import aiohttp
+
+from tests.harness.alertmanager import AlertmanagerProcess
+from tests.support import eventually, xid_event
+from watchd.config import AlertmanagerConfig, EngineConfig, Listen
+from watchd.engine.runner import Engine
+from watchd.events import INGEST_PATH, batch_to_wire
+
+RULES = """
+rules:
+  - name: EngineAlertTest
+    severity: critical
+    labels: {team: gpu-sre}
+    match: {kind: xid, xid: 79}
+    actions:
+      - alert:
+          summary: "Xid {{ xid }} on {{ node }}"
+          description: "GPU {{ pci_bus_id }}: {{ meaning }}"
+          resolve_after: 3s
+"""
+
+
+async def test_alert_fires_is_kept_and_resolves(alertmanager: AlertmanagerProcess, tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    config = EngineConfig(
+        listen=Listen(port=0),
+        rules=[rules],
+        mode="enforce",
+        slurm={"enabled": False},
+        external_url="http://watchd.example:9120",
+        alertmanager=AlertmanagerConfig(urls=[alertmanager.url], resend_interval_s=1),
+    )
+    resolved_before = alertmanager.metric(
+        "alertmanager_alerts_received_total", {"status": "resolved", "version": "v2"}
+    )
+    async with Engine(config) as engine:
+        body = json.dumps(batch_to_wire("gpu-9", [xid_event("gpu-9", event_id="am-1")]))
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"http://127.0.0.1:{engine.port}{INGEST_PATH}", data=body) as r,
+        ):
+            assert r.status == 200
+        await eventually(
+            lambda: alertmanager.alert("EngineAlertTest") is not None, what="alert in Alertmanager"
+        )
+        alert = alertmanager.alert("EngineAlertTest")
+        assert alert is not None
+        assert alert["labels"] == {
+            "alertname": "EngineAlertTest",
+            "severity": "critical",
+            "node": "gpu-9",
+            "team": "gpu-sre",
+        }
+        assert alert["annotations"]["summary"] == "Xid 79 on gpu-9"
+        assert alert["generatorURL"] == "http://watchd.example:9120/api/v1/status?node=gpu-9"
+        first_ends = alert["endsAt"]
+        await eventually(
+            lambda: (alertmanager.alert("EngineAlertTest") or {}).get("endsAt") != first_ends,
+            what="a re-send moving endsAt",
+        )
+        await eventually(lambda: alertmanager.alert("EngineAlertTest") is None, timeout=10, what="resolution")
+        resolved = alertmanager.metric(
+            "alertmanager_alerts_received_total", {"status": "resolved", "version": "v2"}
+        )
+        assert resolved > resolved_before
+        assert [a.outcome for a in engine.audit.entries if a.action == "alert"] == ["fired"]
