@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     rl = sub.add_parser("rules", help="check, test and describe rule files")
     rsub = rl.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
     rc = rsub.add_parser("check", help="report every problem with file:line:column; exit 1 on any")
-    rc.add_argument("paths", nargs="+", type=Path, help="rule files or folders")
+    rc.add_argument("paths", nargs="*", type=Path, help="rule files or folders (none: the embedded defaults)")
     rt = rsub.add_parser("test", help="run rule unit tests (timelines of events and expected actions)")
     rt.add_argument("files", nargs="+", type=Path, help="test files")
     rsub.add_parser("schema", help="print the JSON Schema of rule files (for editors)")

@@ -43,6 +43,8 @@ KIND_FIELDS: dict[str, frozenset[str]] = {
         }
     ),
 }
+KIND_FIELDS["gpu_health"] = frozenset({"condition"})
+KIND_FIELDS["watchd_action"] = frozenset({"action", "outcome", "mode", "rule"})
 GPU_FIELDS = frozenset({"gpu", "uuid", "pci_bus_id", "model", "job", "value", "threshold", "evidence"})
 
 
