@@ -35,14 +35,17 @@ async def _actions(session: aiohttp.ClientSession, url: str) -> list[dict[str, A
 
 
 async def _wait_for(
-    session: aiohttp.ClientSession, url: str, count: int, timeout: float = 10.0
-) -> list[dict[str, Any]]:
+    session: aiohttp.ClientSession, url: str, node: str, kinds: set[str], timeout: float = 10.0
+) -> tuple[list[dict[str, Any]], float]:
+    """The node's actions once those of ``kinds`` are all there, and when that was (monotonic)."""
     deadline = time.monotonic() + timeout
     while True:
-        actions = await _actions(session, url)
-        if len(actions) >= count or time.monotonic() > deadline:
-            return actions
-        await asyncio.sleep(0.005)
+        actions = [a for a in await _actions(session, url) if a["node"] == node]
+        if kinds <= {a["action"] for a in actions} or time.monotonic() > deadline:
+            done = time.monotonic()
+            await asyncio.sleep(0.1)  # let the rest of this event's decisions land
+            return [a for a in await _actions(session, url) if a["node"] == node], done
+        await asyncio.sleep(0.002)
 
 
 async def run_demo(nodes: int, out: TextIO) -> int:
@@ -71,31 +74,35 @@ async def run_demo(nodes: int, out: TextIO) -> int:
             await stack.enter_async_context(Agent(config, sources=[sources[name]]))
         session = await stack.enter_async_context(aiohttp.ClientSession())
 
-        say(f"watchd demo: engine on {url} in dry-run mode, rules: {', '.join(engine.rules.names)}")
+        say(
+            f"watchd demo: engine on {url} in dry-run mode with the default rules ({len(engine.rules.names)})"
+        )
         say(f"            {nodes} simulated nodes, each with an agent shipping over HTTP: {', '.join(names)}")
         say()
 
         start = time.monotonic()
         say(f"[{sick}] kernel: {XID_79}")
         sources[sick].inject_log(XID_79)
-        actions = await _wait_for(session, url, 2)
-        elapsed = time.monotonic() - start
-        if len(actions) < 2:
+        actions, done = await _wait_for(session, url, sick, {"drain", "requeue"})
+        elapsed = done - start
+        drain = next((a for a in actions if a["action"] == "drain"), None)
+        if drain is None:
             say("the engine did not decide within 10 s: something is wrong (see the log above)")
             return 1
-        drain = next(a for a in actions if a["action"] == "drain")
         say(f"  event     {drain['params']['reason']} on {drain['node']}, received by the engine")
         say(f"  rule      {drain['rule']} matched (severity critical)")
         for a in actions:
             say(f"  decision  {a['action']:<8} {a['node']}  -> {a['outcome']}: {a['detail']}")
-        say(f"  latency   kernel line to decision: {elapsed * 1000:.1f} ms")
+        say(f"  latency   kernel line to drain and requeue decided: {elapsed * 1000:.1f} ms")
+        if any(a["outcome"] == "no_alertmanager" for a in actions):
+            say("            (alerts go to Alertmanager once alertmanager.urls is set)")
         say()
 
         other = names[0]
         say(f"[{other}] kernel: {XID_13}")
         sources[other].inject_log(XID_13)
-        actions = await _wait_for(session, url, 3)
-        for a in actions[2:]:
+        actions, _ = await _wait_for(session, url, other, {"log"})
+        for a in actions:
             say(f"  decision  {a['action']:<8} {a['node']}  -> {a['outcome']}: {a['detail']}")
         say("            an application Xid is recorded, not drained: the job, not the GPU, is at fault")
         say()
