@@ -330,3 +330,42 @@ async def test_state_survives_a_restart(tmp_path: Any) -> None:
     assert store.unfinished_actions() == []
     assert next(a.node for a in store.recent_audit(100) if a.action == "drain") == "n0"
     store.close()
+
+
+async def test_webhook_action_posts_the_decision() -> None:
+    from aiohttp import web
+
+    from watchd.adapters.webhook import WebhookSender
+
+    received: list[dict[str, Any]] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        received.append(await request.json())
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    rules = f"""
+rules:
+  - name: notify
+    labels: {{team: sre}}
+    match: {{kind: xid}}
+    actions:
+      - webhook: {{url: "http://127.0.0.1:{port}/hook", headers: {{X-Token: abc}}}}
+"""
+    try:
+        async with WebhookSender() as sender:
+            executor, audit, _ = make(None, webhooks=sender)
+            async with executor:
+                await decide(executor, rule_engine(rules), xid_event("gpu-5", 79))
+    finally:
+        await runner.cleanup()
+    assert [(a.action, a.outcome) for a in audit.entries] == [("webhook", "delivered")]
+    (payload,) = received
+    assert payload["rule"] == "notify" and payload["node"] == "gpu-5" and payload["labels"] == {"team": "sre"}
+    assert payload["event"]["attrs"]["xid"] == 79
