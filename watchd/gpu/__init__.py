@@ -1,0 +1,1 @@
+"""GPU telemetry: backends (NVML, fake, dcgm-exporter), the sampler, health events and window summaries."""
