@@ -161,3 +161,17 @@ async def test_full_queue_refuses_the_whole_batch_for_a_retry() -> None:
         # nothing of the refused batch was taken in, so its events are not duplicates when re-sent
         status, reply = await post(engine, batch(*events[:2]))
         assert status == 200 and reply == {"accepted": 2, "duplicates": 0}
+
+
+async def test_a_large_batch_arriving_in_many_chunks_is_read_whole() -> None:
+    config = EngineConfig(
+        listen=Listen(port=0),
+        auth=TokenSource(token=TOKEN),
+        ingest=IngestConfig(max_body_bytes=8 * 1024 * 1024, max_events_per_batch=10_000),
+    )
+    async with Engine(config, use_config_scheduler=False) as engine:
+        events = [xid_event(event_id=f"big{i}", message="x" * 200) for i in range(3000)]
+        body = batch(*events)
+        assert len(body) > 1_000_000
+        status, reply = await post(engine, body)
+        assert status == 200 and reply == {"accepted": 3000, "duplicates": 0}

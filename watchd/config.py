@@ -147,9 +147,27 @@ class FileSourceConfig(_Strict):
     poll_interval_s: Seconds = 0.5
 
 
+class GpuSourceConfig(_Strict):
+    backend: Literal["nvml", "dcgm", "fake", "none"] = "nvml"
+    interval_s: Seconds = 2.0
+    summary_window_s: Seconds = 5.0
+    health_report_interval_s: Seconds = 30.0
+    scenario: Path | None = None  # backend fake: a GPU scenario file (tests, demos, the simulator)
+    dcgm_url: Annotated[str, Field(pattern=r"^https?://")] = "http://127.0.0.1:9400/metrics"
+    xid_dedup_window_s: Seconds = 10.0
+    proc_root: Path = Path("/proc")
+
+    @model_validator(mode="after")
+    def _scenario_for_fake(self) -> GpuSourceConfig:
+        if self.backend == "fake" and self.scenario is None:
+            raise ValueError("backend fake needs a scenario file")
+        return self
+
+
 class SourcesConfig(_Strict):
     kmsg: KmsgConfig = KmsgConfig()
     files: list[FileSourceConfig] = Field(default_factory=list)
+    gpu: GpuSourceConfig = GpuSourceConfig()
 
 
 class EngineEndpoint(_Strict):

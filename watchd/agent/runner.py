@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from types import TracebackType
 
@@ -11,11 +13,20 @@ from aiohttp import web
 
 from watchd.agent.metrics import AgentMetrics
 from watchd.agent.shipper import Shipper
+from watchd.agent.xid_dedup import XidDeduplicator
+from watchd.clock import SystemClock
 from watchd.config import AgentConfig
 from watchd.events import Event, stable_id
+from watchd.gpu.backend import GpuBackend
+from watchd.gpu.fake import FakeGpuBackend
+from watchd.gpu.jobs import JobResolver
+from watchd.gpu.metrics import GpuCollector
+from watchd.gpu.nvml import NvmlBackend
+from watchd.gpu.sampler import GpuSampler
+from watchd.gpu.scenario import load_scenario
 from watchd.httputil import metrics_handler, serve
 from watchd.logs import get_logger
-from watchd.sources.base import LogLine, LogSource
+from watchd.sources.base import FakeLogSource, LogLine, LogSource
 from watchd.sources.filefollow import FileFollowSource
 from watchd.sources.kmsg import KmsgSource
 from watchd.xid import XidParser, XidRecord
@@ -36,6 +47,41 @@ def xid_event(node: str, source: str, line: LogLine, record: XidRecord, index: i
         kind="xid",
         time=line.time,
         attrs=attrs,
+    )
+
+
+def gpu_sampler_from_config(
+    config: AgentConfig,
+    metrics: AgentMetrics,
+    emit: Callable[[Event], None],
+    dedup: XidDeduplicator,
+    kernel_log: FakeLogSource,
+) -> GpuSampler | None:
+    gpu = config.sources.gpu
+    if gpu.backend == "none":
+        return None
+    backend: GpuBackend
+    if gpu.backend == "fake":
+        assert gpu.scenario is not None
+        backend = FakeGpuBackend(
+            load_scenario(gpu.scenario), time.time(), on_kernel_log=kernel_log.inject_log
+        )
+    else:
+        backend = NvmlBackend()
+    collector = GpuCollector()
+    metrics.registry.register(collector)
+    up = metrics.source_up.labels(backend.name)
+    return GpuSampler(
+        backend,
+        config.node,
+        emit,
+        interval_s=gpu.interval_s,
+        summary_window_s=gpu.summary_window_s,
+        health_report_interval_s=gpu.health_report_interval_s,
+        collector=collector,
+        jobs=JobResolver(gpu.proc_root),
+        xid_filter=dedup.first,
+        on_up=lambda ok: up.set(1 if ok else 0),
     )
 
 
@@ -71,6 +117,12 @@ class Agent:
             backoff_max=config.shipper.backoff_max_s,
             timeout=config.engine.timeout_s,
         )
+        self.dedup = XidDeduplicator(SystemClock(), config.sources.gpu.xid_dedup_window_s)
+        # A fake GPU writes its kernel-log lines here, as a real driver writes them to the kernel log.
+        self.fake_kernel_log = FakeLogSource("kmsg")
+        self.gpu = gpu_sampler_from_config(config, self.metrics, self._emit, self.dedup, self.fake_kernel_log)
+        if self.gpu is not None and self.gpu.backend.name == "fake":
+            self.sources.append(self.fake_kernel_log)
         self.port = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._stack = AsyncExitStack()
@@ -81,6 +133,8 @@ class Agent:
             self._spawn(self.shipper.run(), "shipper")
             for source in self.sources:
                 self._spawn(self._watch(source), f"source-{source.name}")
+            if self.gpu is not None:
+                self._spawn(self.gpu.run(), "gpu")
             self._stack.push_async_callback(self._stop_tasks)
             app = web.Application()
             app.router.add_get("/metrics", metrics_handler(self.metrics.registry))
@@ -122,6 +176,10 @@ class Agent:
         shipper_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await shipper_task
+
+    def _emit(self, event: Event) -> None:
+        self.metrics.events.labels(event.source.split(":", 1)[0], event.kind).inc()
+        self.shipper.offer(event)
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.json_response(

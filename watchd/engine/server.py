@@ -64,12 +64,17 @@ def make_app(
             return _reject(401, "missing or wrong bearer token", metrics, "unauthorized")
         if request.content_length is not None and request.content_length > max_body_bytes:
             return _reject(413, f"body larger than {max_body_bytes} bytes", metrics, "too_large")
+        chunks: list[bytes] = []
+        size = 0
         try:
-            raw = await request.content.read(max_body_bytes + 1)
+            async for chunk in request.content.iter_any():  # read() would stop at what is buffered
+                size += len(chunk)
+                if size > max_body_bytes:
+                    return _reject(413, f"body larger than {max_body_bytes} bytes", metrics, "too_large")
+                chunks.append(chunk)
         except (TimeoutError, ConnectionError):
             return _reject(400, "body could not be read", metrics, "unreadable")
-        if len(raw) > max_body_bytes:
-            return _reject(413, f"body larger than {max_body_bytes} bytes", metrics, "too_large")
+        raw = b"".join(chunks)
         try:
             decoded = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
