@@ -270,3 +270,23 @@ def test_reload_keeps_state_of_unchanged_rules_only() -> None:
     changed = RuleEngine(rules_of({**spec, "count": 3}))
     changed.carry_state_from(old)
     assert changed.evaluate(xid(79, t=10)) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "Xid {{ xid }} GPU {{ pci_bus_id }} {{ meaning }}",
+        "{{event.node}} in {{ group.node }}: {{ missing }} {{ event.missing }} pid {{ pid }} n={{ count }}",
+        "{{ rule }}/{{ severity }} at {{ time }} {{ flag }} {{ ratio }}",
+        "plain text with a { brace }",
+    ],
+)
+def test_fast_templates_render_exactly_as_jinja(source: str) -> None:
+    from watchd.rules.ruleset import Context
+    from watchd.rules.template import _ENV, Template
+
+    (rule,) = rules_of({"name": "r", "match": {"kind": "xid"}, "actions": ["log"]})
+    event = xid(79, node="gpu-7", t=12.5, pid=None, flag=True, ratio=0.25)
+    ctx = Context(rule, event, {"node": "gpu-7"}, 3)
+    assert Template(source)._parts is not None  # the fast path is what is tested here
+    assert Template(source).render(ctx) == _ENV.from_string(source).render(dict(ctx))

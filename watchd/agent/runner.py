@@ -18,6 +18,7 @@ from watchd.clock import SystemClock
 from watchd.config import AgentConfig
 from watchd.events import Event, stable_id
 from watchd.gpu.backend import GpuBackend
+from watchd.gpu.dcgm_backend import DcgmBackend
 from watchd.gpu.fake import FakeGpuBackend
 from watchd.gpu.jobs import JobResolver
 from watchd.gpu.metrics import GpuCollector
@@ -64,8 +65,10 @@ def gpu_sampler_from_config(
     if gpu.backend == "fake":
         assert gpu.scenario is not None
         backend = FakeGpuBackend(
-            load_scenario(gpu.scenario), time.time(), on_kernel_log=kernel_log.inject_log
+            load_scenario(gpu.scenario), time.time(), on_kernel_log=kernel_log.inject_log_threadsafe
         )
+    elif gpu.backend == "dcgm":
+        backend = DcgmBackend(gpu.dcgm_url, max_age_s=gpu.interval_s / 2)
     else:
         backend = NvmlBackend()
     collector = GpuCollector()

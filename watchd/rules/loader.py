@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from watchd.errors import ConfigError
-from watchd.rules.match import MatchError, compile_match, match_kinds
+from watchd.rules.match import MatchError, compile_match, index_plan, match_kinds
 from watchd.rules.model import ACTION_NAMES, RuleSpec
 from watchd.rules.ruleset import Rule
 from watchd.rules.state import RuleEngine
@@ -135,6 +135,11 @@ def parse_rule_file(text: str, source: str, first_order: int = 0) -> tuple[list[
             continue
         try:
             matches = compile_match(spec.match)
+            kinds, pinned = index_plan(spec.match)
+            guaranteed = frozenset(
+                ({"kind"} if kinds is not None else set()) | ({pinned[0]} if pinned else set())
+            )
+            residual = compile_match(spec.match, skip=guaranteed)
         except MatchError as exc:
             problems.append(problem((*at, "match", *exc.path), f"{label}: match: {exc}"))
             continue
@@ -171,7 +176,15 @@ def parse_rule_file(text: str, source: str, first_order: int = 0) -> tuple[list[
             continue
         line, _ = pos.of(at)
         rules.append(
-            Rule(spec, f"{source}:{line}", matches, unless, tuple(templates), order=first_order + len(rules))
+            Rule(
+                spec,
+                f"{source}:{line}",
+                matches,
+                unless,
+                tuple(templates),
+                order=first_order + len(rules),
+                residual=residual,
+            )
         )
     return rules, problems
 

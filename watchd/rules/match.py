@@ -8,6 +8,7 @@ compares it with a scalar (equality) or an operator mapping: ``in``, ``not_in``,
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,6 +29,16 @@ class MatchError(ValueError):
 
 
 Predicate = Callable[[Event], bool]
+Getter = Callable[[Event], Any]
+
+_TOP_LEVEL = frozenset({"id", "node", "source", "kind", "time"})
+
+
+def getter(name: str) -> Getter:
+    """A field reader compiled once: an attribute for the top-level fields, a dict lookup otherwise."""
+    if name in _TOP_LEVEL:
+        return operator.attrgetter(name)
+    return lambda e: e.attrs.get(name)
 
 
 def _number(value: Any) -> float | None:
@@ -37,13 +48,14 @@ def _number(value: Any) -> float | None:
 
 
 def _compile_operator(name: str, op: str, arg: Any, path: Path) -> Predicate:
+    get = getter(name)
     if op in ("in", "not_in"):
         if not isinstance(arg, list) or not all(isinstance(a, str | int | float | bool) for a in arg):
             raise MatchError(path, f"'{op}' takes a list of values")
         options = frozenset(arg)
         if op == "in":
-            return lambda e: e.get(name) in options
-        return lambda e: e.get(name) not in options
+            return lambda e: get(e) in options
+        return lambda e: get(e) not in options
     if op == "regex":
         if not isinstance(arg, str):
             raise MatchError(path, "'regex' takes a string")
@@ -53,14 +65,14 @@ def _compile_operator(name: str, op: str, arg: Any, path: Path) -> Predicate:
             raise MatchError(path, f"bad regex {arg!r}: {exc}") from None
 
         def regex(e: Event) -> bool:
-            value = e.get(name)
+            value = get(e)
             return value is not None and pattern.search(str(value)) is not None
 
         return regex
     if op == "exists":
         if not isinstance(arg, bool):
             raise MatchError(path, "'exists' takes true or false")
-        return lambda e: (e.get(name) is not None) == arg
+        return lambda e: (get(e) is not None) == arg
     bound = _number(arg)
     if bound is None:
         raise MatchError(path, f"'{op}' takes a number")
@@ -72,17 +84,22 @@ def _compile_operator(name: str, op: str, arg: Any, path: Path) -> Predicate:
     }[op]
 
     def numeric(e: Event) -> bool:
-        value = _number(e.get(name))
+        value = _number(get(e))
         return value is not None and compare(value, bound)
 
     return numeric
 
 
-def compile_match(match: Mapping[str, Any], path: Path = ()) -> Predicate:
-    """Compile a match mapping once, at load, into one predicate. Raises MatchError with the path."""
+def compile_match(match: Mapping[str, Any], path: Path = (), skip: frozenset[str] = frozenset()) -> Predicate:
+    """Compile a match mapping once, at load, into one predicate. Raises MatchError with the path.
+
+    ``skip``: keys not to check (the rule index already guarantees them); they are still validated."""
     checks: list[Predicate] = []
     for key, cond in match.items():
         here = (*path, key)
+        if key in skip:
+            compile_match({key: cond}, path)  # validate only
+            continue
         if key == "any":
             if not isinstance(cond, list) or not cond or not all(isinstance(c, dict) for c in cond):
                 raise MatchError(here, "'any' takes a non-empty list of matches")
@@ -94,12 +111,46 @@ def compile_match(match: Mapping[str, Any], path: Path = ()) -> Predicate:
                 raise MatchError(here, f"unknown operator {sorted(unknown)}; use one of {sorted(OPERATORS)}")
             checks.extend(_compile_operator(key, op, arg, (*here, op)) for op, arg in cond.items())
         elif cond is None or isinstance(cond, str | int | float | bool):
-            checks.append(lambda e, k=key, v=cond: e.get(k) == v)  # type: ignore[misc]
+            checks.append(_equals(key, cond))
         else:
             raise MatchError(here, "expected a value or an operator mapping")
+    return all_of(checks)
+
+
+def _equals(name: str, value: Any) -> Predicate:
+    get = getter(name)
+    return lambda e: bool(get(e) == value)
+
+
+def all_of(checks: list[Predicate]) -> Predicate:
+    """One predicate from several, without a generator per call (this is the hot path)."""
+    if not checks:
+        return lambda e: True
     if len(checks) == 1:
         return checks[0]
-    return lambda e: all(c(e) for c in checks)
+    if len(checks) == 2:
+        a, b = checks
+        return lambda e: a(e) and b(e)
+    if len(checks) == 3:
+        a, b, c = checks
+        return lambda e: a(e) and b(e) and c(e)
+
+    def every(e: Event) -> bool:
+        for check in checks:  # noqa: SIM110 - no generator per call on the hot path
+            if not check(e):
+                return False
+        return True
+
+    return every
+
+
+def index_plan(match: Mapping[str, Any]) -> tuple[frozenset[Any] | None, tuple[str, frozenset[Any]] | None]:
+    """How the rule index finds a rule: by the kinds it pins (None: any kind) and, within them, by the one
+    other pinned field with the fewest values (None: none). Both are then guaranteed for candidates."""
+    keys = dict(index_keys(match))
+    kinds = keys.pop("kind", None)
+    field = min(keys.items(), key=lambda kv: (len(kv[1]), kv[0])) if keys else None
+    return kinds, field
 
 
 def index_keys(match: Mapping[str, Any]) -> list[tuple[str, frozenset[Any]]]:

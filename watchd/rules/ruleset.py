@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from watchd.events import Event, Scalar
-from watchd.rules.match import Predicate, index_keys
+from watchd.rules.match import Predicate, getter, index_plan
 from watchd.rules.model import ActionKind, Mode, RateLimit, RuleSpec
 from watchd.rules.template import Template
 
@@ -20,6 +20,7 @@ class Rule:
     unless: Predicate | None
     templates: tuple[Mapping[str, Any], ...]  # per action: param -> Template, or nested mapping of them
     order: int = 0
+    residual: Predicate | None = None  # ``matches`` less what the rule index guarantees (None: matches)
 
     @property
     def name(self) -> str:
@@ -53,17 +54,60 @@ class Decision:
     rate_limit: RateLimit | None = None
 
 
-def context(rule: Rule, event: Event, group: Mapping[str, Scalar], count: int) -> dict[str, Any]:
-    fields: dict[str, Any] = dict(event.attrs)
-    fields.update(id=event.id, node=event.node, source=event.source, kind=event.kind, time=event.time)
-    return {
-        **fields,
-        "event": fields,
-        "rule": rule.name,
-        "severity": rule.spec.severity,
-        "count": count,
-        "group": dict(group),
-    }
+class Context(Mapping[str, Any]):
+    """What templates see, resolved on demand: the event's fields, ``event`` (the same), ``rule``,
+    ``severity``, ``count`` and ``group``. Built per decision, costs nothing until a template asks."""
+
+    __slots__ = ("_count", "_event", "_fields", "_group", "_rule")
+
+    def __init__(self, rule: Rule, event: Event, group: Mapping[str, Scalar], count: int) -> None:
+        self._rule, self._event, self._group, self._count = rule, event, group, count
+        self._fields: dict[str, Any] | None = None
+
+    def fields(self) -> dict[str, Any]:
+        if self._fields is None:
+            e = self._event
+            self._fields = {
+                **e.attrs,
+                "id": e.id,
+                "node": e.node,
+                "source": e.source,
+                "kind": e.kind,
+                "time": e.time,
+            }
+        return self._fields
+
+    def __getitem__(self, name: str) -> Any:
+        if name == "event":
+            return self.fields()
+        if name == "rule":
+            return self._rule.name
+        if name == "severity":
+            return self._rule.spec.severity
+        if name == "count":
+            return self._count
+        if name == "group":
+            return dict(self._group)
+        e = self._event
+        if name in _TOP_LEVEL:
+            return getattr(e, name)
+        if name in e.attrs:
+            return e.attrs[name]
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.fields()
+        yield from ("event", "rule", "severity", "count", "group")
+
+    def __len__(self) -> int:
+        return len(self.fields()) + 5
+
+
+_TOP_LEVEL = frozenset({"id", "node", "source", "kind", "time"})
+
+
+def context(rule: Rule, event: Event, group: Mapping[str, Scalar], count: int) -> Context:
+    return Context(rule, event, group, count)
 
 
 def _render(value: Any, ctx: Mapping[str, Any]) -> Any:
@@ -96,47 +140,49 @@ def plan(rule: Rule, event: Event, group: Mapping[str, Scalar] | None = None, co
 
 class RuleIndex:
     """Finds the rules an event may match without trying every rule: by ``kind``, then by one more field
-    the rule pins (``xid: {in: [...]}``). Candidates come back in file order."""
+    the rule pins (``xid: {in: [...]}``). Each candidate comes with the predicate left to check (what the
+    index did not already guarantee). Candidates come in no particular order: callers order what matched
+    (by ``Rule.order``), which is far less than what is tried."""
 
     def __init__(self, rules: tuple[Rule, ...]) -> None:
-        self._any_kind: list[Rule] = []
+        self._any_kind: list[tuple[Rule, Predicate]] = []
         self._by_kind: dict[Any, _KindIndex] = {}
         for rule in rules:
-            keys = dict(index_keys(rule.spec.match))
-            kinds = keys.pop("kind", None)
+            kinds, pinned = index_plan(rule.spec.match)
             if kinds is None:
-                self._any_kind.append(rule)
+                self._any_kind.append((rule, rule.matches))
                 continue
             for kind in kinds:
-                self._by_kind.setdefault(kind, _KindIndex()).add(rule, keys)
+                self._by_kind.setdefault(kind, _KindIndex()).add(rule, pinned)
 
-    def candidates(self, event: Event) -> list[Rule]:
+    def candidates(self, event: Event) -> list[Sequence[tuple[Rule, Predicate]]]:
+        """Lists of candidates (iterate each): no list is copied per event."""
         by_kind = self._by_kind.get(event.kind)
-        found = by_kind.candidates(event) if by_kind is not None else []
-        if self._any_kind:
-            found = sorted([*found, *self._any_kind], key=lambda r: r.order)
+        found: list[Sequence[tuple[Rule, Predicate]]] = [self._any_kind]
+        if by_kind is not None:
+            found.append(by_kind.unkeyed)
+            for get, table in by_kind.tables:
+                hit = table.get(get(event))
+                if hit:
+                    found.append(hit)
         return found
 
 
 class _KindIndex:
     def __init__(self) -> None:
-        self.unkeyed: list[Rule] = []
-        self.keyed: dict[str, dict[Any, list[Rule]]] = {}
+        self.unkeyed: list[tuple[Rule, Predicate]] = []
+        self._fields: dict[str, dict[Any, list[tuple[Rule, Predicate]]]] = {}
+        self.tables: list[tuple[Callable[[Event], Any], dict[Any, list[tuple[Rule, Predicate]]]]] = []
 
-    def add(self, rule: Rule, keys: Mapping[str, frozenset[Any]]) -> None:
-        if not keys:
-            self.unkeyed.append(rule)
+    def add(self, rule: Rule, pinned: tuple[str, frozenset[Any]] | None) -> None:
+        check = rule.residual or rule.matches
+        if pinned is None:
+            self.unkeyed.append((rule, check))
             return
-        # index on the field with the fewest values: the most selective one
-        name, values = min(keys.items(), key=lambda kv: len(kv[1]))
-        table = self.keyed.setdefault(name, {})
+        name, values = pinned
+        table = self._fields.get(name)
+        if table is None:
+            table = self._fields[name] = {}
+            self.tables.append((getter(name), table))
         for value in values:
-            table.setdefault(value, []).append(rule)
-
-    def candidates(self, event: Event) -> list[Rule]:
-        found = list(self.unkeyed)
-        for name, table in self.keyed.items():
-            found.extend(table.get(event.get(name), ()))
-        if len(self.keyed) > 1 or (self.keyed and self.unkeyed):
-            found.sort(key=lambda r: r.order)
-        return found
+            table.setdefault(value, []).append((rule, check))

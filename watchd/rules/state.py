@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchd.events import Event, Scalar
+from watchd.rules.match import match_kinds
 from watchd.rules.ruleset import Decision, Rule, RuleIndex, plan
 
 GroupKey = tuple[Any, ...]
@@ -41,8 +42,8 @@ class RuleEngine:
     def __init__(self, rules: tuple[Rule, ...], max_groups: int = MAX_GROUPS) -> None:
         self.rules = rules
         self._index = RuleIndex(rules)
-        self._unless_rules = tuple(r for r in rules if r.unless is not None)
-        self._for_rules = tuple(r for r in rules if r.spec.for_ is not None)
+        self._unless_rules = _by_kind([r for r in rules if r.unless is not None], unless=True)
+        self._for_rules = _by_kind([r for r in rules if r.spec.for_ is not None], unless=False)
         self._state: dict[str, _RuleState] = {r.name: _RuleState() for r in rules if r.stateful}
         self._max_groups = max_groups
         self.groups_evicted = 0
@@ -61,28 +62,34 @@ class RuleEngine:
     def evaluate(self, event: Event) -> list[Decision]:
         """Every decision this event triggers, in rule-file order."""
         now = event.time
-        for rule in self._unless_rules:
-            assert rule.unless is not None and rule.spec.unless is not None
+        for rule in _for_kind(self._unless_rules, event.kind):
+            assert rule.unless is not None
             if rule.unless(event):
                 key = _group_key(rule, event)
                 self.groups_evicted += _bounded_set(
                     self._state[rule.name].unless_seen, key, (now, event.id), self._max_groups
                 )
         decisions: list[Decision] = []
-        candidates = self._index.candidates(event)
-        matched = set()
-        for rule in candidates:
-            if not rule.matches(event):
-                continue
-            matched.add(rule.name)
+        holds = _for_kind(self._for_rules, event.kind)
+        matched: set[str] = set()
+        fired: list[Rule] = []
+        for candidates in self._index.candidates(event):
+            for rule, check in candidates:
+                if check(event):
+                    fired.append(rule)
+        if len(fired) > 1:
+            fired.sort(key=_order)
+        for rule in fired:
+            if holds:
+                matched.add(rule.name)
             if not rule.stateful:
                 decisions.append(plan(rule, event))
                 continue
             decision = self._stateful(rule, event, now)
             if decision is not None:
                 decisions.append(decision)
-        for rule in self._for_rules:  # an event of the rule's kind that no longer matches ends a hold
-            if rule.name not in matched and _same_kind(rule, event):
+        for rule in holds:  # an event of the rule's kind that no longer matches ends a hold
+            if rule.name not in matched:
                 state = self._state[rule.name]
                 key = _group_key(rule, event)
                 state.held_since.pop(key, None)
@@ -134,13 +141,27 @@ def _group_key(rule: Rule, event: Event) -> tuple[Any, ...]:
     return tuple(event.get(f) for f in rule.spec.group_by)
 
 
-def _same_kind(rule: Rule, event: Event) -> bool:
-    kind = rule.spec.match.get("kind")
-    if isinstance(kind, str):
-        return kind == event.kind
-    if isinstance(kind, Mapping) and isinstance(kind.get("in"), list):
-        return event.kind in kind["in"]
-    return True
+_ANY = object()
+
+
+def _order(rule: Rule) -> int:
+    return rule.order
+
+
+def _by_kind(rules: list[Rule], unless: bool) -> dict[Any, tuple[Rule, ...]]:
+    """Rules by the event kind their (unless) match can hold for; ``_ANY`` for those of any kind."""
+    table: dict[Any, list[Rule]] = {}
+    for rule in rules:
+        match = rule.spec.unless.match if unless and rule.spec.unless is not None else rule.spec.match
+        for kind in match_kinds(match) or (_ANY,):
+            table.setdefault(kind, []).append(rule)
+    return {k: tuple(v) for k, v in table.items()}
+
+
+def _for_kind(table: Mapping[Any, tuple[Rule, ...]], kind: str) -> tuple[Rule, ...]:
+    if not table:
+        return ()
+    return table.get(kind, ()) + table.get(_ANY, ())
 
 
 def decisions_for(rules: tuple[Rule, ...], events: list[Event]) -> list[Decision]:

@@ -7,6 +7,7 @@ rejected when the rules are loaded.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,10 +64,31 @@ class TemplateError(ValueError):
     pass
 
 
-class Template:
-    """Compiled once at load; ``render`` is a pure function of the context."""
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\s*\}\}")
+_MISSING = object()
 
-    __slots__ = ("_compiled", "_static", "names", "source")
+
+def _simple_parts(source: str) -> list[str | tuple[str, str | None]] | None:
+    """Text with only ``{{ name }}`` / ``{{ name.field }}`` placeholders, split into literal text and
+    lookups; None when the template needs Jinja (filters, expressions, statements)."""
+    parts: list[str | tuple[str, str | None]] = []
+    pos = 0
+    for m in _PLACEHOLDER.finditer(source):
+        parts.append(source[pos : m.start()])
+        parts.append((m.group(1), m.group(2)))
+        pos = m.end()
+    parts.append(source[pos:])
+    literal = "".join(p for p in parts if isinstance(p, str))
+    if "{{" in literal or "{%" in literal or "{#" in literal:
+        return None
+    return [p for p in parts if p != ""]
+
+
+class Template:
+    """Compiled once at load; ``render`` is a pure function of the context. Templates made only of text and
+    ``{{ field }}`` placeholders (nearly all of them) are rendered without Jinja, with the same result."""
+
+    __slots__ = ("_compiled", "_parts", "_static", "names", "source")
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -76,11 +98,23 @@ class Template:
             raise TemplateError(f"template {source!r}: {exc.message}") from None
         self.names = frozenset(meta.find_undeclared_variables(ast))
         self._static = "{{" not in source and "{%" not in source
+        self._parts = _simple_parts(source)
         self._compiled = _ENV.from_string(source)
 
     def render(self, context: Mapping[str, Any]) -> str:
         if self._static:
             return self.source
+        if self._parts is not None:
+            out = []
+            for part in self._parts:
+                if isinstance(part, str):
+                    out.append(part)
+                    continue
+                value = context.get(part[0], _MISSING)
+                if part[1] is not None and value is not _MISSING:
+                    value = value.get(part[1], _MISSING) if isinstance(value, Mapping) else _MISSING
+                out.append("?" if value is _MISSING else str(value))
+            return "".join(out)
         try:
             return self._compiled.render(context)
         except Exception as exc:  # a sandbox refusal or a type error in a filter: say so, never crash

@@ -36,11 +36,20 @@ class FakeLogSource:
         self._clock = clock or SystemClock()
         self._queue: asyncio.Queue[LogLine] = asyncio.Queue()
         self._seq = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def inject_log_threadsafe(self, text: str) -> None:
+        """``inject_log`` from another thread (a fake GPU driver writing its kernel lines)."""
+        if self._loop is None:
+            self.inject_log(text)
+        else:
+            self._loop.call_soon_threadsafe(self.inject_log, text)
 
     def inject_log(self, text: str) -> None:
         for line in text.splitlines():
             self._queue.put_nowait(LogLine(line, self._clock.now(), f"{self.name}:{next(self._seq)}"))
 
     async def lines(self) -> AsyncIterator[LogLine]:
+        self._loop = asyncio.get_running_loop()
         while True:
             yield await self._queue.get()
