@@ -39,3 +39,15 @@ def real_components_required() -> bool:
 def scheduler_actions(entries: Iterable[Any]) -> list[Any]:
     """The audit records of drains and requeues (the rule pack may add alerts and logs around them)."""
     return [a for a in entries if (a["action"] if isinstance(a, dict) else a.action) in ("drain", "requeue")]
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``check`` (blocking) until it returns something true; that value. For tests of real processes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)

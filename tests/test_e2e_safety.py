@@ -19,6 +19,7 @@ import pytest
 from tests.daemons import Daemon, engine_config, free_port, watchd_command
 from tests.harness.alertmanager import AlertmanagerProcess
 from tests.harness.slurm import SlurmCluster
+from tests.support import wait_for
 from watchd.engine.store import Store
 from watchd.events import INGEST_PATH, Event, batch_to_wire
 
@@ -36,17 +37,6 @@ rules:
       - requeue
       - alert: {summary: "Xid {{ xid }} on {{ node }}"}
 """
-
-
-def wait_for(check: Any, timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def post(engine: Daemon, node: str, event_id: str) -> int:

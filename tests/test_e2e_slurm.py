@@ -12,23 +12,12 @@ import pytest
 
 from tests.daemons import Daemon, agent_config, engine_config, free_port, watchd_command
 from tests.harness.slurm import SlurmCluster
-from tests.support import scheduler_actions
+from tests.support import scheduler_actions, wait_for
 
 pytestmark = pytest.mark.slurm
 
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
 REASON = "watchd: Xid 79 GPU 0000:3b:00.0 GPU has fallen off the bus"
-
-
-def wait_for(check, timeout: float = 20.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def syslog_line(text: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -198,16 +199,28 @@ class AgentConfig(_Strict):
 M = TypeVar("M", bound=BaseModel)
 
 
-def format_validation_error(source: str, exc: ValidationError) -> str:
+def format_validation_error(
+    source: str, exc: ValidationError, loc_filter: Callable[[list[Any]], list[Any]] | None = None
+) -> str:
+    """One line per problem: ``source: key.path: reason``. ``loc_filter`` may tidy a path (e.g. drop the
+    tag pydantic puts in the path of a discriminated union)."""
     problems = []
     for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        loc = list(err["loc"])
+        if loc_filter is not None:
+            loc = loc_filter(loc)
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        if not loc and err["type"] == "value_error":
+            problems.append(f"{source}: {msg}")  # a model-level check names its own path
+            continue
+        path = ".".join(str(p) for p in loc) or "(top level)"
         problems.append(f"{source}: {path}: {msg}")
     return "\n".join(problems)
 
 
-def parse_config(model: type[M], data: Any, source: str) -> M:
+def parse_config(
+    model: type[M], data: Any, source: str, loc_filter: Callable[[list[Any]], list[Any]] | None = None
+) -> M:
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -215,7 +228,7 @@ def parse_config(model: type[M], data: Any, source: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
+        raise ConfigError(format_validation_error(source, exc, loc_filter)) from None
 
 
 def load_yaml(path: Path) -> Any:

@@ -39,6 +39,7 @@ from watchd.gpu.model import (
     CLOCK_SW_THERMAL,
     GpuSample,
 )
+from watchd.xid.catalog import RECOVERY_ACTIONS
 
 KIND = "gpu_health"
 
@@ -59,17 +60,8 @@ CONDITIONS = (
     "power_brake",
 )
 
-#: NVML field 230 (GPU recovery action) codes and their names, as ``evidence`` carries them.
-RECOVERY_ACTIONS = {
-    0: "NONE",
-    1: "GPU_RESET",
-    2: "NODE_REBOOT",
-    3: "DRAIN_P2P",
-    4: "DRAIN_AND_RESET",
-    5: "RECOVER_IMEX_DOMAIN",
-    6: "BUS_RESET",
-    7: "SYSTEM_REBOOT",
-}
+# NVML field 230 (GPU recovery action) codes and their names, as ``evidence`` carries them: the same
+# values Xid 154 reports, so one table serves both.
 
 #: condition -> (clock-event reason bits, their names for the evidence line)
 _CLOCK_CONDITIONS: dict[str, tuple[tuple[int, str], ...]] = {

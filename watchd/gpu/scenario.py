@@ -24,10 +24,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from watchd.config import load_yaml
-from watchd.errors import ConfigError
+from watchd.config import load_yaml, parse_config
 
 __all__ = [
     "FAULT_KINDS",
@@ -296,35 +295,16 @@ def check_faults(spec: GpuSpec, faults: Sequence[_FaultBase]) -> str | None:
     return None
 
 
-def _format(source: str, exc: ValidationError) -> str:
-    problems = []
-    for err in exc.errors():
-        loc = list(err["loc"])
-        # a discriminated union puts the tag in the path (faults.0.thermal.bogus): drop it
-        if len(loc) >= 3 and loc[0] == "faults" and isinstance(loc[1], int) and loc[2] in FAULT_KINDS:
-            del loc[2]
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        if not loc and err["type"] == "value_error":
-            msg = msg.removeprefix("Value error, ")  # check_faults already names the path
-            problems.append(f"{source}: {msg}")
-            continue
-        if err["type"] == "value_error":
-            msg = msg.removeprefix("Value error, ")
-        path = ".".join(str(p) for p in loc) or "(top level)"
-        problems.append(f"{source}: {path}: {msg}")
-    return "\n".join(problems)
+def _drop_fault_tag(loc: list[Any]) -> list[Any]:
+    # a discriminated union puts the tag in the path (faults.0.thermal.bogus): drop it
+    if len(loc) >= 3 and loc[0] == "faults" and isinstance(loc[1], int) and loc[2] in FAULT_KINDS:
+        del loc[2]
+    return loc
 
 
 def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
     """Validate parsed YAML into a :class:`Scenario`; :class:`ConfigError` names the key path."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format(source, exc)) from None
+    return parse_config(Scenario, data, source, loc_filter=_drop_fault_tag)
 
 
 def load_scenario(path: Path) -> Scenario:

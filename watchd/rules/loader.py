@@ -14,13 +14,12 @@ from pydantic import BaseModel, ValidationError
 from watchd.errors import ConfigError
 from watchd.rules.match import MatchError, compile_match, index_plan, match_kinds
 from watchd.rules.model import ACTION_NAMES, RuleSpec
+from watchd.rules.positions import YamlPath, YamlPositions
 from watchd.rules.ruleset import Rule
 from watchd.rules.state import RuleEngine
 from watchd.rules.template import Template, TemplateError, allowed_names
 
 EMBEDDED = "<embedded rules/xid.yaml>"
-
-YamlPath = tuple[str | int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,35 +43,6 @@ class RuleSet:
 
     def engine(self) -> RuleEngine:
         return RuleEngine(self.rules)
-
-
-class _Positions:
-    """Line and column of a path inside a YAML document (1-based), from its node tree."""
-
-    def __init__(self, text: str) -> None:
-        try:
-            self.root: yaml.Node | None = yaml.compose(text)
-        except yaml.YAMLError:
-            self.root = None
-
-    def of(self, path: YamlPath, key: bool = False) -> tuple[int, int]:
-        node = self.root
-        if node is None:
-            return 1, 1
-        for step in path:
-            nxt = None
-            if isinstance(node, yaml.MappingNode):
-                for k, v in node.value:
-                    if k.value == step or (k.value == "for" and step == "for_"):
-                        nxt = k if (key and step == path[-1]) else v
-                        break
-            elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
-                nxt = node.value[step]
-            if nxt is None:
-                break
-            node = nxt
-        mark = node.start_mark
-        return mark.line + 1, mark.column + 1
 
 
 def _read(path: Path) -> str:
@@ -99,7 +69,7 @@ def _template_fields(model: BaseModel) -> dict[str, Any]:
 
 def parse_rule_file(text: str, source: str, first_order: int = 0) -> tuple[list[Rule], list[Problem]]:
     """Every rule of one file that is valid, and every problem found (all of them, not just the first)."""
-    pos = _Positions(text)
+    pos = YamlPositions(text)
 
     def problem(path: YamlPath, message: str, key: bool = False) -> Problem:
         line, col = pos.of(path, key)

@@ -42,6 +42,7 @@ from watchd.events import Event, Scalar
 from watchd.rules.durations import Duration, parse_duration
 from watchd.rules.loader import Problem, check_rules
 from watchd.rules.model import ActionKind
+from watchd.rules.positions import YamlPath, YamlPositions
 from watchd.rules.ruleset import Rule
 from watchd.rules.state import RuleEngine
 
@@ -54,7 +55,6 @@ __all__ = [
     "run_test_files",
 ]
 
-YamlPath = tuple[str | int, ...]
 _EPS = 1e-6
 #: The main parameter of each action: shown for an unexpected action in a diff.
 _MAIN_PARAM = {"drain": "reason", "alert": "summary", "log": "message", "webhook": "url"}
@@ -103,38 +103,6 @@ class _EventSpec(_Strict):
     source: str = "test"
     id: str | None = None
     attrs: dict[str, Scalar] = Field(default_factory=dict)
-
-
-# ------------------------------------------------------------------------------------------- positions
-
-
-class _Positions:
-    """1-based line and column of a path inside a YAML document, from its node tree."""
-
-    def __init__(self, text: str) -> None:
-        try:
-            self.root: yaml.Node | None = yaml.compose(text)
-        except yaml.YAMLError:
-            self.root = None
-
-    def of(self, path: YamlPath, key: bool = False) -> tuple[int, int]:
-        node = self.root
-        if node is None:
-            return 1, 1
-        for i, step in enumerate(path):
-            nxt: yaml.Node | None = None
-            if isinstance(node, yaml.MappingNode):
-                for k, v in node.value:
-                    if k.value == step:
-                        nxt = k if (key and i == len(path) - 1) else v
-                        break
-            elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
-                nxt = node.value[step]
-            if nxt is None:
-                break
-            node = nxt
-        mark = node.start_mark
-        return mark.line + 1, mark.column + 1
 
 
 class _SpecError(ValueError):
@@ -285,7 +253,7 @@ def load_test_file(path: Path) -> tuple[Suite | None, list[Problem]]:
     except OSError as exc:
         msg = "test file not found" if isinstance(exc, FileNotFoundError) else f"cannot read: {exc.strerror}"
         return None, [Problem(source, 1, 1, msg)]
-    pos = _Positions(text)
+    pos = YamlPositions(text)
 
     def problem(where: YamlPath, message: str, key: bool = False) -> Problem:
         line, col = pos.of(where, key)
