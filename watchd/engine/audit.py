@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from watchd.events import Scalar
@@ -24,7 +24,11 @@ class AuditRecord:
     params: dict[str, Scalar] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Not dataclasses.asdict: that deep-copies, and this runs for every action.
+        return {name: getattr(self, name) for name in _FIELDS}
+
+
+_FIELDS = tuple(f.name for f in fields(AuditRecord))
 
 
 class AuditSink(Protocol):
