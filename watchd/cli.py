@@ -36,6 +36,17 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="an engine and simulated nodes on loopback; an Xid 79 is injected")
     d.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
 
+    sm = sub.add_parser("sim", help="simulate a fleet of GPU nodes (agents in one process) against an engine")
+    sm.add_argument("fleet", type=Path, help="fleet scenario YAML (nodes, GPUs, jobs, faults)")
+    sm.add_argument("--url", default=DEFAULT_URL, help=f"the engine (default {DEFAULT_URL})")
+    sm.add_argument("--token-file", type=Path, help="the engine's token (default: $WATCHD_TOKEN)")
+    sm.add_argument(
+        "--duration", type=float, help="seconds to run (default: the fleet's, else until stopped)"
+    )
+    sm.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines (0: none)")
+    sm.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning")
+    sm.add_argument("--check", action="store_true", help="validate the fleet file, then exit")
+
     n = sub.add_parser("node", help="act on one node through the scheduler")
     nsub = n.add_subparsers(dest="node_command", metavar="ACTION", required=True)
     r = nsub.add_parser("resume", help="return a node watchd drained to service (never an admin's drain)")
@@ -94,6 +105,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         if not 1 <= args.nodes <= 1000:
             raise UsageError("--nodes must be between 1 and 1000")
         return asyncio.run(run_demo(args.nodes, sys.stdout))
+    if args.command == "sim":
+        from watchd.sim import run_sim
+
+        return run_sim(
+            args.fleet,
+            args.url,
+            args.token_file,
+            args.duration,
+            args.progress,
+            args.check,
+            args.log_level,
+            sys.stdout,
+        )
     if args.command == "node":
         return asyncio.run(_node_resume(args.name, args.config))
     if args.command == "rules":

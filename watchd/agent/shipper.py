@@ -37,7 +37,10 @@ class Shipper:
         backoff_initial: float = 0.2,
         backoff_max: float = 30.0,
         timeout: float = 5.0,
+        session: aiohttp.ClientSession | None = None,
     ) -> None:
+        """``session``: post through this one (shared by many shippers, e.g. the fleet simulator's) instead
+        of a session of its own; the caller opens and closes it."""
         self.node = node
         self.endpoint = url.rstrip("/") + INGEST_PATH
         self._headers = {"Content-Type": "application/json"}
@@ -50,6 +53,7 @@ class Shipper:
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session = session
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -86,39 +90,47 @@ class Shipper:
         return True
 
     async def run(self) -> None:
+        if self._session is not None:
+            await self._ship(self._session)
+            return
+        async with aiohttp.ClientSession(timeout=self._timeout) as session:
+            await self._ship(session)
+
+    async def _ship(self, session: aiohttp.ClientSession) -> None:
         backoff = self._backoff_initial
         batch_limit = self._max_batch
-        async with aiohttp.ClientSession(timeout=self._timeout) as session:
-            while True:
-                if not self._queue:
-                    self._idle.set()
-                    self._ready.clear()
-                    await self._ready.wait()
-                    continue
-                batch = [self._queue[i] for i in range(min(batch_limit, len(self._queue)))]
-                outcome = await self._post(session, batch)
-                if outcome == "delivered" or outcome == "rejected":
-                    for _ in batch:
-                        self._queue.popleft()
-                    self._metrics.queue_depth.set(len(self._queue))
-                    backoff = self._backoff_initial
-                    batch_limit = self._max_batch
-                    if outcome == "delivered":
-                        self._metrics.shipped.inc(len(batch))
-                    else:
-                        self._metrics.dropped.labels("rejected").inc(len(batch))
-                    continue
-                if outcome == "too_large" and len(batch) > 1:
-                    batch_limit = max(1, len(batch) // 2)
-                    continue
-                delay = backoff * (0.5 + random.random())
-                backoff = min(self._backoff_max, backoff * 2)
-                await asyncio.sleep(delay)
+        while True:
+            if not self._queue:
+                self._idle.set()
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            batch = [self._queue[i] for i in range(min(batch_limit, len(self._queue)))]
+            outcome = await self._post(session, batch)
+            if outcome == "delivered" or outcome == "rejected":
+                for _ in batch:
+                    self._queue.popleft()
+                self._metrics.queue_depth.set(len(self._queue))
+                backoff = self._backoff_initial
+                batch_limit = self._max_batch
+                if outcome == "delivered":
+                    self._metrics.shipped.inc(len(batch))
+                else:
+                    self._metrics.dropped.labels("rejected").inc(len(batch))
+                continue
+            if outcome == "too_large" and len(batch) > 1:
+                batch_limit = max(1, len(batch) // 2)
+                continue
+            delay = backoff * (0.5 + random.random())
+            backoff = min(self._backoff_max, backoff * 2)
+            await asyncio.sleep(delay)
 
     async def _post(self, session: aiohttp.ClientSession, batch: list[Event]) -> str:
         body = json.dumps(batch_to_wire(self.node, batch), separators=(",", ":")).encode()
         try:
-            async with session.post(self.endpoint, data=body, headers=self._headers) as resp:
+            async with session.post(
+                self.endpoint, data=body, headers=self._headers, timeout=self._timeout
+            ) as resp:
                 text = await resp.text()
                 status = resp.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
