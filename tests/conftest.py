@@ -41,3 +41,11 @@ def alertmanager() -> Iterator[AlertmanagerProcess]:
         pytest.skip(why)
     with AlertmanagerProcess() as am:  # raises with the log tail on failure: never a skip
         yield am
+
+
+@pytest.fixture
+def sim(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The cluster with its simulated nodes (partition ``sim``) resumed before and after the test."""
+    slurm_cluster.reset_nodes(slurm_cluster.sim_node_names)
+    yield slurm_cluster
+    slurm_cluster.reset_nodes(slurm_cluster.sim_node_names)

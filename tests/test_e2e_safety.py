@@ -10,7 +10,6 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,18 +70,6 @@ def start_engine(tmp: Path, cluster: SlurmCluster, db: Path, **extra: Any) -> Da
     return engine
 
 
-@pytest.fixture
-def sim(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    slurm_cluster.reset_nodes(slurm_cluster.sim_node_names)
-    yield slurm_cluster
-    slurm_cluster.reset_nodes(slurm_cluster.sim_node_names)
-
-
-def drained_sim_nodes(cluster: SlurmCluster) -> set[str]:
-    out = cluster.run("sinfo", "-h", "-N", "-p", "sim", "-o", "%N %T").stdout
-    return {line.split()[0] for line in out.splitlines() if "drain" in line.split()[1]}
-
-
 def test_burst_beyond_the_breaker_is_held_listed_and_alerted(
     sim: SlurmCluster, alertmanager: AlertmanagerProcess, tmp_path: Path
 ) -> None:
@@ -99,7 +86,7 @@ def test_burst_beyond_the_breaker_is_held_listed_and_alerted(
         for i, node in enumerate(nodes):
             assert post(engine, node, f"burst-{i}") == 200
         wait_for(lambda: len(engine.get_json("/api/v1/held")["held"]) == 10, what="10 held actions")
-        assert len(drained_sim_nodes(sim)) == 20
+        assert len(sim.drained("sim")) == 20
         held = engine.get_json("/api/v1/held")["held"]
         assert all("blast-radius breaker" in h["reason"] and h["pool"] == "sim" for h in held)
 
@@ -130,7 +117,7 @@ def test_burst_beyond_the_breaker_is_held_listed_and_alerted(
             check=False,
         )
         assert released.returncode == 0 and "drained" in released.stdout, released.stdout + released.stderr
-        assert held[0]["node"] in drained_sim_nodes(sim)
+        assert held[0]["node"] in sim.drained("sim")
         discarded = subprocess.run(
             [*cli, "discard", str(second), "--url", engine.url],
             capture_output=True,
@@ -161,7 +148,7 @@ def test_kill_9_mid_burst_neither_repeats_nor_loses_an_action(sim: SlurmCluster,
         if post(engine, node, f"kill-{i}") == 200:
             accepted.append(node)
         if i == 20:
-            wait_for(lambda: drained_sim_nodes(sim), what="the first drains")
+            wait_for(lambda: sim.drained("sim"), what="the first drains")
             engine.proc.send_signal(signal.SIGKILL)
             engine.proc.wait()
             break
@@ -170,7 +157,7 @@ def test_kill_9_mid_burst_neither_repeats_nor_loses_an_action(sim: SlurmCluster,
     try:
         for i, node in enumerate(nodes):
             assert post(engine, node, f"kill-{i}") == 200
-        wait_for(lambda: drained_sim_nodes(sim) >= set(nodes), what="every node drained")
+        wait_for(lambda: sim.drained("sim") >= set(nodes), what="every node drained")
         wait_for(lambda: not _unfinished(db), what="no unfinished intents")
     finally:
         assert engine.stop() == 0, engine.log()

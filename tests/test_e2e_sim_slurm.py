@@ -7,15 +7,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from tests.daemons import Daemon, engine_config, free_port, watchd_command
 from tests.harness.slurm import SlurmCluster
+from tests.support import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -23,29 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "sim-e2e-token"
 NODES = [f"sim-{i}" for i in range(1, 11)]
 GPU3_PCI = "0000:5d:00"  # GPU 3 of the fake's HGX board (bus 0x5d)
-
-
-def wait_for(check: Any, timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-@pytest.fixture
-def sim(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    slurm_cluster.reset_nodes(slurm_cluster.sim_node_names)
-    yield slurm_cluster
-    slurm_cluster.reset_nodes(slurm_cluster.sim_node_names)
-
-
-def drained_sim_nodes(cluster: SlurmCluster) -> set[str]:
-    out = cluster.run("sinfo", "-h", "-N", "-p", "sim", "-o", "%N %T").stdout
-    return {line.split()[0] for line in out.splitlines() if "drain" in line.split()[1]}
 
 
 def test_simulated_ecc_dbe_drains_exactly_that_node_in_slurm(sim: SlurmCluster, tmp_path: Path) -> None:
@@ -89,9 +65,9 @@ def test_simulated_ecc_dbe_drains_exactly_that_node_in_slurm(sim: SlurmCluster, 
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        wait_for(lambda: "sim-3" in drained_sim_nodes(sim), timeout=60, what="sim-3 drained")
+        wait_for(lambda: "sim-3" in sim.drained("sim"), timeout=60, what="sim-3 drained")
         time.sleep(3.0)  # a wrong drain of another node would have happened by now
-        assert drained_sim_nodes(sim) == {"sim-3"}
+        assert sim.drained("sim") == {"sim-3"}
         reason = sim.reason("sim-3") or ""
         assert reason.startswith("watchd"), reason
         assert GPU3_PCI in reason, reason
@@ -108,4 +84,4 @@ def test_simulated_ecc_dbe_drains_exactly_that_node_in_slurm(sim: SlurmCluster, 
             proc.kill()
             proc.wait()
         assert engine.stop() == 0, engine.log()
-    assert set(NODES).isdisjoint(drained_sim_nodes(sim) - {"sim-3"})
+    assert set(NODES).isdisjoint(sim.drained("sim") - {"sim-3"})

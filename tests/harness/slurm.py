@@ -550,6 +550,11 @@ class SlurmCluster:
             return None
         return re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", r)
 
+    def drained(self, partition: str) -> set[str]:
+        """The nodes of ``partition`` that sinfo shows drained or draining."""
+        out = self.run("sinfo", "-h", "-N", "-p", partition, "-o", "%N %T").stdout
+        return {line.split()[0] for line in out.splitlines() if "drain" in line.split()[1]}
+
     def drain(self, nodes: str, reason: str) -> None:
         self.run("scontrol", "update", f"NodeName={nodes}", "State=DRAIN", f"Reason={reason}")
 

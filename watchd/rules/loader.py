@@ -8,13 +8,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from watchd.errors import ConfigError
 from watchd.rules.match import MatchError, compile_match, index_plan, match_kinds
 from watchd.rules.model import ACTION_NAMES, RuleSpec
-from watchd.rules.positions import YamlPath, YamlPositions
+from watchd.rules.positions import YamlPath, YamlPositions, load_with_position
 from watchd.rules.ruleset import Rule
 from watchd.rules.state import RuleEngine
 from watchd.rules.template import Template, TemplateError, allowed_names
@@ -75,12 +74,9 @@ def parse_rule_file(text: str, source: str, first_order: int = 0) -> tuple[list[
         line, col = pos.of(path, key)
         return Problem(source, line, col, message)
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        return [], [Problem(source, line, col, f"invalid YAML: {getattr(exc, 'problem', None) or exc}")]
+    data, error = load_with_position(text)
+    if error is not None:
+        return [], [Problem(source, *error)]
     if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
         return [], [problem((), "a rule file is a mapping with a 'rules' list")]
     extra = sorted(set(data) - {"rules"})

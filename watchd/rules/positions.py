@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import yaml
 
 YamlPath = tuple[str | int, ...]
@@ -37,3 +39,13 @@ class YamlPositions:
             node = nxt
         mark = node.start_mark
         return mark.line + 1, mark.column + 1
+
+
+def load_with_position(text: str) -> tuple[Any, tuple[int, int, str] | None]:
+    """The parsed document, or None and (line, column, message) of the YAML error."""
+    try:
+        return yaml.safe_load(text), None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        return None, (line, col, f"invalid YAML: {getattr(exc, 'problem', None) or exc}")

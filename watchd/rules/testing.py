@@ -35,14 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from watchd.events import Event, Scalar
 from watchd.rules.durations import Duration, parse_duration
 from watchd.rules.loader import Problem, check_rules
 from watchd.rules.model import ActionKind
-from watchd.rules.positions import YamlPath, YamlPositions
+from watchd.rules.positions import YamlPath, YamlPositions, load_with_position
 from watchd.rules.ruleset import Rule
 from watchd.rules.state import RuleEngine
 
@@ -259,12 +258,9 @@ def load_test_file(path: Path) -> tuple[Suite | None, list[Problem]]:
         line, col = pos.of(where, key)
         return Problem(source, line, col, message)
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        return None, [Problem(source, line, col, f"invalid YAML: {getattr(exc, 'problem', None) or exc}")]
+    data, error = load_with_position(text)
+    if error is not None:
+        return None, [Problem(source, *error)]
     if not isinstance(data, dict):
         return None, [problem((), "a test file is a mapping with 'rule_files' and 'tests'")]
     try:
