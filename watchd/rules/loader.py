@@ -18,7 +18,7 @@ from watchd.rules.ruleset import Rule
 from watchd.rules.state import RuleEngine
 from watchd.rules.template import Template, TemplateError, allowed_names
 
-EMBEDDED = "<embedded rules/xid.yaml>"
+EMBEDDED = "<embedded rules>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +161,11 @@ def _rule_files(path: Path) -> list[Path]:
     return [path]
 
 
-def default_rules_text() -> str:
-    return resources.files("watchd.data").joinpath("xid.yaml").read_text()
+def default_rules() -> list[tuple[str, str]]:
+    """The default rule pack shipped inside the package (the files ``rules/`` links to), as (text, name)."""
+    folder = resources.files("watchd.data").joinpath("rules")
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".yaml")), key=lambda f: f.name)
+    return [(f.read_text(), f"<embedded rules/{f.name}>") for f in files]
 
 
 def check_rules(paths: Sequence[Path]) -> tuple[list[Rule], list[Problem]]:
@@ -171,7 +174,7 @@ def check_rules(paths: Sequence[Path]) -> tuple[list[Rule], list[Problem]]:
     problems: list[Problem] = []
     sources: list[tuple[str, str]] = []
     if not paths:
-        sources.append((default_rules_text(), EMBEDDED))
+        sources.extend(default_rules())
     for path in paths:
         if not path.exists():
             problems.append(Problem(str(path), 1, 1, "rule file not found"))
