@@ -39,13 +39,14 @@ def test_window_closes_when_a_sample_falls_in_the_next_aligned_window() -> None:
     assert event.kind == "gpu_summary"
     assert event.source == "dcgm"
     assert event.node == NODE
-    assert event.time == 1000.0  # the window's aligned start
+    assert event.time == 1005.0  # the window's end: when its observation is complete
+    assert event.attrs["window_start"] == 1000.0
     assert event.id == stable_id(NODE, "gpu_summary", GPU0.uuid, 1000.0)
     assert event.attrs["window_s"] == 5.0
     assert event.attrs["samples"] == 3
     # a gap of several windows closes the open one only: empty windows produce nothing
     [event] = s.observe(sample(1031.0, util_gpu=50.0), NODE, None)
-    assert (event.time, event.attrs["samples"]) == (1005.0, 1)
+    assert (event.time, event.attrs["samples"]) == (1010.0, 1)
 
 
 def test_aggregates_mean_min_max_and_means() -> None:
@@ -75,6 +76,7 @@ def test_aggregates_mean_min_max_and_means() -> None:
         "pci_bus_id": "0000:3b:00.0",
         "model": "NVIDIA H100 80GB HBM3",
         "window_s": 10.0,
+        "window_start": 100.0,
         "samples": 3,
         "util_mean": 50.0,
         "util_min": 10.0,
@@ -121,6 +123,7 @@ def test_keys_whose_inputs_were_all_none_are_left_out() -> None:
         "pci_bus_id": "0000:3b:00.0",
         "model": "NVIDIA H100 80GB HBM3",
         "window_s": 5.0,
+        "window_start": 0.0,
         "samples": 2,
         "temp_mean": 40.0,
     }
@@ -152,13 +155,13 @@ def test_interleaved_gpus_each_get_their_window_and_flush_closes_all() -> None:
         samples.append(sample(t + 0.5, GPU1, util_gpu=90.0))
     events = run(s, samples, job="7")
     assert [(e.attrs["gpu"], e.time, e.attrs["samples"], e.attrs["util_mean"]) for e in events] == [
-        (0, 0.0, 5, 10.0),
-        (1, 0.0, 5, 90.0),
         (0, 5.0, 5, 10.0),
         (1, 5.0, 5, 90.0),
+        (0, 10.0, 5, 10.0),
+        (1, 10.0, 5, 90.0),
     ]
     rest = s.flush(NODE)
-    assert sorted((e.attrs["gpu"], e.time, e.attrs["samples"]) for e in rest) == [(0, 10.0, 2), (1, 10.0, 2)]
+    assert sorted((e.attrs["gpu"], e.time, e.attrs["samples"]) for e in rest) == [(0, 15.0, 2), (1, 15.0, 2)]
     assert s.flush(NODE) == []
     assert len({e.id for e in events + rest}) == 6
 
@@ -170,7 +173,7 @@ def test_lost_samples_are_not_summarized() -> None:
     )
     # a lost sample in the next window closes the open one but opens none
     events += run(s, [GpuSample(time=t, gpu=GPU0, lost=True) for t in (5.0, 6.0, 11.0)])
-    assert [(e.time, e.attrs["samples"], e.attrs["util_mean"]) for e in events] == [(0.0, 2, 70.0)]
+    assert [(e.time, e.attrs["samples"], e.attrs["util_mean"]) for e in events] == [(5.0, 2, 70.0)]
     assert s.flush(NODE) == []
 
 
@@ -178,7 +181,7 @@ def test_one_event_per_window_whatever_the_sampling_rate() -> None:
     s = WindowSummarizer(window_s=5.0)
     events = run(s, [sample(i / 100, util_gpu=float(i % 100)) for i in range(3000)])  # 100 Hz for 30 s
     events += s.flush(NODE)
-    assert [e.time for e in events] == [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]
+    assert [e.time for e in events] == [5.0, 10.0, 15.0, 20.0, 25.0, 30.0]
     assert all(e.attrs["samples"] == 500 for e in events)
     assert all(e.attrs["util_min"] == 0.0 and e.attrs["util_max"] == 99.0 for e in events)
 

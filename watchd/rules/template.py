@@ -45,6 +45,32 @@ KIND_FIELDS: dict[str, frozenset[str]] = {
     ),
 }
 KIND_FIELDS["gpu_health"] = frozenset({"condition"})
+KIND_FIELDS["gpu_summary"] = frozenset(
+    {
+        "window_s",
+        "window_start",
+        "samples",
+        "util_mean",
+        "util_min",
+        "util_max",
+        "power_mean",
+        "power_min",
+        "power_max",
+        "sm_clock_mean",
+        "sm_clock_min",
+        "sm_clock_max",
+        "sm_clock_max_rated",
+        "clock_reasons",
+        "hw_slowdown_frac",
+        "thermal_frac",
+        "power_brake_frac",
+        "nvlink_tx_mean",
+        "nvlink_rx_mean",
+        "pcie_tx_mean",
+        "pcie_rx_mean",
+        "temp_mean",
+    }
+)
 KIND_FIELDS["watchd_action"] = frozenset({"action", "outcome", "mode", "rule"})
 GPU_FIELDS = frozenset({"gpu", "uuid", "pci_bus_id", "model", "job", "value", "threshold", "evidence"})
 
