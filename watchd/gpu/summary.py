@@ -1,17 +1,18 @@
 """Per-GPU window summaries: one compact ``gpu_summary`` event per GPU per window, whatever the sampling rate.
 
 Windows are aligned to multiples of ``window_s`` since the epoch (a 5 s window covers [10:00:05, 10:00:10)).
-A window of a GPU closes when a sample of that GPU falls in another window (or at :meth:`flush`); the event's
-``time`` is the window's end (when its observation is complete; its age at the engine is then the transport
-delay plus at most one sampling interval), ``window_start`` its start. Pure: no I/O, no clock; memory is constant per open window
-(running sums, not samples). Lost samples (``sample.lost``) are not summarized, though they close a window.
+A window of a GPU closes when a sample of that GPU falls in another window (or at :meth:`flush`). The
+event's ``time`` is the window's end, when its observation is complete (its age at the engine is then the
+transport delay plus at most one sampling interval); ``window_start`` is its start. Pure: no I/O, no clock;
+memory is constant per open window (running sums, not samples). Lost samples (``sample.lost``) are not
+summarized, though they close a window.
 
 Attributes (flat scalars; a key whose inputs were all ``None`` is left out): ``gpu``, ``uuid``,
-``pci_bus_id``, ``model``, ``job``, ``window_s``, ``window_start``, ``samples``, ``util_mean/min/max``, ``power_mean/min/max``,
-``sm_clock_mean/min/max``, ``sm_clock_max_rated``, ``clock_reasons`` (OR of the window's clock-event reason
-bits), ``hw_slowdown_frac``, ``thermal_frac`` (HwThermal or SwThermal), ``power_brake_frac`` (fractions of the
-samples reporting reasons), ``nvlink_tx_mean``, ``nvlink_rx_mean``, ``pcie_tx_mean``, ``pcie_rx_mean``
-(bytes/s), ``temp_mean``.
+``pci_bus_id``, ``model``, ``job``, ``window_s``, ``window_start``, ``samples``, ``util_mean/min/max``,
+``power_mean/min/max``, ``sm_clock_mean/min/max``, ``sm_clock_max_rated``, ``clock_reasons`` (OR of the
+window's clock-event reason bits), ``hw_slowdown_frac``, ``thermal_frac`` (HwThermal or SwThermal),
+``power_brake_frac`` (fractions of the samples reporting reasons), ``nvlink_tx_mean``, ``nvlink_rx_mean``,
+``pcie_tx_mean``, ``pcie_rx_mean`` (bytes/s), ``temp_mean``.
 """
 
 from __future__ import annotations
