@@ -7,7 +7,7 @@ from watchd.adapters.base import SchedulerError
 from watchd.adapters.fake import FakeScheduler
 from watchd.clock import FakeClock
 from watchd.engine.audit import MemoryAudit
-from watchd.engine.executor import ActionExecutor, Mode
+from watchd.engine.executor import ActionExecutor, Mode, Pools
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.safety import BreakerLimits
 from watchd.rules import RuleEngine, parse_rule_file
@@ -37,6 +37,8 @@ def make(
     clock = kw.pop("clock", None) or FakeClock()
     audit = MemoryAudit()
     kw.setdefault("limits", BreakerLimits(max_fraction=1.0, max_nodes=10_000))
+    if scheduler is not None:
+        kw.setdefault("pools", Pools.from_members({"all": list(scheduler.nodes)}))
     return ActionExecutor(scheduler, mode, clock, EngineMetrics(), audit, cooldown_s=600, **kw), audit, clock
 
 
@@ -369,3 +371,86 @@ rules:
     (payload,) = received
     assert payload["rule"] == "notify" and payload["node"] == "gpu-5" and payload["labels"] == {"team": "sre"}
     assert payload["event"]["attrs"]["xid"] == 79
+
+
+# ------------------------------------------------------- found in review: the breaker must not be bypassed
+
+
+async def test_a_released_drain_counts_and_its_requeue_runs() -> None:
+    fake = pool_of(20)  # 10% of 20 = 2
+    fake.add_job("7", ["n2"])
+    executor, _, clock = make(
+        fake, limits=BreakerLimits(0.10, 50, 3600), pools=Pools.from_members(await fake.pools())
+    )
+    engine = rule_engine(SAFETY_RULES)
+    async with executor:
+        await decide(executor, engine, *(xid_event(f"n{i}", event_id=f"e{i}") for i in range(3)))
+        (held,) = executor.store.held()
+        assert held.node == "n2" and fake.jobs["7"].state == "running"
+        result = await executor.release(held.id, "alice")
+        assert result.outcome == "drained" and "then requeue: requeued" in result.detail
+        assert fake.jobs["7"].state == "pending"
+        clock.advance(60)
+        await decide(executor, engine, xid_event("n3", event_id="e3"))  # three taken out: the window is full
+        assert not fake.nodes["n3"].drained
+        assert [h.node for h in executor.store.held()] == ["n3"]
+
+
+async def test_a_repeated_event_adds_no_second_held_row() -> None:
+    fake = pool_of(10)  # 10% of 10 = 1
+    executor, _, clock = make(
+        fake, limits=BreakerLimits(0.10, 50, 3600), pools=Pools.from_members(await fake.pools())
+    )
+    engine = rule_engine(SAFETY_RULES)
+    async with executor:
+        await decide(executor, engine, xid_event("n0", event_id="a"), xid_event("n1", event_id="b"))
+        clock.advance(30)
+        await decide(executor, engine, xid_event("n1", event_id="c"))
+    assert [h.node for h in executor.store.held()] == ["n1"]
+
+
+async def test_dry_run_holds_nothing_and_says_what_the_limits_would_do() -> None:
+    from watchd.adapters.alerts import FakeAlertSink
+
+    fake = pool_of(10)
+    alerts = FakeAlertSink()
+    executor, audit, _ = make(
+        fake,
+        "dry-run",
+        limits=BreakerLimits(0.10, 50, 3600),
+        alerts=alerts,
+        pools=Pools.from_members(await fake.pools()),
+    )
+    async with executor:
+        await decide(
+            executor, rule_engine(SAFETY_RULES), xid_event("n0", event_id="a"), xid_event("n1", event_id="b")
+        )
+    drains = [a for a in audit.entries if a.action == "drain"]
+    assert [a.outcome for a in drains] == ["dry_run", "dry_run"]
+    assert "would hold it: blast-radius breaker" in drains[1].detail
+    assert executor.store.held() == [] and "breaker/gpu" not in alerts.firing
+
+
+async def test_interrupted_drains_are_redriven_through_the_breaker(tmp_path: Any) -> None:
+    from watchd.engine.store import Store
+
+    fake = pool_of(20)  # 10% of 20 = 2
+    db = tmp_path / "engine.db"
+    with Store.open(db) as crashed:
+        for i in range(5):
+            crashed.begin_action(f"drain:n{i}", "drain", f"n{i}", "fatal", f"e{i}", {"reason": "Xid 79"}, 1e9)
+    store = Store.open(db)
+    executor, _, _ = make(
+        fake, store=store, limits=BreakerLimits(0.10, 50, 3600), pools=Pools.from_members(await fake.pools())
+    )
+    async with executor:
+        await executor.drain_in_flight(5)
+    assert sum(st.drained for st in fake.nodes.values()) == 2
+    assert len(store.held()) == 3 and store.unfinished_actions() == []
+    store.close()
+
+
+def test_a_pool_of_unknown_size_allows_one() -> None:
+    assert BreakerLimits(0.10, 50, 3600).allowed_in(0) == 1
+    assert BreakerLimits(0.10, 50, 3600).allowed_in(1000) == 50
+    assert BreakerLimits(0.10, 50, 3600).allowed_in(5) == 1

@@ -149,15 +149,14 @@ async def test_metrics_and_health_endpoints(engine: Engine) -> None:
     assert [a["action"] for a in actions] == ["drain", "requeue"]
 
 
-async def test_full_queue_refuses_the_whole_batch_for_a_retry() -> None:
+async def test_a_batch_larger_than_the_whole_queue_gets_413_so_the_agent_splits_it() -> None:
     config = EngineConfig(
         listen=Listen(port=0), auth=TokenSource(token=TOKEN), ingest=IngestConfig(queue_size=2)
     )
     async with Engine(config, use_config_scheduler=False) as engine:
         events = [xid_event(event_id=f"q{i}") for i in range(3)]
         status, reply = await post(engine, batch(*events))
-        assert status == 503 and "retry" in str(reply["error"])
-        assert rejected(engine, "busy") == 1
+        assert status == 413 and "queue" in str(reply["error"])
         # nothing of the refused batch was taken in, so its events are not duplicates when re-sent
         status, reply = await post(engine, batch(*events[:2]))
         assert status == 200 and reply == {"accepted": 2, "duplicates": 0}

@@ -106,7 +106,14 @@ class Shipper:
                 await self._ready.wait()
                 continue
             batch = [self._queue[i] for i in range(min(batch_limit, len(self._queue)))]
-            outcome = await self._post(session, batch)
+            try:
+                outcome = await self._post(session, batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # whatever the answer looked like, the events stay queued and are retried
+                _log.exception("ship_failed_unexpectedly", events=len(batch))
+                self._metrics.requests.labels("error").inc()
+                outcome = "retry"
             if outcome == "delivered" or outcome == "rejected":
                 for _ in batch:
                     self._queue.popleft()
@@ -131,7 +138,7 @@ class Shipper:
             async with session.post(
                 self.endpoint, data=body, headers=self._headers, timeout=self._timeout
             ) as resp:
-                text = await resp.text()
+                text = (await resp.read()).decode("utf-8", "replace")
                 status = resp.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self._metrics.requests.labels("unreachable").inc()

@@ -44,7 +44,6 @@ Mode = Literal["dry-run", "enforce"]
 
 _log = get_logger("watchd.executor")
 _DRAINED_BY_US = ("drained", "already_drained", "dry_run")
-_CHANGED_SOMETHING = ("drained", "dry_run", "requeued", "partial")
 BREAKER_ALERT = "WatchdBlastRadiusBreakerOpen"
 
 
@@ -97,6 +96,7 @@ class DrainBatcher:
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
         self._pending: dict[str, tuple[str, Gate | None, list[asyncio.Future[DrainResult]]]] = {}
+        self._inflight: dict[str, tuple[str, Gate | None, list[asyncio.Future[DrainResult]]]] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -108,7 +108,7 @@ class DrainBatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for _, _, futures in self._pending.values():
+        for _, _, futures in [*self._inflight.values(), *self._pending.values()]:
             for fut in futures:
                 if not fut.done():
                     fut.set_result(DrainResult("", "failed", "engine shutting down"))
@@ -129,6 +129,7 @@ class DrainBatcher:
             batch, self._pending = self._pending, {}
             if not batch:
                 continue
+            self._inflight = batch
             reasons = {node: reason for node, (reason, _, _) in batch.items()}
             try:
                 results = await self._round(reasons, {n: gate for n, (_, gate, _) in batch.items()})
@@ -137,6 +138,7 @@ class DrainBatcher:
             except Exception as exc:  # an adapter bug must not stop every later drain
                 _log.exception("drain_round_crashed", nodes=len(reasons))
                 results = {n: DrainResult(n, "failed", f"internal error: {exc!r}") for n in reasons}
+            self._inflight = {}
             for node, (_, _, futures) in batch.items():
                 result = results.get(node) or DrainResult(node, "failed", "scheduler returned no result")
                 for fut in futures:
@@ -241,16 +243,20 @@ class ActionExecutor:
     async def _execute(self, decision: Decision, received_at: float) -> None:
         async with self._slots:
             drain_outcome: str | None = None  # of a drain earlier in this decision
-            for action in decision.actions:
+            for i, action in enumerate(decision.actions):
                 start = self._clock.monotonic()
+                requeue_follows = any(a.kind == "requeue" for a in decision.actions[i + 1 :])
                 try:
-                    result = await self._one(decision, action, drain_outcome)
+                    result = await self._one(decision, action, drain_outcome, requeue_follows)
                 except Exception as exc:  # a bug in one action must not lose the audit of the others
                     _log.exception("action_crashed", action=action.kind, node=action.node)
                     result = Outcome("failed", f"internal error: {exc!r}")
                 if action.kind == "drain":
                     drain_outcome = result.outcome
-                self._record(decision, action, result, self._clock.monotonic() - start)
+                try:
+                    self._record(decision, action, result, self._clock.monotonic() - start)
+                except Exception:  # the store is full or locked: the actions that follow still run
+                    _log.exception("audit_failed", action=action.kind, node=action.node)
             self._metrics.decision_latency.observe(self._clock.monotonic() - received_at)
 
     def _record(self, decision: Decision, action: PlannedAction, result: Outcome, elapsed: float) -> None:
@@ -287,7 +293,9 @@ class ActionExecutor:
                 )
             )
 
-    async def _one(self, decision: Decision, action: PlannedAction, drain_outcome: str | None) -> Outcome:
+    async def _one(
+        self, decision: Decision, action: PlannedAction, drain_outcome: str | None, requeue_follows: bool
+    ) -> Outcome:
         kind = action.kind
         if kind == "log":
             return Outcome("logged", str(action.params.get("message", "")))
@@ -299,12 +307,24 @@ class ActionExecutor:
             return Outcome("deduplicated", "the drain it follows was already decided within the cooldown")
         if kind == "requeue" and drain_outcome not in (None, *_DRAINED_BY_US):
             return Outcome("skipped", "the node was not drained by watchd, so its jobs are left alone")
-        return await self._scheduled(decision, action, check_safety=not (kind == "requeue" and drain_outcome))
+        return await self._scheduled(
+            decision,
+            action,
+            check_safety=not (kind == "requeue" and drain_outcome),
+            requeue_follows=requeue_follows,
+        )
 
     # ------------------------------------------------------------------------------------------ scheduler
 
     async def _scheduled(
-        self, decision: Decision | None, action: PlannedAction, *, check_safety: bool, held_id: int = 0
+        self,
+        decision: Decision | None,
+        action: PlannedAction,
+        *,
+        check_safety: bool,
+        held_id: int = 0,
+        requeue_follows: bool = False,
+        mode: Mode | None = None,
     ) -> Outcome:
         key = f"{action.kind}:{action.node}"
         now = self._clock.now()
@@ -317,67 +337,93 @@ class ActionExecutor:
             return Outcome(
                 "deduplicated", f"{action.kind} of {action.node} already decided within the cooldown"
             )
-        mode = self.effective_mode(decision)
+        mode = mode or self.effective_mode(decision)
         gate: SafetyGate | None = None
-        if action.kind in DISRUPTIVE and check_safety and decision is not None:
-            gate = self._gate(decision, action, mode, now)
-        if mode == "enforce" and action.kind == "drain":
+        if action.kind in DISRUPTIVE:
+            # Every disruptive action is counted in the breaker window; only decisions are also checked
+            # (an operator's release, a follow-up requeue and a re-driven action are counted, not held).
+            gate = self._gate(
+                rule, decision.rate_limit if decision else None, action, mode, now, check_safety
+            )
+        if mode == "dry-run":
+            verdict = gate() if gate is not None else Verdict(True)
+            detail = _describe(action)
+            if not verdict.allowed:  # dry-run holds nothing and pages nobody: it says what would happen
+                detail += f"; the safety limits would hold it: {verdict.reason}"
+            result = Outcome("dry_run", detail)
+        elif action.kind == "drain":
             # The gate runs inside the serial drain round, once the node is known to be in service.
             result = await self._call_scheduler(action, gate)
         else:
             verdict = gate() if gate is not None else Verdict(True)
-            if not verdict.allowed:
-                result = Outcome("held", verdict.reason)
-            elif mode == "dry-run":
-                result = Outcome("dry_run", _describe(action))
-            else:
-                if gate is None and action.kind in DISRUPTIVE:
-                    self._count_disruption(rule, action.node, mode, now)  # a released or follow-up action
-                result = await self._call_scheduler(action)
-        if result.outcome == "held" and decision is not None:
-            held = self.store.hold(
-                HeldAction(
-                    rule=rule,
-                    kind=action.kind,
-                    node=action.node,
-                    pool=held_pool(gate),
-                    params=params,
-                    event=decision.event.to_wire(),
-                    reason=result.detail,
-                    held_at=now,
-                )
+            result = (
+                Outcome("held", verdict.reason) if not verdict.allowed else await self._call_scheduler(action)
             )
-            self._spawn(self._breaker_alert(result.detail, action, held_pool(gate)))
-            result = Outcome("held", f"held as #{held}: {result.detail}")
-        elif action.kind in DISRUPTIVE and result.outcome not in _CHANGED_SOMETHING:
-            self._count_disruption(rule, action.node, mode, now, undo=True)  # it changed nothing
+        if result.outcome == "held":
+            result = self._hold(
+                decision, action, params, result.detail, held_pool(gate), requeue_follows, now
+            )
+        # A failed drain stays counted: whether scontrol applied it is unknown, and the safe error is to
+        # count one drain too many, never one too few.
         failed = result.outcome in ("failed", "no_scheduler", "held")
         self.store.finish_action(
             key, result.outcome, result.detail, self._clock.now(), cooldown_until=now if failed else None
         )
         return result
 
-    def _gate(self, decision: Decision, action: PlannedAction, mode: Mode, now: float) -> SafetyGate:
-        """The safety check for one disruptive action: when it allows, the disruption is counted at once."""
+    def _hold(
+        self,
+        decision: Decision | None,
+        action: PlannedAction,
+        params: dict[str, Any],
+        reason: str,
+        pool: str,
+        requeue_follows: bool,
+        now: float,
+    ) -> Outcome:
+        already = next(
+            (h for h in self.store.held() if h.kind == action.kind and h.node == action.node), None
+        )
+        if already is not None:  # a repeated event (a condition re-reported) adds no second held row
+            return Outcome("held", f"already held as #{already.id}: {reason}")
+        if requeue_follows:
+            params = {**params, "requeue_after_release": True}
+        held = self.store.hold(
+            HeldAction(
+                rule=decision.rule if decision is not None else "operator",
+                kind=action.kind,
+                node=action.node,
+                pool=pool,
+                params=params,
+                event=decision.event.to_wire() if decision is not None else {},
+                reason=reason,
+                held_at=now,
+            )
+        )
+        self._spawn(self._breaker_alert(reason, action, pool))
+        return Outcome("held", f"held as #{held}: {reason}")
 
-        def check() -> Verdict:
-            verdict = self._safety(decision, action, mode, now)
+    def _gate(
+        self, rule: str, rate_limit: Any, action: PlannedAction, mode: Mode, now: float, check: bool
+    ) -> SafetyGate:
+        """The safety check of one disruptive action, run at the last moment; when it allows (or when
+        ``check`` is False), the disruption is counted at once, so concurrent actions see each other."""
+
+        def decide() -> Verdict:
+            verdict = self._safety(rule, rate_limit, action, mode, now) if check else Verdict(True)
             if verdict.allowed:
-                self._count_disruption(decision.rule, action.node, mode, now)
+                self._count_disruption(rule, action.node, mode, now)
             return verdict
 
-        return SafetyGate(check)
+        return SafetyGate(decide)
 
-    def _safety(self, decision: Decision, action: PlannedAction, mode: Mode, now: float) -> Verdict:
+    def _safety(self, rule: str, limit: Any, action: PlannedAction, mode: Mode, now: float) -> Verdict:
         prefix = "dry-run:" if mode == "dry-run" else ""
-        limit = decision.rate_limit
         if limit is not None:
-            times = [
-                t for _, t in self.store.disruptions_since(f"{prefix}rule:{decision.rule}", now - limit.per)
-            ]
-            verdict = rate_verdict(decision.rule, times, now, limit.max, limit.per)
+            times = [t for _, t in self.store.disruptions_since(f"{prefix}rule:{rule}", now - limit.per)]
+            verdict = rate_verdict(rule, times, now, limit.max, limit.per)
             if not verdict.allowed:
-                return Verdict(False, verdict.reason, f"rule:{decision.rule}")
+                return Verdict(False, verdict.reason, f"rule:{rule}")
         if action.kind != "drain":
             return Verdict(True)
         pools = self.pools.pools(action.node)
@@ -385,11 +431,10 @@ class ActionExecutor:
         recent = {p: [n for n, _ in self.store.disruptions_since(f"{prefix}{p}", since)] for p in pools}
         return breaker_verdict(action.node, pools, self.pools.sizes, recent, self.limits)
 
-    def _count_disruption(self, rule: str, node: str, mode: Mode, now: float, undo: bool = False) -> None:
+    def _count_disruption(self, rule: str, node: str, mode: Mode, now: float) -> None:
         prefix = "dry-run:" if mode == "dry-run" else ""
-        change = self.store.forget_disruption if undo else self.store.record_disruption
         for pool in (f"rule:{rule}", *self.pools.pools(node)):
-            change(f"{prefix}{pool}", node, now)
+            self.store.record_disruption(f"{prefix}{pool}", node, now)
 
     async def _call_scheduler(self, action: PlannedAction, gate: Gate | None = None) -> Outcome:
         if self._scheduler is None or self._batcher is None:
@@ -416,27 +461,42 @@ class ActionExecutor:
                 "redriving_unfinished_action", key=intent.key, rule=intent.rule, decided_at=intent.decided_at
             )
             action = PlannedAction(kind=intent.kind, node=intent.node, params=intent.params)  # type: ignore[arg-type]
-            self._spawn(self._redrive(intent.key, action))
+            self._spawn(self._redrive(intent.key, action, intent.rule))
 
-    async def _redrive(self, key: str, action: PlannedAction) -> None:
-        result = (
-            Outcome("dry_run", _describe(action))
-            if self.mode == "dry-run"
-            else await self._call_scheduler(action)
+    async def _redrive(self, key: str, action: PlannedAction, rule: str) -> None:
+        """Drive an interrupted action once more, through the same safety limits as a new one."""
+        now = self._clock.now()
+        gate = (
+            self._gate(rule, None, action, self.mode, now, check=True) if action.kind in DISRUPTIVE else None
         )
+        if self.mode == "dry-run":
+            result = Outcome("dry_run", _describe(action))
+        elif action.kind == "drain":
+            result = await self._call_scheduler(action, gate)
+        else:
+            verdict = gate() if gate is not None else Verdict(True)
+            result = (
+                Outcome("held", verdict.reason) if not verdict.allowed else await self._call_scheduler(action)
+            )
+        if result.outcome == "held":
+            result = self._hold(
+                None, action, _scalars(action.params), result.detail, held_pool(gate), False, now
+            )
+        failed = result.outcome in ("failed", "no_scheduler", "held")
+        detail = f"re-driven after a restart: {result.detail}"
         self.store.finish_action(
-            key, result.outcome, f"re-driven after a restart: {result.detail}", self._clock.now()
+            key, result.outcome, detail, self._clock.now(), cooldown_until=now if failed else None
         )
         self._audit.record(
             AuditRecord(
                 time=self._clock.now(),
-                rule="(re-driven)",
+                rule=rule,
                 event_id=key,
                 node=action.node,
                 action=action.kind,
                 mode=self.mode,
                 outcome=result.outcome,
-                detail=f"re-driven after a restart: {result.detail}",
+                detail=detail,
                 params=_scalars(action.params),
             )
         )
@@ -448,8 +508,15 @@ class ActionExecutor:
         held = self.store.release(held_id, by, self._clock.now())
         if held is None:
             return Outcome("not_held", f"no held action #{held_id}")
-        action = PlannedAction(kind=held.kind, node=held.node, params=held.params)  # type: ignore[arg-type]
+        params = {k: v for k, v in held.params.items() if k != "requeue_after_release"}
+        action = PlannedAction(kind=held.kind, node=held.node, params=params)  # type: ignore[arg-type]
         result = await self._scheduled(None, action, check_safety=False, held_id=held_id)
+        if held.params.get("requeue_after_release") and result.outcome in _DRAINED_BY_US:
+            requeue = PlannedAction(kind="requeue", node=held.node)
+            requeued = await self._scheduled(None, requeue, check_safety=False, held_id=held_id)
+            result = Outcome(
+                result.outcome, f"{result.detail}; then requeue: {requeued.outcome} {requeued.detail}"
+            )
         self._audit.record(
             AuditRecord(
                 time=self._clock.now(),

@@ -284,7 +284,10 @@ class Engine:
     async def _every(self, seconds: float, job: Callable[[], Awaitable[None]]) -> None:
         while True:
             await asyncio.sleep(seconds)
-            await job()
+            try:
+                await job()
+            except Exception:  # a locked store or a broken scheduler call must not end the loop
+                _log.exception("periodic_job_failed", job=getattr(job, "__name__", str(job)))
 
     async def _refresh_pools(self) -> None:
         if self.scheduler is None:

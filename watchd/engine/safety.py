@@ -20,9 +20,13 @@ class BreakerLimits:
     window_s: float = 3600.0
 
     def allowed_in(self, pool_size: int) -> int:
-        """How many nodes of a pool of this size may be out of service (by watchd) in one window."""
-        by_fraction = math.floor(pool_size * self.max_fraction) if pool_size > 0 else self.max_nodes
-        return max(1, min(self.max_nodes, by_fraction))
+        """How many nodes of a pool of this size may be out of service (by watchd) in one window.
+
+        A pool of unknown size (the scheduler could not be asked yet, or a node in no known pool) allows
+        one: with no way to tell 10% from 100%, the breaker fails safe."""
+        if pool_size <= 0:
+            return 1
+        return max(1, min(self.max_nodes, math.floor(pool_size * self.max_fraction)))
 
 
 @dataclass(frozen=True, slots=True)

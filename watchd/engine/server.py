@@ -83,6 +83,13 @@ def make_app(
             events = batch_from_wire(decoded, max_events)
         except WireError as exc:
             return _reject(400, f"invalid batch: {exc}", metrics, "invalid")
+        if len(events) > queue.maxsize:  # could never fit: 413 makes the agent halve its batches
+            return _reject(
+                413,
+                f"{len(events)} events exceed the engine's queue of {queue.maxsize}",
+                metrics,
+                "too_large",
+            )
         fresh = [e for e in events if seen.first_time(e.id)]
         if len(fresh) > queue.maxsize - queue.qsize():
             # Refuse the whole batch rather than lose part of it: the agent keeps it and retries.
