@@ -127,3 +127,22 @@ def test_change_waiter_falls_back_to_sleeping_for_a_missing_folder(tmp_path: Pat
     waiter = ChangeWaiter(tmp_path / "does-not-exist")
     assert not waiter.active
     assert ChangeWaiter(tmp_path).active
+
+
+async def test_a_line_without_end_is_passed_on_in_pieces_and_the_rest_follows(tmp_path: Path) -> None:
+    log = tmp_path / "syslog"
+    log.write_text("")
+    c = await collector(log)
+    append(log, "x" * (3 << 20))  # 3 MiB without a newline: never held whole in memory
+    append(log, "\nnext\n")
+    deadline = asyncio.get_running_loop().time() + 5
+    while not c.lines or c.lines[-1].text != "next":
+        assert asyncio.get_running_loop().time() < deadline, f"{len(c.lines)} lines, no 'next'"
+        await asyncio.sleep(0.01)
+    pieces = [line.text for line in c.lines[:-1]]
+    assert len(pieces) >= 2 and all(len(p) <= 2 << 20 for p in pieces)
+    assert sum(len(p) for p in pieces) == 3 << 20
+    count = len(c.lines)
+    await asyncio.sleep(0.1)
+    assert len(c.lines) == count, "no false truncation re-read the file"
+    await c.stop()

@@ -174,3 +174,20 @@ async def test_a_large_batch_arriving_in_many_chunks_is_read_whole() -> None:
         assert len(body) > 1_000_000
         status, reply = await post(engine, body)
         assert status == 200 and reply == {"accepted": 3000, "duplicates": 0}
+
+
+async def test_an_event_from_the_future_is_refused_and_unknown_kinds_get_no_label_of_their_own(
+    engine: Engine,
+) -> None:
+    import time as _time
+
+    from watchd.events import Event
+
+    future = Event(
+        id="f", node="gpu-1", source="kmsg", kind="xid", time=_time.time() + 3600, attrs={"xid": 79}
+    )
+    status, reply = await post(engine, batch(future))
+    assert status == 400 and "future" in str(reply["error"])
+    odd = Event(id="o", node="gpu-1", source="made-up-source", kind="kind-of-the-day", time=_time.time())
+    assert (await post(engine, batch(odd)))[0] == 200
+    assert engine.metrics.events_received.labels("other", "other")._value.get() == 1

@@ -21,6 +21,17 @@ _log = get_logger("watchd.ingest")
 
 Accepted = tuple[Event, float]  # the event and its arrival time (monotonic)
 
+# Metric labels come from what clients send: only known values become labels, so a client cannot create
+# unbounded series.
+SOURCES = frozenset({"kmsg", "file", "nvml", "dcgm", "fake", "watchd", "sim"})
+KINDS = frozenset({"xid", "gpu_health", "gpu_summary", "watchd_action", "heartbeat", "node_repaired"})
+#: Events stamped further in the future than this are refused: one bad clock must not silence cooldowns.
+MAX_FUTURE_S = 300.0
+
+
+def _label(value: str, known: frozenset[str]) -> str:
+    return value if value in known else "other"
+
 
 class Control(Protocol):
     """What the HTTP API asks of the engine besides ingest."""
@@ -83,6 +94,16 @@ def make_app(
             events = batch_from_wire(decoded, max_events)
         except WireError as exc:
             return _reject(400, f"invalid batch: {exc}", metrics, "invalid")
+        future = clock.now() + MAX_FUTURE_S
+        late = next((i for i, e in enumerate(events) if e.time > future), None)
+        if late is not None:
+            return _reject(
+                400,
+                f"invalid batch: events[{late}].time is more than {MAX_FUTURE_S:g} s in the future "
+                "(check the node's clock)",
+                metrics,
+                "invalid",
+            )
         if len(events) > queue.maxsize:  # could never fit: 413 makes the agent halve its batches
             return _reject(
                 413,
@@ -99,7 +120,9 @@ def make_app(
         arrived = clock.monotonic()
         wall = clock.now()
         for event in fresh:
-            metrics.events_received.labels(event.source.split(":", 1)[0], event.kind).inc()
+            metrics.events_received.labels(
+                _label(event.source.split(":", 1)[0], SOURCES), _label(event.kind, KINDS)
+            ).inc()
             metrics.event_age.observe(max(0.0, wall - event.time))
             queue.put_nowait((event, arrived))
         duplicates = len(events) - len(fresh)

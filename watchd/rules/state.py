@@ -107,7 +107,10 @@ class RuleEngine:
                 return None
         count = 1
         if spec.for_ is not None:
-            since = state.held_since.setdefault(key, now)
+            since = state.held_since.get(key)
+            if since is None:
+                since = now
+                self.groups_evicted += _bounded_set(state.held_since, key, now, self._max_groups)
             if now - since < spec.for_ or key in state.fired_hold:
                 return None
             state.fired_hold.add(key)

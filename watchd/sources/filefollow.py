@@ -13,6 +13,7 @@ from watchd.sources.inotify import ChangeWaiter
 
 _log = get_logger("watchd.source.file")
 _CHUNK = 1 << 20
+_MAX_LINE = 1 << 20
 
 
 class FileFollowSource:
@@ -71,10 +72,16 @@ class FileFollowSource:
                     now = self._clock.now()
                     data = pending + chunk
                     *complete, pending = data.split(b"\n")
+                    overlong = b""
+                    if len(pending) > _MAX_LINE:  # no newline in sight: pass it on in pieces, never grow
+                        overlong, pending = pending, b""
                     line_start = offset
                     for raw in complete:
                         yield LogLine(raw.decode("utf-8", "replace"), now, f"{inode}:{line_start}")
                         line_start += len(raw) + 1
+                    if overlong:
+                        yield LogLine(overlong.decode("utf-8", "replace"), now, f"{inode}:{line_start}")
+                        line_start += len(overlong)  # no newline was consumed
                     offset = line_start
                     continue
                 # At the end of the file: has it been rotated or truncated?
