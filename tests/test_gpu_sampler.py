@@ -142,7 +142,8 @@ async def test_nvml_xids_become_events_once_with_the_kernel_log_deduplicated() -
     await asyncio.gather(task, return_exceptions=True)
     (xid,) = [e for e in events if e.kind == "xid"]
     assert (xid.attrs["xid"], xid.source, xid.attrs["bucket"]) == (79, "fake", "RESTART_BM")
-    assert not dedup.first(str(xid.attrs["pci_bus_id"]), 79), "the kernel-log copy is suppressed"
+    assert not dedup.first(str(xid.attrs["pci_bus_id"]), 79, "kmsg"), "the kernel-log copy is suppressed"
+    assert dedup.first(str(xid.attrs["pci_bus_id"]), 79, "fake"), "a repeat from the same source is an event"
 
 
 async def test_agent_with_a_fake_gpu_ships_health_events_and_serves_gpu_metrics(tmp_path: Path) -> None:
@@ -173,3 +174,37 @@ async def test_agent_with_a_fake_gpu_ships_health_events_and_serves_gpu_metrics(
             text = await r.text()
     assert 'watchd_source_up{source="fake"} 1.0' in text
     assert text.count("watchd_gpu_power_watts{") == 8
+
+
+async def test_an_xid_seen_by_the_kernel_log_and_nvml_reaches_the_engine_once(tmp_path: Path) -> None:
+    from tests.test_agent import engine_config, free_port
+    from watchd.config import ShipperConfig, TokenSource
+    from watchd.engine.runner import Engine
+
+    scenario = tmp_path / "xid.yaml"
+    scenario.write_text(
+        "seed: 3\ngpus: {model: H100-SXM, count: 2}\nload: training\n"
+        "faults:\n  - {kind: xid, code: 79, at: 0.5, gpu: 1}\n"
+    )
+    port = free_port()
+    config = AgentConfig(
+        node="gpu-node-8",
+        engine=EngineEndpoint(url=f"http://127.0.0.1:{port}", auth=TokenSource(token="tok")),
+        listen=Listen(port=0),
+        sources=SourcesConfig(
+            kmsg={"enabled": False},  # type: ignore[arg-type]
+            gpu=GpuSourceConfig(backend="fake", scenario=scenario, interval_s=0.2),
+        ),
+        shipper=ShipperConfig(backoff_initial_s=0.05, backoff_max_s=0.2, shutdown_flush_s=1),
+    )
+    async with Engine(engine_config(port), use_config_scheduler=False) as engine, Agent(config) as agent:
+        received = engine.metrics.events_received
+        await eventually(
+            lambda: (
+                received.labels("kmsg", "xid")._value.get() + received.labels("fake", "xid")._value.get() >= 1
+            ),
+            what="the Xid at the engine",
+        )
+        await asyncio.sleep(1.5)  # both witnesses have spoken by now
+        total = received.labels("kmsg", "xid")._value.get() + received.labels("fake", "xid")._value.get()
+        assert total == 1 and agent.dedup.suppressed == 1

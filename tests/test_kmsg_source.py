@@ -2,6 +2,7 @@
 /dev/kmsg of this machine where it can be written (root)."""
 
 import asyncio
+import json
 import os
 import socket
 import uuid
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import eventually
 from watchd.sources.base import LogLine
 from watchd.sources.kmsg import KmsgSource, current_boot_id
 
@@ -115,3 +117,41 @@ async def test_real_dev_kmsg_starts_at_end_and_sees_new_records(tmp_path: Path) 
     await asyncio.wait_for(task, 5)
     assert got == [f"watchd-test after {marker}"]
     assert (tmp_path / "state").exists()
+
+
+async def test_an_agent_restart_re_reads_records_whose_events_were_not_delivered(tmp_path: Path) -> None:
+    """The engine is down; the agent reads an Xid, cannot ship it, stops: the next agent reads it again."""
+    from tests.test_agent import agent_config, engine_config, free_port
+    from watchd.agent.runner import Agent
+    from watchd.engine.runner import Engine
+
+    port = free_port()
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python3, GPU has fallen off the bus."
+    state = tmp_path / "kmsg.state"
+
+    def agent(reader: socket.socket) -> Agent:
+        source = KmsgSource(state_file=state, opener=lambda: os.dup(reader.fileno()), boot_id="boot-1")
+        return Agent(agent_config(port), sources=[source])
+
+    writer, reader = pair()
+    for seq, text in [(1, "booting"), (2, xid), (3, "later line")]:
+        writer.send(record(seq, text))
+    async with agent(reader) as first:
+        await asyncio.sleep(0.3)  # read, queued, the engine unreachable
+        assert len(first.shipper) == 1
+    assert json.loads(state.read_text())["seq"] == 1, "the Xid's record is not settled"
+    writer.close()
+    reader.close()
+
+    writer, reader = pair()  # the kernel hands back the whole ring to a new reader
+    for seq, text in [(1, "booting"), (2, xid), (3, "later line")]:
+        writer.send(record(seq, text))
+    async with Engine(engine_config(port), use_config_scheduler=False) as engine, agent(reader):
+        await eventually(
+            lambda: engine.metrics.events_received.labels("kmsg", "xid")._value.get() == 1,
+            what="the Xid delivered after the restart",
+        )
+        await asyncio.sleep(0.2)
+    assert json.loads(state.read_text())["seq"] == 3
+    writer.close()
+    reader.close()

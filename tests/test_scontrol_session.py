@@ -213,7 +213,7 @@ async def test_child_killed_mid_command(tmp_path: Path) -> None:
         hung = asyncio.create_task(s.run("hang", 30))
         await asyncio.sleep(0.2)
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises(SessionError, match=r"hang: interactive scontrol exited.*exit status -9"):
+        with pytest.raises(SessionError, match=r"hang: interactive scontrol exited.*exit status"):
             await hung
         out, _ = await s.run("pid", 5)
         assert int(out) != pid and s.starts == 2

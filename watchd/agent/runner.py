@@ -126,6 +126,8 @@ class Agent:
         self.gpu = gpu_sampler_from_config(config, self.metrics, self._emit, self.dedup, self.fake_kernel_log)
         if self.gpu is not None and self.gpu.backend.name == "fake":
             self.sources.append(self.fake_kernel_log)
+        self._kmsg_of_event: dict[str, tuple[KmsgSource, int]] = {}
+        self.shipper.on_settled = self._settled
         self.port = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._stack = AsyncExitStack()
@@ -180,6 +182,12 @@ class Agent:
         with contextlib.suppress(asyncio.CancelledError):
             await shipper_task
 
+    def _settled(self, events: list[Event]) -> None:
+        for event in events:
+            held = self._kmsg_of_event.pop(event.id, None)
+            if held is not None:
+                held[0].settle(held[1])
+
     def _emit(self, event: Event) -> None:
         self.metrics.events.labels(event.source.split(":", 1)[0], event.kind).inc()
         self.shipper.offer(event)
@@ -201,12 +209,16 @@ class Agent:
                     delay = _RESTART_MIN_S
                     self.metrics.lines.labels(source.name).inc()
                     for index, record in enumerate(parser.feed(line.text)):
-                        event = xid_event(self.node, source.name, line, record, index)
-                        self.metrics.events.labels(source.name, event.kind).inc()
                         _log.info(
                             "xid_seen", xid=record.xid, pci_bus_id=record.pci_bus_id, source=source.name
                         )
-                        self.shipper.offer(event)
+                        if not self.dedup.first(record.pci_bus_id, record.xid, source.name):
+                            continue  # NVML's event API reported this one already
+                        event = xid_event(self.node, source.name, line, record, index)
+                        if isinstance(source, KmsgSource) and line.seq is not None:
+                            source.hold(line.seq)  # read again after a restart until delivered
+                            self._kmsg_of_event[event.id] = (source, line.seq)
+                        self._emit(event)
                 return
             except asyncio.CancelledError:
                 raise

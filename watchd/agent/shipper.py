@@ -11,6 +11,7 @@ import asyncio
 import json
 import random
 from collections import deque
+from collections.abc import Callable
 
 import aiohttp
 
@@ -58,6 +59,8 @@ class Shipper:
         self._idle = asyncio.Event()
         self._idle.set()
         self.dropped = 0
+        #: called with each batch that left the queue for good (delivered, or refused as invalid)
+        self.on_settled: Callable[[list[Event]], None] | None = None
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -117,6 +120,8 @@ class Shipper:
             if outcome == "delivered" or outcome == "rejected":
                 for _ in batch:
                     self._queue.popleft()
+                if self.on_settled is not None:
+                    self.on_settled(batch)
                 self._metrics.queue_depth.set(len(self._queue))
                 backoff = self._backoff_initial
                 batch_limit = self._max_batch

@@ -20,7 +20,7 @@ from watchd.xid.catalog import lookup
 _log = get_logger("watchd.gpu")
 
 Emit = Callable[[Event], None]
-XidFilter = Callable[[str, int], bool]
+XidFilter = Callable[[str, int, str], bool]  # (pci_bus_id, xid, source) -> keep it
 
 
 class GpuSampler:
@@ -46,7 +46,7 @@ class GpuSampler:
         self._clock = clock or SystemClock()
         self.collector = collector
         self._jobs = jobs
-        self._xid_filter = xid_filter or (lambda pci, xid: True)
+        self._xid_filter = xid_filter or (lambda pci, xid, source: True)
         self._on_up = on_up or (lambda up: None)
         self.health = HealthDeriver(source=backend.name, report_interval_s=health_report_interval_s)
         self.summaries = WindowSummarizer(window_s=summary_window_s, source=backend.name)
@@ -109,7 +109,7 @@ class GpuSampler:
                 return
             now = self._clock.now()
             for gpu, xid, text in found:
-                if not self._xid_filter(gpu.pci_bus_id, xid):
+                if not self._xid_filter(gpu.pci_bus_id, xid, self.backend.name):
                     continue
                 info = lookup(xid)
                 self._emit(

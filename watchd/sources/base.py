@@ -18,6 +18,7 @@ class LogLine:
     text: str
     time: float  # when it was observed (the kernel's timestamp where the source has one)
     key: str  # identifies the line at its source, stable across re-reads: the base of the event id
+    seq: int | None = None  # the kmsg record's sequence number
 
 
 class LogSource(Protocol):

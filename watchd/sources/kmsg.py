@@ -1,9 +1,11 @@
 """Read the kernel ring buffer from ``/dev/kmsg``: one record per read(), resumable by sequence number.
 
 On first start the reader seeks to the end (old messages were handled before, or by the boot itself). The
-last sequence number read is saved with the boot id; after a restart within the same boot it resumes right
-after it, so nothing logged while the agent was down is missed. A read that fails with EPIPE means the
-ring overwrote records before they were read: the gap in sequence numbers is how many, and it is counted.
+sequence number saved with the boot id is the last record whose events were delivered (records whose events
+still wait in the agent's queue are held back): after a restart within the same boot the reader resumes
+right after it, so nothing logged while the agent was down, or read but not yet shipped, is missed. A read
+that fails with EPIPE means the ring overwrote records before they were read: the gap in sequence numbers is
+how many, and it is counted.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class KmsgSource:
         self.malformed = 0
         self.lost = 0
         self.last_seq: int | None = None
+        self._unsettled: set[int] = set()  # records whose events are not delivered yet
 
     # --- resume state -------------------------------------------------------------------------------
 
@@ -73,13 +76,29 @@ class KmsgSource:
         seq = state.get("seq")
         return seq if isinstance(seq, int) else None
 
+    def hold(self, seq: int) -> None:
+        """An event of record ``seq`` waits for delivery: a restart must read that record again."""
+        self._unsettled.add(seq)
+
+    def settle(self, seq: int) -> None:
+        """The events of record ``seq`` were delivered (or refused for good)."""
+        self._unsettled.discard(seq)
+
+    @property
+    def resume_seq(self) -> int | None:
+        """The last record that needs no second reading: before the oldest one still waiting for delivery."""
+        if self._unsettled:
+            return min(self._unsettled) - 1
+        return self.last_seq
+
     def save_state(self) -> None:
-        if self.state_file is None or self.last_seq is None:
+        seq = self.resume_seq
+        if self.state_file is None or seq is None:
             return
         tmp = self.state_file.with_suffix(".tmp")
         try:
             self.state_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"boot_id": self._boot_id, "seq": self.last_seq}))
+            tmp.write_text(json.dumps({"boot_id": self._boot_id, "seq": seq}))
             os.replace(tmp, self.state_file)
         except OSError as exc:
             _log.warning("kmsg_state_unwritable", path=str(self.state_file), error=exc.strerror)
@@ -134,7 +153,7 @@ class KmsgSource:
                 when = boot_wall + record.usec / 1e6
                 for i, text in enumerate(record.message.split("\n")):
                     key = f"{self._boot_id}:{record.seq}" + (f":{i}" if i else "")
-                    yield LogLine(text, when, key)
+                    yield LogLine(text, when, key, record.seq)
         finally:
             self.save_state()
             os.close(fd)
