@@ -345,20 +345,7 @@ class ActionExecutor:
             gate = self._gate(
                 rule, decision.rate_limit if decision else None, action, mode, now, check_safety
             )
-        if mode == "dry-run":
-            verdict = gate() if gate is not None else Verdict(True)
-            detail = _describe(action)
-            if not verdict.allowed:  # dry-run holds nothing and pages nobody: it says what would happen
-                detail += f"; the safety limits would hold it: {verdict.reason}"
-            result = Outcome("dry_run", detail)
-        elif action.kind == "drain":
-            # The gate runs inside the serial drain round, once the node is known to be in service.
-            result = await self._call_scheduler(action, gate)
-        else:
-            verdict = gate() if gate is not None else Verdict(True)
-            result = (
-                Outcome("held", verdict.reason) if not verdict.allowed else await self._call_scheduler(action)
-            )
+        result = await self._gated(action, gate, mode)
         if result.outcome == "held":
             result = self._hold(
                 decision, action, params, result.detail, held_pool(gate), requeue_follows, now
@@ -370,6 +357,20 @@ class ActionExecutor:
             key, result.outcome, result.detail, self._clock.now(), cooldown_until=now if failed else None
         )
         return result
+
+    async def _gated(self, action: PlannedAction, gate: SafetyGate | None, mode: Mode) -> Outcome:
+        """Carry out one action past its safety gate; ``held`` when the gate says no."""
+        if mode == "dry-run":
+            verdict = gate() if gate is not None else Verdict(True)
+            detail = _describe(action)
+            if not verdict.allowed:  # dry-run holds nothing and pages nobody: it says what would happen
+                detail += f"; the safety limits would hold it: {verdict.reason}"
+            return Outcome("dry_run", detail)
+        if action.kind == "drain":
+            # The gate runs inside the serial drain round, once the node is known to be in service.
+            return await self._call_scheduler(action, gate)
+        verdict = gate() if gate is not None else Verdict(True)
+        return Outcome("held", verdict.reason) if not verdict.allowed else await self._call_scheduler(action)
 
     def _hold(
         self,
@@ -469,15 +470,7 @@ class ActionExecutor:
         gate = (
             self._gate(rule, None, action, self.mode, now, check=True) if action.kind in DISRUPTIVE else None
         )
-        if self.mode == "dry-run":
-            result = Outcome("dry_run", _describe(action))
-        elif action.kind == "drain":
-            result = await self._call_scheduler(action, gate)
-        else:
-            verdict = gate() if gate is not None else Verdict(True)
-            result = (
-                Outcome("held", verdict.reason) if not verdict.allowed else await self._call_scheduler(action)
-            )
+        result = await self._gated(action, gate, self.mode)
         if result.outcome == "held":
             result = self._hold(
                 None, action, _scalars(action.params), result.detail, held_pool(gate), False, now
