@@ -43,6 +43,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.harness.process import reap_stale_dirs
+
 BINARY = "prometheus-alertmanager"
 DIR_PREFIX = "watchd-am-"
 
@@ -81,33 +83,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+def _kill_alertmanager(d: Path) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        pid = int((d / "alertmanager.pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if str(d).encode() in cmdline:  # the pid was not reused by something else
+            os.kill(pid, signal.SIGKILL)
 
 
 def reap_stale(base: Path | None = None) -> list[Path]:
     """Kill the Alertmanagers of harness dirs whose owner is dead; remove the dirs."""
-    base = base or Path(tempfile.gettempdir())
-    reaped = []
-    for d in base.glob(f"{DIR_PREFIX}*"):
-        try:
-            owner = int((d / "owner.pid").read_text())
-        except (OSError, ValueError):
-            continue
-        if _pid_alive(owner):
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            pid = int((d / "alertmanager.pid").read_text())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if str(d).encode() in cmdline:  # the pid was not reused by something else
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(d, ignore_errors=True)
-        reaped.append(d)
-    return reaped
+    return reap_stale_dirs(DIR_PREFIX, _kill_alertmanager, base)
 
 
 class AlertmanagerProcess:

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from tests.harness.process import pid_alive, reap_stale_dirs
+
 BINARIES = (
     "slurmctld",
     "slurmd",
@@ -160,37 +162,16 @@ def _kill_pids(pids: Sequence[int], grace: float = 3.0) -> None:
             return
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            alive = [p for p in alive if _pid_alive(p)]
+            alive = [p for p in alive if pid_alive(p)]
             if not alive:
                 return
             time.sleep(0.05)
         pids = alive
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        # a zombie still answers kill(0): look at its state
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 def reap_stale(base: Path | None = None) -> list[Path]:
     """Kill the processes of harness dirs left by crashed runs (owner pid dead) and remove the dirs."""
-    base = base or Path(tempfile.gettempdir())
-    reaped = []
-    for d in base.glob(f"{DIR_PREFIX}*"):
-        try:
-            owner = int((d / "owner.pid").read_text())
-        except (OSError, ValueError):
-            continue
-        if _pid_alive(owner):
-            continue
-        _kill_pids(_cluster_pids(str(d)))
-        shutil.rmtree(d, ignore_errors=True)
-        reaped.append(d)
-    return reaped
+    return reap_stale_dirs(DIR_PREFIX, lambda d: _kill_pids(_cluster_pids(str(d))), base)
 
 
 class SlurmCluster:
