@@ -1,0 +1,41 @@
+"""What a job provider reports: running jobs and where they run. One interface, several providers
+(Slurm ``squeue --json``, Kubernetes pods, a fake for tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """One running job as its scheduler sees it.
+
+    ``id`` is the scheduler's job id (Slurm: ``"1234"``; Kubernetes: ``"namespace/name"`` of the owning
+    Job/JobSet/PyTorchJob), the same string the agents put in ``gpu_summary.job``. ``ranks`` maps a node to
+    the first global rank placed on it, when the provider knows it (empty otherwise)."""
+
+    id: str
+    nodes: tuple[str, ...]
+    source: str  # "slurm", "kubernetes", ...
+    partition: str | None = None
+    name: str | None = None
+    user: str | None = None
+    start_time: float | None = None
+    ranks: Mapping[str, int] = field(default_factory=dict)
+
+
+class JobProviderError(Exception):
+    """A provider could not list jobs (scheduler down, API error): the message says why."""
+
+
+class JobProvider(Protocol):
+    """Lists the jobs running now. A provider's answer replaces its previous one wholesale: a job it no
+    longer lists has finished (or been requeued) there."""
+
+    name: str
+
+    async def running_jobs(self) -> list[JobInfo]:
+        """Raises JobProviderError when the jobs cannot be listed."""
+        ...
