@@ -12,9 +12,10 @@ from typing import Protocol
 class JobInfo:
     """One running job as its scheduler sees it.
 
-    ``id`` is the scheduler's job id (Slurm: ``"1234"``; Kubernetes: ``"namespace/name"`` of the owning
-    Job/JobSet/PyTorchJob), the same string the agents put in ``gpu_summary.job``. ``ranks`` maps a node to
-    the first global rank placed on it, when the provider knows it (empty otherwise)."""
+    ``id`` is the job's label: ``slurm:<job id>`` (the same label the agents put in ``gpu_summary.job``), or
+    ``k8s:<namespace>/<name>`` of the owning Job/JobSet/PyTorchJob. ``aliases`` are the other labels agents
+    report for it (``k8s:<pod uid>`` of each of its pods). ``ranks`` maps a node to the first global rank
+    placed on it, when the provider knows it (empty otherwise)."""
 
     id: str
     nodes: tuple[str, ...]
@@ -24,6 +25,7 @@ class JobInfo:
     user: str | None = None
     start_time: float | None = None
     ranks: Mapping[str, int] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
 
 
 class JobProviderError(Exception):
