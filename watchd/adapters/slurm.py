@@ -13,6 +13,9 @@ Behaviour of Slurm 22.05 this relies on (checked against a real cluster, see tes
   failed group is re-read to find which of its nodes did get drained.
 - ``squeue --json`` ignores ``-w`` and ``-t`` in 22.05 (it returns every job), so jobs on a node are listed
   with ``squeue -h -w NODE -t ... -O JobID,State,Requeue`` (the ``Requeue`` field is 0/1).
+- ``squeue --json`` prints ``job_state`` as a string in 22.05 and as a list of strings in 23.02+, and numbers
+  such as ``start_time`` as plain integers in 22.05 and as ``{"set": .., "number": ..}`` from 23.11 on; the
+  job list for the detectors accepts both (:func:`parse_squeue_json`).
 - ``scontrol requeue 1,2,3`` requeues what it can and prints one ``<error> for job <id>`` line per failure
   (non-requeueable: "Requested operation is presently disabled").
 - ``Reason=`` values lose one leading and one trailing ``"`` in scontrol: the value is always sent quoted
@@ -30,12 +33,14 @@ Call :meth:`SlurmScheduler.aclose` (or use it as an async context manager) to st
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
+from typing import Any
 
 from watchd.adapters.base import (
     WATCHD_REASON_PREFIX,
@@ -54,6 +59,7 @@ from watchd.adapters.scontrol_session import (
     SessionTimeout,
     interactive_line,
 )
+from watchd.jobs.model import JobInfo, JobProviderError
 
 # Job states in which a job holds a node and can be requeued.
 _ACTIVE_JOB_STATES = ("RUNNING", "CONFIGURING", "SUSPENDED")
@@ -132,6 +138,52 @@ def _chunks(names: Sequence[str]) -> list[list[str]]:
 
 
 # --------------------------------------------------------------------------- parsing
+def _slurm_number(value: Any) -> float | None:
+    """A number as squeue --json prints it: plain (22.05) or ``{"set": true, "number": n}`` (23.11+)."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def parse_squeue_json(text: str) -> list[JobInfo]:
+    """The running jobs of ``squeue --json`` (every Slurm since 22.05), with their nodes. Raises ValueError
+    naming what is wrong when the document is not squeue's."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"squeue --json: not JSON ({exc})") from None
+    jobs = doc.get("jobs") if isinstance(doc, dict) else None
+    if not isinstance(jobs, list):
+        raise ValueError("squeue --json: no 'jobs' list")
+    out: list[JobInfo] = []
+    for i, job in enumerate(jobs):
+        if not isinstance(job, dict):
+            raise ValueError(f"squeue --json: jobs[{i}] is not an object")
+        state = job.get("job_state")
+        states = {state} if isinstance(state, str) else set(state) if isinstance(state, list) else set()
+        nodes = job.get("nodes")
+        job_id = job.get("job_id")
+        if "RUNNING" not in states or not isinstance(nodes, str) or not nodes or job_id is None:
+            continue
+        start = _slurm_number(job.get("start_time"))
+        out.append(
+            JobInfo(
+                id=f"slurm:{job_id}",
+                nodes=tuple(expand_hostlist(nodes)),
+                source="slurm",
+                partition=job.get("partition") or None,
+                name=job.get("name") or None,
+                user=job.get("user_name") or None,
+                start_time=start or None,
+            )
+        )
+    return out
+
+
 def parse_state(raw: str) -> tuple[str, frozenset[str]]:
     """``"MIXED+DRAIN"`` -> ``("mixed", {"DRAIN"})``; ``"IDLE*"`` -> ``("idle", {"NOT_RESPONDING"})``."""
     base, *flags = raw.split("+")
@@ -350,6 +402,14 @@ class SlurmScheduler:
                 results[n] = DrainResult(n, "drained", reason)
             else:
                 results[n] = DrainResult(n, "failed", error)
+
+    async def running_jobs(self) -> list[JobInfo]:
+        """As a :class:`~watchd.jobs.model.JobProvider`: running jobs and their nodes (``squeue --json``)."""
+        try:
+            _, out, _ = await self._exec(self.squeue, "--json")
+            return parse_squeue_json(out)
+        except (SchedulerError, ValueError) as exc:
+            raise JobProviderError(str(exc)) from exc
 
     async def requeue_jobs_on(self, node: str) -> RequeueResult:
         _, out, _ = await self._exec(

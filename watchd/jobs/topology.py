@@ -1,0 +1,157 @@
+"""Which nodes and GPUs each job runs on now, merged from the job providers and the agents. Pure.
+
+Two kinds of evidence:
+
+* provider snapshots (Slurm ``squeue``, Kubernetes pods): authoritative for a job's nodes. Each provider's
+  answer replaces its previous one, so a job that finished, shrank or was requeued elsewhere loses its old
+  nodes at the next refresh;
+* the agents' per-GPU job labels (``gpu_summary.job``, heartbeats): which GPUs of a node the job uses. An
+  observation older than ``member_ttl_s`` is forgotten, so a GPU whose processes ended leaves the job.
+
+A job no provider lists (no scheduler configured, or not refreshed yet) is known from the agents alone: its
+nodes are those with a GPU that reported it recently. On a node of a provider's job whose GPUs report no job
+at all (no process mapping), every GPU of the node is taken to belong to the job when it is the node's only
+job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from watchd.jobs.model import JobInfo
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A job as the detectors see it at one moment."""
+
+    id: str
+    nodes: tuple[str, ...]
+    gpus: Mapping[str, tuple[int, ...]]  # node -> GPU indices (empty: the agents have not reported them)
+    partition: str | None = None
+    source: str = "agent"  # the provider that lists it, or "agent"
+    start_time: float | None = None
+    ranks: Mapping[str, int] = field(default_factory=dict)
+
+
+class JobTopology:
+    def __init__(self, member_ttl_s: float = 60.0) -> None:
+        self.member_ttl_s = member_ttl_s
+        self._snapshots: dict[str, dict[str, JobInfo]] = {}  # provider -> job id -> job
+        self._alias: dict[str, str] = {}  # agent label -> job id
+        self._seen: dict[tuple[str, int], tuple[str, float]] = {}  # (node, gpu) -> (job label, last seen)
+        self._node_gpus: dict[str, dict[int, float]] = {}  # node -> gpu -> last seen (any job or none)
+        self._unknown_labels: set[str] = set()
+
+    # ------------------------------------------------------------------------------------- updates
+
+    def replace(self, provider: str, jobs: Iterable[JobInfo]) -> None:
+        """A provider's complete answer: every job it lists now."""
+        self._snapshots[provider] = {j.id: j for j in jobs}
+        self._alias = {
+            alias: job.id
+            for snap in self._snapshots.values()
+            for job in snap.values()
+            for alias in job.aliases
+        }
+        self._unknown_labels.clear()
+
+    def observe_gpu(self, node: str, gpu: int, job: str | None, now: float) -> None:
+        """An agent saw GPU ``gpu`` of ``node`` at ``now`` running ``job`` (a label), or no job."""
+        self._node_gpus.setdefault(node, {})[gpu] = now
+        if job is None:
+            self._seen.pop((node, gpu), None)
+            return
+        self._seen[(node, gpu)] = (job, now)
+        if self.provided(job) is None and self._snapshots:
+            self._unknown_labels.add(job)
+
+    def forget_node(self, node: str) -> None:
+        self._node_gpus.pop(node, None)
+        for key in [k for k in self._seen if k[0] == node]:
+            del self._seen[key]
+
+    def take_unknown(self) -> set[str]:
+        """Job labels the agents reported that no provider lists (a refresh may find them); clears them."""
+        out, self._unknown_labels = self._unknown_labels, set()
+        return out
+
+    # ------------------------------------------------------------------------------------- queries
+
+    def provided(self, label: str) -> JobInfo | None:
+        job_id = self._alias.get(label, label)
+        for snap in self._snapshots.values():
+            job = snap.get(job_id)
+            if job is not None:
+                return job
+        return None
+
+    def canonical(self, label: str) -> str:
+        return self._alias.get(label, label)
+
+    def job_of(self, node: str, gpu: int, now: float) -> str | None:
+        seen = self._seen.get((node, gpu))
+        if seen is None or now - seen[1] > self.member_ttl_s:
+            return None
+        return self.canonical(seen[0])
+
+    def jobs(self, now: float) -> dict[str, JobView]:
+        """Every running job with its nodes and GPUs."""
+        ttl = self.member_ttl_s
+        reported: dict[str, dict[str, list[int]]] = {}  # job id -> node -> gpus
+        for (node, gpu), (label, seen) in self._seen.items():
+            if now - seen <= ttl:
+                reported.setdefault(self.canonical(label), {}).setdefault(node, []).append(gpu)
+        provided: dict[str, JobInfo] = {}
+        for snap in self._snapshots.values():
+            for job in snap.values():
+                provided.setdefault(job.id, job)
+        jobs_on_node: dict[str, int] = {}
+        for job in provided.values():
+            for node in job.nodes:
+                jobs_on_node[node] = jobs_on_node.get(node, 0) + 1
+
+        views: dict[str, JobView] = {}
+        for job_id, job in provided.items():
+            by_node = reported.get(job_id, {})
+            gpus: dict[str, tuple[int, ...]] = {}
+            for node in job.nodes:
+                mine = by_node.get(node)
+                if mine:
+                    gpus[node] = tuple(sorted(mine))
+                elif jobs_on_node.get(node) == 1:
+                    gpus[node] = self._unlabelled_gpus(node, now)
+                else:
+                    gpus[node] = ()
+            views[job_id] = JobView(
+                job_id, job.nodes, gpus, job.partition, job.source, job.start_time, job.ranks
+            )
+        for job_id, by_node in reported.items():
+            if job_id in views:
+                continue
+            nodes = tuple(sorted(by_node))
+            views[job_id] = JobView(job_id, nodes, {n: tuple(sorted(by_node[n])) for n in nodes})
+        return views
+
+    def _unlabelled_gpus(self, node: str, now: float) -> tuple[int, ...]:
+        ttl = self.member_ttl_s
+        return tuple(
+            sorted(
+                gpu
+                for gpu, seen in self._node_gpus.get(node, {}).items()
+                if now - seen <= ttl and (node, gpu) not in self._seen
+            )
+        )
+
+    def prune(self, now: float) -> None:
+        """Forget observations past the TTL (bounded memory as nodes come and go)."""
+        horizon = now - self.member_ttl_s
+        for key in [k for k, (_, seen) in self._seen.items() if seen < horizon]:
+            del self._seen[key]
+        for node in list(self._node_gpus):
+            gpus = self._node_gpus[node]
+            for gpu in [g for g, seen in gpus.items() if seen < horizon]:
+                del gpus[gpu]
+            if not gpus:
+                del self._node_gpus[node]
