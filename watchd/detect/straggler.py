@@ -1,0 +1,127 @@
+"""Stragglers: one GPU (or rank) persistently slower than its job peers. Pure.
+
+In a synchronous job every rank's step time is equal, so the slow one is found by per-GPU evidence: each
+GPU's median SM clock over ``straggler.window_s`` (computing windows only), compared with the job's median
+across its GPUs by a robust outlier test (at least ``clock_drop`` below the median and ``mad_k`` scaled
+MADs). With heartbeats, per-rank compute time is compared the same way (above the median).
+
+Drain-worthy only with hardware attribution: clock-event reasons (HW slowdown, thermal, power brake) in
+most of the window's samples, a clock below the fleet median for the GPU's model, or a hardware event
+(PCIe downtrain, ECC, NVLink) on that GPU. Otherwise the finding says "software imbalance" (most slow jobs
+are) and the default rules only alert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from watchd.detect.fleet import FleetState, GpuTrack, RankTrack
+from watchd.detect.params import StragglerParams
+
+_MAD_SCALE = 1.4826  # MAD to standard deviation, for normally distributed noise
+_EVENT_LOOKBACK_S = 600.0
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def mad(values: Sequence[float], center: float) -> float:
+    return median([abs(v - center) for v in values])
+
+
+@dataclass(frozen=True, slots=True)
+class Outlier:
+    node: str
+    gpu: int | None
+    rank: int | None
+    metric: str  # "sm_clock" or "compute_time"
+    value: float
+    job_median: float
+    deviation: float  # relative to the median (negative: below)
+
+
+def window_clock(track: GpuTrack, now: float, window_s: float) -> float | None:
+    """The GPU's median SM clock over its computing windows of the last ``window_s``."""
+    clocks = [
+        w.clock
+        for w in track.windows
+        if w.end >= now - window_s and w.clock is not None and w.util is not None and w.util >= 50
+    ]
+    return median(clocks) if len(clocks) >= 3 else None
+
+
+def clock_outliers(clocks: Mapping[tuple[str, int], float], p: StragglerParams) -> list[Outlier]:
+    """``clocks``: each of the job's GPUs' window clock (:func:`window_clock`)."""
+    if len(clocks) < p.min_gpus:
+        return []
+    values = list(clocks.values())
+    center = median(values)
+    spread = _MAD_SCALE * mad(values, center)
+    out = []
+    for (node, gpu), c in clocks.items():
+        if c <= center * (1 - p.clock_drop) and center - c >= p.mad_k * spread:
+            out.append(Outlier(node, gpu, None, "sm_clock", c, center, c / center - 1))
+    return out if len(out) * 4 < len(values) else []  # a quarter of the job slow is no single straggler
+
+
+def compute_outliers(ranks: Sequence[RankTrack], p: StragglerParams) -> list[Outlier]:
+    times = {r.rank: (r, t) for r in ranks if r.phase == "train" and (t := r.median_compute()) is not None}
+    if len(times) < p.min_gpus:
+        return []
+    values = [t for _, t in times.values()]
+    center = median(values)
+    spread = _MAD_SCALE * mad(values, center)
+    if center <= 0:
+        return []
+    return [
+        Outlier(r.node, r.gpu, r.rank, "compute_time", t, center, t / center - 1)
+        for r, t in times.values()
+        if t >= center * (1 + p.compute_drop) and t - center >= p.mad_k * spread
+    ]
+
+
+def fleet_clock_medians(fleet: FleetState, clocks: Mapping[tuple[str, int], float]) -> dict[str, float]:
+    """Per GPU model, the median computing clock across the fleet (the reference a weak GPU falls below)."""
+    by_model: dict[str, list[float]] = {}
+    for key, c in clocks.items():
+        track = fleet.gpus.get(key)
+        if track is not None and track.model is not None:
+            by_model.setdefault(track.model, []).append(c)
+    return {m: median(v) for m, v in by_model.items() if len(v) >= 3}
+
+
+def attribution(
+    fleet: FleetState,
+    o: Outlier,
+    now: float,
+    p: StragglerParams,
+    clocks: Mapping[tuple[str, int], float],
+    fleet_medians: Mapping[str, float],
+) -> tuple[bool, str]:
+    """(hardware?, the evidence) for an outlier."""
+    track = fleet.gpus.get((o.node, o.gpu)) if o.gpu is not None else None
+    if track is not None:
+        recent = [w for w in track.windows if w.end >= now - p.window_s]
+        if recent:
+            for name, frac in (
+                ("power_brake", sum(w.power_brake for w in recent) / len(recent)),
+                ("thermal", sum(w.thermal for w in recent) / len(recent)),
+                ("hw_slowdown", sum(w.hw_slowdown for w in recent) / len(recent)),
+            ):
+                if frac >= p.reason_frac:
+                    return True, f"{name} clock-event reason in {frac:.0%} of samples"
+        clock = clocks.get((o.node, track.gpu))
+        reference = fleet_medians.get(track.model or "")
+        if clock is not None and reference is not None and clock <= reference * (1 - p.fleet_clock_drop):
+            return (
+                True,
+                f"SM clock {clock:.0f} MHz, {1 - clock / reference:.0%} below the fleet median for its model",
+            )
+    for h in fleet.hardware_events(o.node, now - _EVENT_LOOKBACK_S):
+        if h.hardware and (h.gpu is None or h.gpu == o.gpu):
+            return True, h.what
+    return False, "no hardware cause: software imbalance"
