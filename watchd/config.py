@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from watchd.detect.params import DetectorsConfig
 from watchd.errors import ConfigError
 
 Seconds = Annotated[float, Field(gt=0)]
@@ -118,6 +119,14 @@ class ReloadConfig(_Strict):
     poll_interval_s: Seconds = 2.0
 
 
+class JobsConfig(_Strict):
+    """Job topology: which nodes and GPUs each job runs on (from the scheduler and from the agents)."""
+
+    refresh_s: Seconds = 30.0  # the scheduler's job list (squeue --json) is read this often ...
+    min_refresh_s: Seconds = 5.0  # ... and sooner, at most this often, when agents report an unknown job
+    member_ttl_s: Seconds = 60.0  # an agent's report of a GPU's job counts this long
+
+
 class EngineConfig(_Strict):
     listen: Listen = Listen(port=9120)
     external_url: str = ""
@@ -131,6 +140,8 @@ class EngineConfig(_Strict):
     safety: SafetyConfig = SafetyConfig()
     state: StateConfig = StateConfig()
     alertmanager: AlertmanagerConfig = AlertmanagerConfig()
+    jobs: JobsConfig = JobsConfig()
+    detectors: DetectorsConfig = DetectorsConfig()
     log: LogConfig = LogConfig()
 
 

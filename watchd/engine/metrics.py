@@ -80,3 +80,22 @@ class EngineMetrics:
             "1 when the engine acts (enforce), 0 in dry-run.",
             registry=r,
         )
+        self.findings = Counter(
+            "watchd_findings",
+            "Findings of the correlation detectors, by kind and hardware attribution.",
+            ["kind", "hardware"],
+            registry=r,
+        )
+        self.detector_cycle = Histogram(
+            "watchd_detector_cycle_seconds",
+            "Time one cycle of the detectors takes over every running job.",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self.jobs_tracked = Gauge("watchd_jobs_tracked", "Running jobs the detectors watch.", registry=r)
+        self.job_provider_up = Gauge(
+            "watchd_job_provider_up",
+            "1 when the job provider's last listing succeeded, by provider.",
+            ["provider"],
+            registry=r,
+        )

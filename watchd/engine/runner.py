@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from types import TracebackType
@@ -16,6 +18,8 @@ from watchd.adapters.base import Scheduler, SchedulerError
 from watchd.adapters.webhook import WebhookSender
 from watchd.clock import Clock, SystemClock
 from watchd.config import EngineConfig
+from watchd.detect.correlator import Correlator
+from watchd.detect.finding import Finding
 from watchd.engine.audit import MemoryAudit
 from watchd.engine.dedup import SeenIds
 from watchd.engine.executor import ActionExecutor, Pools
@@ -26,6 +30,8 @@ from watchd.engine.store import Store
 from watchd.errors import ConfigError
 from watchd.events import Event
 from watchd.httputil import serve
+from watchd.jobs.model import JobProvider, JobProviderError
+from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.rules import RuleEngine, RuleSet, load_rules
 
@@ -70,6 +76,7 @@ class Engine:
         scheduler: Scheduler | None = None,
         use_config_scheduler: bool = True,
         clock: Clock | None = None,
+        job_providers: list[JobProvider] | None = None,
     ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
@@ -83,6 +90,16 @@ class Engine:
             else (scheduler_from_config(config))
         )
         self.token = config.auth.resolve()
+        self.correlator = Correlator(config.detectors, JobTopology(config.jobs.member_ttl_s))
+        self.job_providers: list[JobProvider] = (
+            job_providers
+            if job_providers is not None
+            else [self.scheduler]
+            if isinstance(self.scheduler, JobProvider)
+            else []
+        )
+        self.findings: deque[Finding] = deque(maxlen=200)
+        self._jobs_refreshed_at = -1e18
         self.store = open_store(config)
         self.queue: asyncio.Queue[Accepted] = asyncio.Queue(maxsize=config.ingest.queue_size)
         self.seen = SeenIds(self.clock, config.ingest.dedup_window_s, config.ingest.dedup_max_ids)
@@ -197,6 +214,8 @@ class Engine:
             "incidents": list(incidents.values()),
             "recent_actions": recent[-50:],
             "held": [dataclasses.asdict(h) for h in self.store.held()],
+            "jobs": self.correlator.last_cycle_jobs,
+            "findings": [f.to_event().to_wire() for f in list(self.findings)[-50:]],
             "breaker": breaker,
             "alerts": self.alerts.state() if self.alerts is not None else [],
         }
@@ -233,6 +252,10 @@ class Engine:
             self._spawn(self._process(), "engine-processor")
             self._spawn(self._every(self.config.safety.pools_refresh_s, self._refresh_pools), "pools")
             self._spawn(self._every(3600.0, self._prune), "prune")
+            await self._refresh_jobs()
+            self._spawn(self._every(self.config.jobs.refresh_s, self._refresh_jobs), "jobs")
+            self._spawn(self._every(self.config.detectors.interval_s, self._detect), "detectors")
+            self._spawn(self._every(60.0, self._prune_fleet), "fleet-prune")
             if self.config.reload.watch_files and self.config.rules:
                 self._spawn(self._watch_rule_files(), "rules-watch")
             stack.push_async_callback(self._stop_tasks)
@@ -303,11 +326,48 @@ class Engine:
         self.store.prune_disruptions(now - max(self.config.safety.window_s, 86400.0))
         self.store.prune_cooldowns(now)
 
+    async def _refresh_jobs(self) -> None:
+        self._jobs_refreshed_at = self.clock.monotonic()
+        for provider in self.job_providers:
+            try:
+                jobs = await provider.running_jobs()
+            except JobProviderError as exc:
+                self.metrics.job_provider_up.labels(provider.name).set(0)
+                _log.warning("jobs_unavailable", provider=provider.name, error=str(exc))
+                continue
+            self.correlator.topology.replace(provider.name, jobs)
+            self.metrics.job_provider_up.labels(provider.name).set(1)
+
+    async def _detect(self) -> None:
+        """One cycle of the detectors; findings go to the rules like any other event."""
+        topology = self.correlator.topology
+        if (
+            topology.take_unknown()
+            and self.clock.monotonic() - self._jobs_refreshed_at >= self.config.jobs.min_refresh_s
+        ):
+            await self._refresh_jobs()  # agents report a job the scheduler did not list yet
+        started = time.perf_counter()
+        findings = self.correlator.run(self.clock.now())
+        self.metrics.detector_cycle.observe(time.perf_counter() - started)
+        self.metrics.jobs_tracked.set(self.correlator.last_cycle_jobs)
+        for finding in findings:
+            self.findings.append(finding)
+            self.metrics.findings.labels(finding.kind, str(finding.hardware).lower()).inc()
+            _log.warning(
+                "finding", kind=finding.kind, job=finding.job, node=finding.node, summary=finding.summary
+            )
+            await self.queue.put((finding.to_event(), self.clock.monotonic()))  # waits, never drops
+
+    async def _prune_fleet(self) -> None:
+        self.correlator.prune(self.clock.now())
+
     async def _process(self) -> None:
         queue = self.queue
+        observe = self.correlator.observe
         while True:
             event, received_at = await queue.get()
             try:
+                observe(event)
                 for decision in self.evaluator.evaluate(event):
                     self.metrics.rule_matches.labels(decision.rule).inc()
                     self.executor.submit(decision, received_at)

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from watchd.clock import Clock
+from watchd.detect.finding import KINDS as FINDING_KINDS
 from watchd.engine.dedup import SeenIds
 from watchd.engine.metrics import EngineMetrics
 from watchd.events import INGEST_PATH, Event, WireError, batch_from_wire
@@ -23,8 +24,10 @@ Accepted = tuple[Event, float]  # the event and its arrival time (monotonic)
 
 # Metric labels come from what clients send: only known values become labels, so a client cannot create
 # unbounded series.
-SOURCES = frozenset({"kmsg", "file", "nvml", "dcgm", "fake", "watchd", "sim"})
-KINDS = frozenset({"xid", "gpu_health", "gpu_summary", "watchd_action", "heartbeat", "node_repaired"})
+SOURCES = frozenset({"kmsg", "file", "nvml", "dcgm", "fake", "watchd", "sim", "detector"})
+KINDS = frozenset(
+    {"xid", "gpu_health", "gpu_summary", "watchd_action", "heartbeat", "node_repaired", *FINDING_KINDS}
+)
 #: Events stamped further in the future than this are refused: one bad clock must not silence cooldowns.
 MAX_FUTURE_S = 300.0
 

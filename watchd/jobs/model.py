@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,7 @@ class JobProviderError(Exception):
     """A provider could not list jobs (scheduler down, API error): the message says why."""
 
 
+@runtime_checkable
 class JobProvider(Protocol):
     """Lists the jobs running now. A provider's answer replaces its previous one wholesale: a job it no
     longer lists has finished (or been requeued) there."""

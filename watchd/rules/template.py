@@ -72,6 +72,33 @@ KIND_FIELDS["gpu_summary"] = frozenset(
     }
 )
 KIND_FIELDS["watchd_action"] = frozenset({"action", "outcome", "mode", "rule"})
+_FINDING_FIELDS = frozenset(
+    {
+        "job",
+        "partition",
+        "culprit_node",
+        "culprit_gpu",
+        "evidence",
+        "hardware",
+        "confidence",
+        "suspects",
+        "onset",
+        "duration_s",
+        "signal",
+        "summary",
+        "revision",
+        "detail",
+        "gpus",
+        "gpus_matching",
+        "metric",
+        "value",
+        "job_median",
+        "deviation",
+        "rank",
+    }
+)
+for _kind in ("nccl_hang", "host_stall", "straggler"):
+    KIND_FIELDS[_kind] = _FINDING_FIELDS
 GPU_FIELDS = frozenset({"gpu", "uuid", "pci_bus_id", "model", "job", "value", "threshold", "evidence"})
 
 
