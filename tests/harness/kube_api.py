@@ -31,8 +31,9 @@ import copy
 import json
 import math
 import re
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -837,10 +838,22 @@ def matches_fields(selector: Selector, pod: dict[str, Any]) -> bool:
     return True
 
 
-@contextlib.asynccontextmanager
-async def running(**kwargs: Any) -> AsyncIterator[KubeApiServer]:
-    async with KubeApiServer(**kwargs) as api:
+@contextlib.contextmanager
+def in_thread(**kwargs: Any) -> Iterator[KubeApiServer]:
+    """The server on its own event loop in a thread: for tests that block (real processes, time.sleep).
+    Set up and read ``state`` from the test's thread between requests (plain dict operations)."""
+    loop = asyncio.new_event_loop()
+    api = KubeApiServer(**kwargs)
+    thread = threading.Thread(target=loop.run_forever, name="kube-api", daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(api.__aenter__(), loop).result(10)
+    try:
         yield api
+    finally:
+        asyncio.run_coroutine_threadsafe(api.__aexit__(None, None, None), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 def main() -> None:  # pragma: no cover - a manual helper: python -m tests.harness.kube_api --nodes 4

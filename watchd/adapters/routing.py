@@ -23,6 +23,7 @@ from watchd.adapters.base import (
     Scheduler,
     SchedulerError,
     drained_by_watchd,
+    plan_drain,
 )
 
 _DRAIN_ORDER = ("failed", "held", "drained", "already_drained", "skipped")
@@ -92,11 +93,16 @@ class RoutedScheduler:
     async def drain(
         self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
     ) -> dict[str, DrainResult]:
-        parts = [(r, names) for r, names in self._split(list(reasons)) if names]
+        if states is None:
+            states = await self.node_states(list(reasons))
+        # the shared decision on the merged states first: someone else's node is touched nowhere
+        settled, groups = plan_drain(reasons, states, self.reason_prefix)
+        todo = [n for names in groups.values() for n in names]
+        parts = [(r, names) for r, names in self._split(todo) if names]
 
         async def one(r: Route, names: list[str]) -> dict[str, DrainResult]:
             last = self._last.get(r.scheduler.name, {})
-            known = {n: last[n] for n in names if n in last} if states is not None else {}
+            known = {n: last[n] for n in names if n in last}
             try:
                 return await r.scheduler.drain(
                     {n: reasons[n] for n in names}, known if len(known) == len(names) else None
@@ -111,6 +117,9 @@ class RoutedScheduler:
                 merged.setdefault(n, []).append((r.scheduler.name, res))
         out: dict[str, DrainResult] = {}
         for n in reasons:
+            if n in settled:
+                out[n] = settled[n]
+                continue
             got = merged.get(n)
             if not got:
                 out[n] = DrainResult(n, "failed", "no scheduler is configured for this node")

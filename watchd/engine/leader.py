@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -146,7 +147,7 @@ class LeaseElector:
         mine = self.holder == self.identity
         lease.spec = LeaseSpec(
             holderIdentity=self.identity,
-            leaseDurationSeconds=int(self.lease_duration_s),
+            leaseDurationSeconds=math.ceil(self.lease_duration_s),
             acquireTime=spec.acquireTime if mine else now,
             renewTime=now,
             leaseTransitions=(spec.leaseTransitions or 0) + (0 if mine else 1),
@@ -167,7 +168,7 @@ class LeaseElector:
             metadata=ObjectMeta(name=self.name, namespace=self.namespace),
             spec=LeaseSpec(
                 holderIdentity=self.identity,
-                leaseDurationSeconds=int(self.lease_duration_s),
+                leaseDurationSeconds=math.ceil(self.lease_duration_s),
                 acquireTime=now,
                 renewTime=now,
                 leaseTransitions=0,
@@ -271,4 +272,4 @@ def guard_from_settings(inner: Scheduler, cfg: KubernetesConfig) -> LeaderGuard:
         renew_deadline_s=le.renew_deadline_s,
         retry_period_s=le.retry_period_s,
     )
-    return LeaderGuard(inner, elector, takeover_wait_s=le.lease_duration_s + 2 * le.retry_period_s)
+    return LeaderGuard(inner, elector, takeover_wait_s=2 * le.lease_duration_s + 2 * le.retry_period_s)
