@@ -255,7 +255,10 @@ class ShipperConfig(_Strict):
 
 
 class AgentConfig(_Strict):
-    node: str = Field(default_factory=lambda: socket.gethostname().split(".")[0])
+    # NODE_NAME: the Kubernetes node name from the downward API (the DaemonSet sets it)
+    node: str = Field(
+        default_factory=lambda: os.environ.get("NODE_NAME") or socket.gethostname().split(".")[0]
+    )
     engine: EngineEndpoint = EngineEndpoint()
     listen: Listen = Listen(port=9121)
     sources: SourcesConfig = SourcesConfig()
