@@ -45,6 +45,7 @@ test: deps lint typecheck unit rules-test
 
 bench: venv deps
 	$(BIN)/python benchmarks/drain_latency.py
+	$(BIN)/python benchmarks/kubernetes_drain.py
 	$(BIN)/python benchmarks/rules_throughput.py
 	$(BIN)/python benchmarks/ingest_throughput.py
 	$(BIN)/python benchmarks/agent_cost.py

@@ -91,6 +91,58 @@ class SlurmConfig(_Strict):
     timeout_s: Seconds = 10.0
 
 
+class EvictionConfig(_Strict):
+    deadline_s: Seconds = 300.0  # a PodDisruptionBudget's 429 is retried with backoff up to this
+    backoff_initial_s: Seconds = 1.0
+    backoff_max_s: Seconds = 10.0
+    gpu_only: bool = False  # evict only the pods that request gpu_resource
+    gpu_resource: str = "nvidia.com/gpu"
+    delete_after_deadline: bool = False  # delete what a budget still holds at the deadline
+
+
+class LeaderElectionConfig(_Strict):
+    """Several engine replicas: only the holder of a coordination.k8s.io Lease acts."""
+
+    enabled: bool = False
+    namespace: str = "watchd"
+    lease_name: str = "watchd-engine"
+    identity: str = Field(default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname())
+    lease_duration_s: Seconds = 15.0
+    renew_deadline_s: Seconds = 10.0
+    retry_period_s: Seconds = 2.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElectionConfig:
+        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError("leader election needs retry_period_s < renew_deadline_s < lease_duration_s")
+        return self
+
+
+class KubernetesConfig(_Strict):
+    enabled: bool = False
+    kubeconfig: Path | None = None  # None: the pod's service account in a cluster, else $KUBECONFIG
+    context: str | None = None
+    in_cluster: bool | None = None  # None: detect (KUBERNETES_SERVICE_HOST set and no kubeconfig)
+    timeout_s: Seconds = 10.0
+    pool_label: str = "nvidia.com/gpu.product"  # the blast-radius breaker counts per value of this label
+    node_selector: str | None = None  # label selector of the nodes watchd manages (pools)
+    taint_key: str = Field(
+        default="watchd.io/gpu-fault", pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9][-A-Za-z0-9_.]*$"
+    )
+    taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    eviction: EvictionConfig = EvictionConfig()
+    requeue: Literal["delete", "annotate"] = "delete"
+    max_concurrency: Annotated[int, Field(ge=1)] = 16
+    leader_election: LeaderElectionConfig = LeaderElectionConfig()
+
+
+class SchedulerRoute(_Strict):
+    """Which nodes one scheduler acts on (shell patterns on the node name); a node may match several."""
+
+    scheduler: Literal["slurm", "kubernetes"]
+    nodes: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+
+
 class ActionsConfig(_Strict):
     cooldown_s: Annotated[float, Field(ge=0)] = 600.0
     max_concurrent: Annotated[int, Field(ge=1)] = 1024
@@ -136,6 +188,8 @@ class EngineConfig(_Strict):
     reload: ReloadConfig = ReloadConfig()
     ingest: IngestConfig = IngestConfig()
     slurm: SlurmConfig = SlurmConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    schedulers: list[SchedulerRoute] = Field(default_factory=list)
     actions: ActionsConfig = ActionsConfig()
     safety: SafetyConfig = SafetyConfig()
     state: StateConfig = StateConfig()
@@ -143,6 +197,21 @@ class EngineConfig(_Strict):
     jobs: JobsConfig = JobsConfig()
     detectors: DetectorsConfig = DetectorsConfig()
     log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _routes_name_enabled_schedulers(self) -> EngineConfig:
+        enabled = {"slurm": self.slurm.enabled, "kubernetes": self.kubernetes.enabled}
+        for i, route in enumerate(self.schedulers):
+            if not enabled[route.scheduler]:
+                raise ValueError(
+                    f"schedulers.{i}: {route.scheduler} is not enabled ({route.scheduler}.enabled)"
+                )
+        if all(enabled.values()) and not self.schedulers:
+            raise ValueError(
+                "slurm and kubernetes are both enabled: say which nodes each acts on in schedulers: "
+                "(both on every node: [{scheduler: slurm}, {scheduler: kubernetes}])"
+            )
+        return self
 
 
 # ----------------------------------------------------------------------------------------------- agent
@@ -197,7 +266,10 @@ class ShipperConfig(_Strict):
 
 
 class AgentConfig(_Strict):
-    node: str = Field(default_factory=lambda: socket.gethostname().split(".")[0])
+    # NODE_NAME: the Kubernetes node name from the downward API (the DaemonSet sets it)
+    node: str = Field(
+        default_factory=lambda: os.environ.get("NODE_NAME") or socket.gethostname().split(".")[0]
+    )
     engine: EngineEndpoint = EngineEndpoint()
     listen: Listen = Listen(port=9121)
     sources: SourcesConfig = SourcesConfig()

@@ -39,8 +39,34 @@ _log = get_logger("watchd.engine")
 
 
 def scheduler_from_config(config: EngineConfig) -> Scheduler | None:
-    if not config.slurm.enabled:
-        return None
+    """The configured schedulers: one, or several routed by node name; behind the leader guard when several
+    engine replicas elect a leader through a Lease."""
+    built: dict[str, Scheduler] = {}
+    if config.slurm.enabled:
+        built["slurm"] = _slurm(config)
+    if config.kubernetes.enabled:
+        from watchd.adapters.kubernetes import scheduler_from_settings
+
+        built["kubernetes"] = scheduler_from_settings(config.kubernetes)
+    scheduler: Scheduler | None
+    if config.schedulers:
+        from watchd.adapters.routing import Route, RoutedScheduler
+
+        routes = [Route(built[r.scheduler], tuple(r.nodes)) for r in config.schedulers]
+        scheduler = (
+            routes[0].scheduler if len(routes) == 1 and routes[0].nodes == ("*",) else RoutedScheduler(routes)
+        )
+    else:
+        scheduler = next(iter(built.values()), None)
+    election = config.kubernetes.leader_election
+    if scheduler is not None and election.enabled:
+        from watchd.engine.leader import guard_from_settings
+
+        scheduler = guard_from_settings(scheduler, config.kubernetes)
+    return scheduler
+
+
+def _slurm(config: EngineConfig) -> Scheduler:
     from watchd.adapters.slurm import SlurmScheduler
 
     env = {"SLURM_CONF": str(config.slurm.slurm_conf)} if config.slurm.slurm_conf else None
@@ -220,6 +246,13 @@ class Engine:
             "alerts": self.alerts.state() if self.alerts is not None else [],
         }
 
+    def ready(self) -> tuple[bool, str]:
+        """Ready for traffic: always, unless replicas elect a leader and this one follows."""
+        elector = getattr(self.scheduler, "elector", None)
+        if elector is None:
+            return True, "ok"
+        return (True, "leader") if elector.is_leader else (False, f"follower (leader: {elector.holder})")
+
     def held(self) -> list[dict[str, Any]]:
         return [dataclasses.asdict(h) for h in self.store.held()]
 
@@ -247,6 +280,9 @@ class Engine:
             await stack.enter_async_context(self.webhooks)
             if self.alerts is not None:
                 await stack.enter_async_context(self.alerts)
+            start = getattr(self.scheduler, "start", None)
+            if start is not None:
+                await start()  # e.g. leader election: campaigns from now on
             await self._refresh_pools()
             await stack.enter_async_context(self.executor)
             self._spawn(self._process(), "engine-processor")

@@ -45,6 +45,8 @@ class Control(Protocol):
 
     def held(self) -> list[dict[str, Any]]: ...
 
+    def ready(self) -> tuple[bool, str]: ...
+
     async def release(self, held_id: int, by: str) -> dict[str, str]: ...
 
     def discard(self, held_id: int, by: str) -> dict[str, str]: ...
@@ -137,6 +139,13 @@ def make_app(
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def readyz(_: web.Request) -> web.Response:
+        # with leader election only the leader is ready: the Service sends the agents' events to it alone
+        ok, detail = control.ready()
+        return web.json_response(
+            {"status": "ok" if ok else "standby", "detail": detail}, status=200 if ok else 503
+        )
+
     async def actions(request: web.Request) -> web.Response:
         try:
             limit = min(10_000, max(1, int(request.query.get("limit", "100"))))
@@ -168,6 +177,7 @@ def make_app(
     app.router.add_post(INGEST_PATH, ingest)
     app.router.add_get("/metrics", metrics_handler(metrics.registry))
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/api/v1/actions", actions)
     app.router.add_get("/api/v1/status", status_handler)
     app.router.add_get("/api/v1/held", held_handler)
