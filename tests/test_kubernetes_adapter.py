@@ -313,10 +313,14 @@ async def test_job_provider(api: KubeApiServer, tmp_path: Path) -> None:
     provider = KubernetesJobProvider(client)
     try:
         jobs = {j.id: j for j in await provider.running_jobs()}
-        assert set(jobs) == {"ml/bert", "ml/llm", "research/gpt", "ml/other"}
-        assert jobs["ml/bert"].nodes == ("gpu-1", "gpu-2")  # the pending pod is not running anywhere yet
-        assert jobs["ml/llm"].nodes == ("gpu-1", "gpu-3") and jobs["ml/llm"].name == "JobSet/llm"
-        assert jobs["research/gpt"].name == "PyTorchJob/gpt" and jobs["research/gpt"].source == "kubernetes"
+        assert set(jobs) == {"k8s:ml/bert", "k8s:ml/llm", "k8s:research/gpt", "k8s:ml/other"}
+        bert = jobs["k8s:ml/bert"]
+        assert bert.nodes == ("gpu-1", "gpu-2")  # the pending pod is not running anywhere yet
+        # the agents label GPUs with the pod uid: each running pod of the job is an alias
+        assert len(bert.aliases) == 2 and all(a.startswith("k8s:") for a in bert.aliases)
+        assert jobs["k8s:ml/llm"].nodes == ("gpu-1", "gpu-3") and jobs["k8s:ml/llm"].name == "JobSet/llm"
+        gpt = jobs["k8s:research/gpt"]
+        assert gpt.name == "PyTorchJob/gpt" and gpt.source == "kubernetes"
         assert [c.path for c in api.calls][-1] == "/api/v1/pods"
         api.inject(500, path="/api/v1/pods")
         with pytest.raises(JobProviderError, match="500"):

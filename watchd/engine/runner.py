@@ -66,6 +66,27 @@ def scheduler_from_config(config: EngineConfig) -> Scheduler | None:
     return scheduler
 
 
+def job_providers_of(scheduler: Scheduler | None) -> list[JobProvider]:
+    """The job lists the configured schedulers offer (Slurm's squeue, Kubernetes' pods), behind routing and
+    the leader guard."""
+    if scheduler is None:
+        return []
+    inner = getattr(scheduler, "inner", None)  # LeaderGuard
+    if inner is not None:
+        return job_providers_of(inner)
+    routes = getattr(scheduler, "routes", None)  # RoutedScheduler
+    if routes is not None:
+        return [p for r in routes for p in job_providers_of(r.scheduler)]
+    if isinstance(scheduler, JobProvider):
+        return [scheduler]
+    client = getattr(scheduler, "client", None)
+    if scheduler.name == "kubernetes" and client is not None:
+        from watchd.jobs.kubernetes import KubernetesJobProvider
+
+        return [KubernetesJobProvider(client)]
+    return []
+
+
 def _slurm(config: EngineConfig) -> Scheduler:
     from watchd.adapters.slurm import SlurmScheduler
 
@@ -118,11 +139,7 @@ class Engine:
         self.token = config.auth.resolve()
         self.correlator = Correlator(config.detectors, JobTopology(config.jobs.member_ttl_s))
         self.job_providers: list[JobProvider] = (
-            job_providers
-            if job_providers is not None
-            else [self.scheduler]
-            if isinstance(self.scheduler, JobProvider)
-            else []
+            job_providers if job_providers is not None else job_providers_of(self.scheduler)
         )
         self.findings: deque[Finding] = deque(maxlen=200)
         self._jobs_refreshed_at = -1e18

@@ -77,14 +77,24 @@ def owned_by(pod: PodLike, ref: JobRef) -> bool:
 def jobs_from_pods(pods: Sequence[Any]) -> list[JobInfo]:
     """Running pods -> one JobInfo per job, its nodes in the order first seen."""
     nodes: dict[JobRef, dict[str, None]] = {}
+    uids: dict[JobRef, list[str]] = {}
     for pod in pods:
         ref = job_of_pod(pod)
         node = pod.spec.nodeName if pod.spec is not None else None
         if ref is None or not node:
             continue
         nodes.setdefault(ref, {})[node] = None
+        uid = getattr(pod.metadata, "uid", None)
+        if uid:
+            uids.setdefault(ref, []).append(f"k8s:{str(uid).lower()}")  # the agents' label of the pod
     return [
-        JobInfo(id=ref.id, nodes=tuple(ns), source="kubernetes", name=f"{ref.kind}/{ref.name}")
+        JobInfo(
+            id=f"k8s:{ref.id}",
+            nodes=tuple(ns),
+            source="kubernetes",
+            name=f"{ref.kind}/{ref.name}",
+            aliases=tuple(uids.get(ref, ())),
+        )
         for ref, ns in nodes.items()
     ]
 
