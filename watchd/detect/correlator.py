@@ -41,6 +41,19 @@ def _strength(f: Finding) -> int:
     return 2 if f.hardware else 1 if f.culprit_node is not None else 0
 
 
+def window_s_clocks(
+    fleet: FleetState, job: JobView, now: float, window_s: float
+) -> dict[tuple[str, int], float]:
+    out = {}
+    for node in job.nodes:
+        for gpu in job.gpus.get(node, ()):
+            track = fleet.gpus.get((node, gpu))
+            c = window_clock(track, now, window_s) if track is not None else None
+            if c is not None:
+                out[(node, gpu)] = c
+    return out
+
+
 class Correlator:
     def __init__(self, config: DetectorsConfig | None = None, topology: JobTopology | None = None) -> None:
         self.config = config or DetectorsConfig()
@@ -62,10 +75,7 @@ class Correlator:
         self.last_cycle_jobs = len(jobs)
         out: list[Finding] = []
         seen: set[tuple[str, ...]] = set()
-        window = max(
-            [self.config.straggler.window_s]
-            + [self.config.for_partition(j.partition).straggler.window_s for j in jobs.values()]
-        )
+        window = self.config.straggler.window_s
         clocks = {
             key: c for key, t in self.fleet.gpus.items() if (c := window_clock(t, now, window)) is not None
         }
@@ -89,8 +99,15 @@ class Correlator:
                         ep.last_report = now
                         out.append(to_finding(job, verdict, now, ep.revision))
                 continue
-            if params.straggler.enabled and not quiet_declared(self.fleet.ranks.get(job.id, {}).values()):
-                out.extend(self._stragglers(job, now, params.straggler, clocks, fleet_medians, seen))
+            if params.straggler.enabled and not quiet_declared(
+                self.fleet.ranks.get(job.id, {}).values(), now
+            ):
+                own = (
+                    window_s_clocks(self.fleet, job, now, params.straggler.window_s)
+                    if (params.straggler.window_s != window)
+                    else clocks
+                )  # a partition with its own window judges its jobs over it
+                out.extend(self._stragglers(job, now, params.straggler, own, fleet_medians, seen))
         self._expire(now, seen)
         return out
 

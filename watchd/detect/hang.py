@@ -225,15 +225,20 @@ class Verdict:
     matching: int = 0
 
 
-def quiet_declared(ranks: Iterable[RankTrack]) -> bool:
-    return any(r.phase in QUIET_PHASES for r in ranks)
+QUIET_VALID_S = 60.0  # a declared pause counts while its rank reported within this long
+
+
+def quiet_declared(ranks: Iterable[RankTrack], now: float) -> bool:
+    """A quiet phase (checkpoint, eval, ...) declared recently: a rank that went silent after declaring one
+    does not hide a hang that follows it for long."""
+    return any(r.phase in QUIET_PHASES and now - r.last_report <= QUIET_VALID_S for r in ranks)
 
 
 def judge(fleet: FleetState, job: JobView, now: float, params: DetectorParams) -> Verdict:
     """Is the job hung, stalled on the host, or neither, at ``now``?"""
     p = params.hang
     ranks = list(fleet.ranks.get(job.id, {}).values())
-    if quiet_declared(ranks):
+    if quiet_declared(ranks, now):
         return Verdict(None)
     ms = members(fleet, job, now, p)
     tracks = [m.track for m in ms if m.track is not None]
