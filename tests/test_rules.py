@@ -290,3 +290,27 @@ def test_fast_templates_render_exactly_as_jinja(source: str) -> None:
     ctx = Context(rule, event, {"node": "gpu-7"}, 3)
     assert Template(source)._parts is not None  # the fast path is what is tested here
     assert Template(source).render(ctx) == _ENV.from_string(source).render(dict(ctx))
+
+
+def test_compiled_planners_decide_exactly_as_the_reference_rendering() -> None:
+    """Every action of the pack plus synthetic rules, over a varied stream: the compiled planners give the
+    parameters the full-context reference rendering (``_render`` through ``Context``) gives."""
+    from benchmarks.common import make_events, synthetic_rules_yaml
+    from watchd.rules import load_rules, parse_rule_file
+    from watchd.rules.ruleset import Context, _render, plan
+
+    pack = load_rules([])
+    synthetic, problems = parse_rule_file(synthetic_rules_yaml(300), "<syn>", len(pack.rules))
+    assert not problems
+    checked = 0
+    for event in make_events(1500, gpus=80, seed=11):
+        for rule in (*pack.rules, *synthetic):
+            if not rule.matches(event):
+                continue
+            group = {f: event.get(f) for f in rule.spec.group_by} if rule.stateful else {"node": event.node}
+            got = plan(rule, event, group, 2)
+            ctx = Context(rule, event, group, 2)
+            want = [_render(t, ctx) for t in rule.templates]
+            assert [a.params for a in got.actions] == want, rule.name
+            checked += 1
+    assert checked > 1000

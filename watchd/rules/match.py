@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from watchd.events import Event
@@ -41,20 +41,46 @@ def getter(name: str) -> Getter:
     return lambda e: e.attrs.get(name)
 
 
+def tuple_getter(names: Sequence[str]) -> Callable[[Event], tuple[Any, ...]]:
+    """The values of ``names`` as a tuple (a group key), without a generator per call."""
+    getters = [getter(n) for n in names]
+    if len(getters) == 1:
+        (a,) = getters
+        return lambda e: (a(e),)
+    if len(getters) == 2:
+        a, b = getters
+        return lambda e: (a(e), b(e))
+    if len(getters) == 3:
+        a, b, c = getters
+        return lambda e: (a(e), b(e), c(e))
+    return lambda e: tuple([g(e) for g in getters])
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
 
 
+#: Characters a regex may consist of to be tested as a plain substring (no metacharacter among them).
+_LITERAL = re.compile(r"[A-Za-z0-9 _@:=/,;<>!~%&#-]+")
+
+
+# The hot path: each operator reads its field inline (``e.attrs.get`` for attributes, a C attrgetter for
+# top-level fields) rather than through another function call.
 def _compile_operator(name: str, op: str, arg: Any, path: Path) -> Predicate:
+    attr = None if name in _TOP_LEVEL else name
     get = getter(name)
     if op in ("in", "not_in"):
         if not isinstance(arg, list) or not all(isinstance(a, str | int | float | bool) for a in arg):
             raise MatchError(path, f"'{op}' takes a list of values")
         options = frozenset(arg)
         if op == "in":
+            if attr is not None:
+                return lambda e: e.attrs.get(attr) in options
             return lambda e: get(e) in options
+        if attr is not None:
+            return lambda e: e.attrs.get(attr) not in options
         return lambda e: get(e) not in options
     if op == "regex":
         if not isinstance(arg, str):
@@ -63,15 +89,12 @@ def _compile_operator(name: str, op: str, arg: Any, path: Path) -> Predicate:
             pattern = re.compile(arg)
         except re.error as exc:
             raise MatchError(path, f"bad regex {arg!r}: {exc}") from None
-
-        def regex(e: Event) -> bool:
-            value = get(e)
-            return value is not None and pattern.search(str(value)) is not None
-
-        return regex
+        return _regex(attr, get, arg, pattern)
     if op == "exists":
         if not isinstance(arg, bool):
             raise MatchError(path, "'exists' takes true or false")
+        if attr is not None:
+            return lambda e: (e.attrs.get(attr) is not None) == arg
         return lambda e: (get(e) is not None) == arg
     bound = _number(arg)
     if bound is None:
@@ -84,10 +107,30 @@ def _compile_operator(name: str, op: str, arg: Any, path: Path) -> Predicate:
     }[op]
 
     def numeric(e: Event) -> bool:
-        value = _number(get(e))
-        return value is not None and compare(value, bound)
+        value = e.attrs.get(attr) if attr is not None else get(e)
+        if value.__class__ is not float and value.__class__ is not int:  # bool and others: the slow check
+            value = _number(value)
+            if value is None:
+                return False
+        return compare(float(value), bound)
 
     return numeric
+
+
+def _regex(attr: str | None, get: Getter, source: str, pattern: re.Pattern[str]) -> Predicate:
+    """``regex``: a pattern without metacharacters is a substring test (the same answer, no regex call)."""
+    literal = source if _LITERAL.fullmatch(source) else None
+
+    def regex(e: Event) -> bool:
+        value = e.attrs.get(attr) if attr is not None else get(e)
+        if value is None:
+            return False
+        text = value if value.__class__ is str else str(value)
+        if literal is not None:
+            return literal in text
+        return pattern.search(text) is not None
+
+    return regex
 
 
 def compile_match(match: Mapping[str, Any], path: Path = (), skip: frozenset[str] = frozenset()) -> Predicate:
@@ -118,6 +161,8 @@ def compile_match(match: Mapping[str, Any], path: Path = (), skip: frozenset[str
 
 
 def _equals(name: str, value: Any) -> Predicate:
+    if name not in _TOP_LEVEL:
+        return lambda e: bool(e.attrs.get(name) == value)
     get = getter(name)
     return lambda e: bool(get(e) == value)
 

@@ -1,4 +1,5 @@
-"""Compiled rules: predicates, templates and an index by event field, built once at load."""
+"""Compiled rules: predicates, templates, action renderers, group-key readers and an index by event field,
+built once at load."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchd.events import Event, Scalar
-from watchd.rules.match import Predicate, getter, index_plan
+from watchd.rules.match import Predicate, getter, index_plan, tuple_getter
 from watchd.rules.model import ActionKind, Mode, RateLimit, RuleSpec
 from watchd.rules.template import Template
+
+#: ``(event, group, count) -> PlannedAction``: one action of one rule, its templates compiled.
+Planner = Callable[[Event, Mapping[str, Scalar], int], "PlannedAction"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,15 +25,28 @@ class Rule:
     templates: tuple[Mapping[str, Any], ...]  # per action: param -> Template, or nested mapping of them
     order: int = 0
     residual: Predicate | None = None  # ``matches`` less what the rule index guarantees (None: matches)
+    # Derived at construction (not compared): what evaluation runs per event.
+    stateful: bool = field(init=False, compare=False)
+    group_key: Callable[[Event], tuple[Any, ...]] = field(init=False, compare=False)
+    planners: tuple[Planner, ...] = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        s = self.spec
+        stateful = (
+            s.count > 1 or bool(s.distinct) or s.for_ is not None or s.unless is not None or s.cooldown > 0
+        )
+        object.__setattr__(self, "stateful", stateful)
+        object.__setattr__(self, "group_key", tuple_getter(s.group_by))
+        # plan() groups a stateless rule's decision by node alone, a stateful one's by group_by
+        group_keys = frozenset(s.group_by) if stateful else frozenset({"node"})
+        planners = tuple(
+            _planner(self, a.kind, t, group_keys) for a, t in zip(s.actions, self.templates, strict=True)
+        )
+        object.__setattr__(self, "planners", planners)
 
     @property
     def name(self) -> str:
         return self.spec.name
-
-    @property
-    def stateful(self) -> bool:
-        s = self.spec
-        return s.count > 1 or bool(s.distinct) or s.for_ is not None or s.unless is not None or s.cooldown > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +128,7 @@ def context(rule: Rule, event: Event, group: Mapping[str, Scalar], count: int) -
 
 
 def _render(value: Any, ctx: Mapping[str, Any]) -> Any:
+    """Reference rendering of an action's parameters through the full context (what planners equal)."""
     if isinstance(value, Template):
         return value.render(ctx)
     if isinstance(value, dict):
@@ -118,23 +136,56 @@ def _render(value: Any, ctx: Mapping[str, Any]) -> Any:
     return value
 
 
+ParamsRender = Callable[[Event, Mapping[str, Scalar], int], dict[str, Any]]
+
+
+def _params_renderer(rule: Rule, templates: Mapping[str, Any], group_keys: frozenset[str]) -> ParamsRender:
+    """The action's parameters as one function: templates bound to the rule, nested mappings rebuilt per
+    call (a fresh dict each time, as ``_render`` makes), other values passed as they are."""
+    constants = {"rule": rule.name, "severity": rule.spec.severity}
+
+    def slow_context(event: Event, group: Mapping[str, Scalar], count: int) -> Context:
+        return Context(rule, event, group, count)
+
+    items: list[tuple[str, bool, Any]] = []  # (name, is a renderer, renderer or value)
+    for name, value in templates.items():
+        if isinstance(value, Template):
+            items.append((name, True, value.bind(constants, _TOP_LEVEL, group_keys, slow_context)))
+        elif isinstance(value, dict):
+            items.append((name, True, _params_renderer(rule, value, group_keys)))
+        else:
+            items.append((name, False, value))
+    if not items:
+        return lambda event, group, count: {}
+    return lambda event, group, count: {
+        name: fn(event, group, count) if dynamic else fn for name, dynamic, fn in items
+    }
+
+
+def _planner(
+    rule: Rule, kind: ActionKind, templates: Mapping[str, Any], group_keys: frozenset[str]
+) -> Planner:
+    params = _params_renderer(rule, templates, group_keys)
+
+    def planned(event: Event, group: Mapping[str, Scalar], count: int) -> PlannedAction:
+        return PlannedAction(kind, event.node, params(event, group, count))
+
+    return planned
+
+
 def plan(rule: Rule, event: Event, group: Mapping[str, Scalar] | None = None, count: int = 1) -> Decision:
     group = group if group is not None else {"node": event.node}
-    ctx = context(rule, event, group, count)
-    actions = tuple(
-        PlannedAction(kind=spec.kind, node=event.node, params=_render(templates, ctx))
-        for spec, templates in zip(rule.spec.actions, rule.templates, strict=True)
-    )
+    spec = rule.spec
     return Decision(
-        rule=rule.name,
-        severity=rule.spec.severity,
-        event=event,
-        actions=actions,
-        labels=rule.spec.labels,
-        group=group,
-        count=count,
-        mode=rule.spec.mode,
-        rate_limit=rule.spec.rate_limit,
+        rule.name,
+        spec.severity,
+        event,
+        tuple([p(event, group, count) for p in rule.planners]),
+        spec.labels,
+        group,
+        count,
+        spec.mode,
+        spec.rate_limit,
     )
 
 

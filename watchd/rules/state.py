@@ -65,7 +65,7 @@ class RuleEngine:
         for rule in _for_kind(self._unless_rules, event.kind):
             assert rule.unless is not None
             if rule.unless(event):
-                key = _group_key(rule, event)
+                key = rule.group_key(event)
                 self.groups_evicted += _bounded_set(
                     self._state[rule.name].unless_seen, key, (now, event.id), self._max_groups
                 )
@@ -91,7 +91,7 @@ class RuleEngine:
         for rule in holds:  # an event of the rule's kind that no longer matches ends a hold
             if rule.name not in matched:
                 state = self._state[rule.name]
-                key = _group_key(rule, event)
+                key = rule.group_key(event)
                 state.held_since.pop(key, None)
                 state.fired_hold.discard(key)
         return decisions
@@ -99,8 +99,7 @@ class RuleEngine:
     def _stateful(self, rule: Rule, event: Event, now: float) -> Decision | None:
         spec = rule.spec
         state = self._state[rule.name]
-        key = _group_key(rule, event)
-        group = dict(zip(spec.group_by, key, strict=True))
+        key = rule.group_key(event)
         if spec.unless is not None:
             seen = state.unless_seen.get(key)
             if seen is not None and seen[1] != event.id and 0 <= now - seen[0] <= spec.unless.within:
@@ -137,11 +136,7 @@ class RuleEngine:
             self.groups_evicted += _bounded_set(state.last_fired, key, now, self._max_groups)
         if spec.count > 1 or spec.distinct:
             state.window.pop(key, None)  # fired: the next firing needs a fresh count
-        return plan(rule, event, group, count)
-
-
-def _group_key(rule: Rule, event: Event) -> tuple[Any, ...]:
-    return tuple(event.get(f) for f in rule.spec.group_by)
+        return plan(rule, event, dict(zip(spec.group_by, key, strict=True)), count)
 
 
 _ANY = object()

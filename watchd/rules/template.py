@@ -8,7 +8,7 @@ rejected when the rules are loaded.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jinja2 import TemplateSyntaxError, Undefined, meta
@@ -172,6 +172,79 @@ class Template:
             return self._compiled.render(context)
         except Exception as exc:  # a sandbox refusal or a type error in a filter: say so, never crash
             return f"<template error: {exc}>"
+
+    def bind(
+        self,
+        constants: Mapping[str, str],
+        top_level: frozenset[str],
+        group_keys: frozenset[str],
+        slow_context: Callable[[Any, Mapping[str, Any], int], Mapping[str, Any]],
+    ) -> Render:
+        """A renderer for one rule, compiled at load: ``(event, group, count) -> str``, equal to ``render``
+        on the rule's context. ``constants`` are names whose value is fixed for the rule (``rule``,
+        ``severity``), ``top_level`` the event's attributes (``node``), ``group_keys`` what ``group``
+        always holds. Simple templates become one ``str.format`` call over the event, its attrs, the count
+        and the group; when an attribute they name is absent (it renders ``?``), or the template needs
+        anything else, ``slow_context`` builds the full context for ``render``."""
+        if self._static:
+            text = self.source
+            return lambda event, group, count: text
+        fmt, needs = self._format_string(constants, top_level, group_keys)
+
+        def slow(event: Any, group: Mapping[str, Any], count: int) -> str:
+            return self.render(slow_context(event, group, count))
+
+        if fmt is None:
+            return slow
+        if not needs:
+            return lambda event, group, count: fmt.format(event, event.attrs, count, group)
+
+        def fast(event: Any, group: Mapping[str, Any], count: int) -> str:
+            attrs = event.attrs
+            if attrs.keys() >= needs:
+                return fmt.format(event, attrs, count, group)
+            return slow(event, group, count)
+
+        return fast
+
+    def _format_string(
+        self, constants: Mapping[str, str], top_level: frozenset[str], group_keys: frozenset[str]
+    ) -> tuple[str | None, frozenset[str]]:
+        """The template as a format string over ``(event, attrs, count, group)`` and the attrs it needs;
+        None when a placeholder is not one of: a constant, ``count``, ``group.<key>``, a field or
+        ``event.<field>`` (the context's precedence: its own names, then top-level fields, then attrs)."""
+        if self._parts is None:
+            return None, frozenset()
+        out: list[str] = []
+        needs: set[str] = set()
+        for part in self._parts:
+            if isinstance(part, str):
+                out.append(part.replace("{", "{{").replace("}", "}}"))
+                continue
+            name, sub = part
+            if sub is None and name in constants:
+                out.append(constants[name].replace("{", "{{").replace("}", "}}"))
+            elif sub is None and name == "count":
+                out.append("{2!s}")
+            elif name == "group" and sub in group_keys:
+                out.append(f"{{3[{sub}]!s}}")
+            elif (name == "event" and sub is not None) or (sub is None and name not in _CONTEXT_OWN):
+                field = sub if name == "event" else name
+                assert field is not None
+                if field in top_level:
+                    out.append(f"{{0.{field}!s}}")
+                else:
+                    out.append(f"{{1[{field}]!s}}")
+                    needs.add(field)
+            else:
+                return None, frozenset()
+        return "".join(out), frozenset(needs)
+
+
+#: ``(event, group, count) -> str``: a template bound to one rule.
+Render = Callable[[Any, Mapping[str, Any], int], str]
+#: Names the context resolves itself, before the event's fields.
+_CONTEXT_OWN = frozenset({"event", "rule", "severity", "count", "group"})
 
 
 def allowed_names(kinds: frozenset[str] | None) -> frozenset[str]:
