@@ -185,11 +185,23 @@ class ShipperConfig(_Strict):
     shutdown_flush_s: Annotated[float, Field(ge=0)] = 5.0
 
 
+class HeartbeatConfig(_Strict):
+    """The local endpoint where training ranks report their progress (docs/heartbeats.md)."""
+
+    enabled: bool = True
+    socket: Path | None = Path("/run/watchd/heartbeat.sock")  # None: no Unix socket
+    http_port: Port = 9123  # on 127.0.0.1 only; 0: off
+    forward_interval_s: Seconds = 2.0
+    max_ranks: Annotated[int, Field(ge=1)] = 1024
+    forget_after_s: Seconds = 600.0
+
+
 class AgentConfig(_Strict):
     node: str = Field(default_factory=lambda: socket.gethostname().split(".")[0])
     engine: EngineEndpoint = EngineEndpoint()
     listen: Listen = Listen(port=9121)
     sources: SourcesConfig = SourcesConfig()
+    heartbeat: HeartbeatConfig = HeartbeatConfig()
     shipper: ShipperConfig = ShipperConfig()
     log: LogConfig = LogConfig()
 

@@ -23,7 +23,7 @@ Accepted = tuple[Event, float]  # the event and its arrival time (monotonic)
 
 # Metric labels come from what clients send: only known values become labels, so a client cannot create
 # unbounded series.
-SOURCES = frozenset({"kmsg", "file", "nvml", "dcgm", "fake", "watchd", "sim"})
+SOURCES = frozenset({"kmsg", "file", "nvml", "dcgm", "fake", "watchd", "sim", "heartbeat"})
 KINDS = frozenset({"xid", "gpu_health", "gpu_summary", "watchd_action", "heartbeat", "node_repaired"})
 #: Events stamped further in the future than this are refused: one bad clock must not silence cooldowns.
 MAX_FUTURE_S = 300.0
