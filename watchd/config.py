@@ -265,6 +265,18 @@ class ShipperConfig(_Strict):
     shutdown_flush_s: Annotated[float, Field(ge=0)] = 5.0
 
 
+class HeartbeatConfig(_Strict):
+    """The local endpoint where training ranks report their progress (docs/heartbeats.md). Off by default
+    until it has been run beside real training jobs."""
+
+    enabled: bool = False
+    socket: Path | None = Path("/run/watchd/heartbeat.sock")  # None: no Unix socket
+    http_port: Port = 9123  # on 127.0.0.1 only; 0: off
+    forward_interval_s: Seconds = 2.0
+    max_ranks: Annotated[int, Field(ge=1)] = 1024
+    forget_after_s: Seconds = 600.0
+
+
 class AgentConfig(_Strict):
     # NODE_NAME: the Kubernetes node name from the downward API (the DaemonSet sets it)
     node: str = Field(
@@ -273,6 +285,7 @@ class AgentConfig(_Strict):
     engine: EngineEndpoint = EngineEndpoint()
     listen: Listen = Listen(port=9121)
     sources: SourcesConfig = SourcesConfig()
+    heartbeat: HeartbeatConfig = HeartbeatConfig()
     shipper: ShipperConfig = ShipperConfig()
     log: LogConfig = LogConfig()
 

@@ -52,3 +52,12 @@ class AgentMetrics:
             "1 when the last request to the engine succeeded.",
             registry=r,
         )
+        self.heartbeats = Counter(
+            "watchd_agent_heartbeats",
+            "Heartbeat reports from training ranks, by outcome (accepted, invalid, refused_capacity).",
+            ["outcome"],
+            registry=r,
+        )
+        self.heartbeat_ranks = Gauge(
+            "watchd_agent_heartbeat_ranks", "Training ranks whose heartbeats the agent tracks.", registry=r
+        )

@@ -11,6 +11,7 @@ from types import TracebackType
 
 from aiohttp import web
 
+from watchd.agent.heartbeat_server import HeartbeatServer
 from watchd.agent.metrics import AgentMetrics
 from watchd.agent.shipper import Shipper
 from watchd.agent.xid_dedup import XidDeduplicator
@@ -126,6 +127,11 @@ class Agent:
         self.gpu = gpu_sampler_from_config(config, self.metrics, self._emit, self.dedup, self.fake_kernel_log)
         if self.gpu is not None and self.gpu.backend.name == "fake":
             self.sources.append(self.fake_kernel_log)
+        self.heartbeat = (
+            HeartbeatServer(config.heartbeat, config.node, SystemClock(), self.metrics, self._emit)
+            if config.heartbeat.enabled
+            else None
+        )
         self._kmsg_of_event: dict[str, tuple[KmsgSource, int]] = {}
         self.shipper.on_settled = self._settled
         self.port = 0
@@ -141,6 +147,9 @@ class Agent:
             if self.gpu is not None:
                 self._spawn(self.gpu.run(), "gpu")
             self._stack.push_async_callback(self._stop_tasks)
+            if self.heartbeat is not None:
+                await self.heartbeat.start()  # stopped before the shipper: its last events are flushed
+                self._stack.push_async_callback(self.heartbeat.stop)
             app = web.Application()
             app.router.add_get("/metrics", metrics_handler(self.metrics.registry))
             app.router.add_get("/healthz", self._healthz)

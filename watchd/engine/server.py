@@ -24,7 +24,7 @@ Accepted = tuple[Event, float]  # the event and its arrival time (monotonic)
 
 # Metric labels come from what clients send: only known values become labels, so a client cannot create
 # unbounded series.
-SOURCES = frozenset({"kmsg", "file", "nvml", "dcgm", "fake", "watchd", "sim", "detector"})
+SOURCES = frozenset({"kmsg", "file", "nvml", "dcgm", "fake", "watchd", "sim", "detector", "heartbeat"})
 KINDS = frozenset(
     {"xid", "gpu_health", "gpu_summary", "watchd_action", "heartbeat", "node_repaired", *FINDING_KINDS}
 )

@@ -1,0 +1,129 @@
+"""Heartbeats: the report validation, the coalescer (injected clock), and the stdlib client against a real
+agent endpoint on a Unix socket and on loopback HTTP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import eventually
+from watchd.agent.heartbeat import Coalescer, ReportError, parse_report
+from watchd.agent.heartbeat_server import HeartbeatServer
+from watchd.agent.metrics import AgentMetrics
+from watchd.client import Heartbeat
+from watchd.clock import FakeClock, SystemClock
+from watchd.config import HeartbeatConfig
+from watchd.events import Event
+
+
+def test_reports_are_validated_strictly() -> None:
+    r = parse_report({"job": "42", "rank": 3, "step": 7, "collective_seq": 9, "phase": "eval"}, 100.0)
+    assert (r.job, r.rank, r.step, r.collective_seq, r.phase, r.time) == ("42", 3, 7, 9, "eval", 100.0)
+    for bad, field in (
+        ({"job": "42", "rank": 0, "step": 1, "bogus": 1}, "bogus"),
+        ({"job": "42", "rank": -1, "step": 1}, "rank"),
+        ({"job": "42", "rank": 0}, "step"),
+        ({"job": "42", "rank": True, "step": 1}, "rank"),
+        ({"job": "42", "rank": 0, "step": 1, "phase": "Not A Phase"}, "phase"),
+        ({"rank": 0, "step": 1}, "job"),
+    ):
+        with pytest.raises(ReportError, match=field):
+            parse_report(bad, 100.0)
+
+
+def test_coalescer_forwards_changes_at_most_once_per_interval_and_phase_changes_at_once() -> None:
+    clock = FakeClock()
+    c = Coalescer("gpu-1", clock, forward_interval_s=2.0)
+
+    def report(step: int, phase: str = "train") -> list[Event]:
+        out = c.offer(parse_report({"job": "42", "rank": 0, "step": step, "phase": phase}, clock.now()))
+        assert out is not None
+        return out
+
+    first = report(1)
+    assert [e.attrs["step"] for e in first] == [1]  # a rank's first report goes at once
+    clock.advance(0.5)
+    assert report(2) == [] and report(3) == []  # coalesced
+    assert c.due() == []
+    clock.advance(1.6)
+    [due] = c.due()
+    assert due.kind == "heartbeat" and due.attrs["step"] == 3 and due.attrs["reports"] == 2
+    assert c.due() == []  # nothing changed since
+    [phase] = report(3, "checkpoint")  # a phase change is not held back
+    assert phase.attrs["phase"] == "checkpoint" and phase.node == "gpu-1" and phase.source == "heartbeat"
+
+
+def test_coalescer_refuses_ranks_beyond_its_capacity() -> None:
+    c = Coalescer("gpu-1", FakeClock(), max_ranks=2)
+    assert c.offer(parse_report({"job": "a", "rank": 0, "step": 1}, 0.0))
+    assert c.offer(parse_report({"job": "a", "rank": 1, "step": 1}, 0.0))
+    assert c.offer(parse_report({"job": "a", "rank": 2, "step": 1}, 0.0)) is None
+
+
+@pytest.mark.parametrize("transport", ["socket", "http"])
+async def test_client_reports_reach_the_agent_endpoint(transport: str, tmp_path: Path) -> None:
+    sock = tmp_path / "hb" / "heartbeat.sock"
+    config = HeartbeatConfig(
+        enabled=True,
+        socket=sock if transport == "socket" else None,
+        http_port=0 if transport == "socket" else _free_port(),
+        forward_interval_s=0.2,
+    )
+    shipped: list[Event] = []
+    server = HeartbeatServer(config, "gpu-7", SystemClock(), AgentMetrics(), shipped.append)
+    await server.start()
+    try:
+        hb = Heartbeat(
+            "slurm:99",
+            5,
+            socket_path=str(sock) if transport == "socket" else None,
+            port=config.http_port if transport == "http" else None,
+            report_done_at_exit=False,
+        )
+        hb.step(1, step_time=0.5, compute_time=0.3, collective_seq=4)
+        await eventually(lambda: bool(shipped), timeout=10, what="a heartbeat event shipped")
+        hb.close()
+    finally:
+        await server.stop()
+    assert shipped, "no heartbeat event reached the shipper"
+    e = shipped[0]
+    assert (e.kind, e.node, e.attrs["job"], e.attrs["rank"], e.attrs["step"]) == (
+        "heartbeat",
+        "gpu-7",
+        "slurm:99",
+        5,
+        1,
+    )
+    assert e.attrs["collective_seq"] == 4 and e.attrs["compute_time_s"] == 0.3
+
+
+def test_client_never_blocks_without_an_agent(tmp_path: Path) -> None:
+    hb = Heartbeat("slurm:1", 0, socket_path=str(tmp_path / "none.sock"), report_done_at_exit=False)
+    started = time.monotonic()
+    for step in range(1000):
+        hb.step(step)
+    assert time.monotonic() - started < 1.0  # a thousand calls, no agent: nothing waits on I/O
+    hb.close(timeout=0.5)
+
+
+def test_client_imports_only_the_standard_library() -> None:
+    code = (
+        "import sys, watchd.client; "
+        "heavy = ('aiohttp', 'pydantic', 'yaml', 'prometheus_client', 'structlog'); "
+        "bad = [m for m in heavy if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

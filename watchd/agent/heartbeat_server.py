@@ -1,0 +1,178 @@
+"""The heartbeat endpoint: ``POST /v1/heartbeat`` on a Unix socket and on 127.0.0.1, feeding the coalescer.
+
+Optional by nature: an endpoint that cannot be opened (socket in use, no permission) is logged and reported as
+``watchd_source_up{source="heartbeat"} 0``; the agent goes on with its other sources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from watchd.agent.heartbeat import Coalescer, ReportError, parse_reports
+from watchd.agent.metrics import AgentMetrics
+from watchd.clock import Clock
+from watchd.config import HeartbeatConfig
+from watchd.events import Event
+from watchd.logs import get_logger
+
+_log = get_logger("watchd.heartbeat")
+
+PATH = "/v1/heartbeat"
+MAX_BODY_BYTES = 256 * 1024
+MAX_REPORTS_PER_REQUEST = 1024
+_TICK_MAX_S = 0.25
+
+
+def _error(status: int, reason: str) -> web.Response:
+    return web.json_response({"error": reason}, status=status)
+
+
+class HeartbeatServer:
+    def __init__(
+        self,
+        config: HeartbeatConfig,
+        node: str,
+        clock: Clock,
+        metrics: AgentMetrics,
+        emit: Callable[[Event], None],
+    ) -> None:
+        self.config = config
+        self.coalescer = Coalescer(
+            node,
+            clock,
+            forward_interval_s=config.forward_interval_s,
+            max_ranks=config.max_ranks,
+            forget_after_s=config.forget_after_s,
+        )
+        self._clock = clock
+        self._metrics = metrics
+        self._emit = emit
+        self._up = metrics.source_up.labels("heartbeat")
+        self._runner: web.AppRunner | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self.http_port = 0  # bound port, 0 when off
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post(PATH, self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        opened = []
+        if self.config.socket is not None:
+            with self._failure_logged("socket", str(self.config.socket)):
+                await self._open_socket(self.config.socket)
+                opened.append(str(self.config.socket))
+        if self.config.http_port:
+            with self._failure_logged("http", f"127.0.0.1:{self.config.http_port}"):
+                site = web.TCPSite(self._runner, "127.0.0.1", self.config.http_port)
+                await site.start()
+                self.http_port = self.config.http_port
+                opened.append(f"127.0.0.1:{self.http_port}")
+        self._up.set(1 if opened else 0)
+        self._ticker = asyncio.create_task(self._tick(), name="heartbeat-forward")
+        _log.info("heartbeat_listening", endpoints=opened)
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        for event in self.coalescer.due():
+            self._emit(event)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.config.socket is not None:
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(os.lstat(self.config.socket).st_mode):
+                    os.unlink(self.config.socket)
+
+    @contextlib.contextmanager
+    def _failure_logged(self, endpoint: str, where: str):  # type: ignore[no-untyped-def]
+        try:
+            yield
+        except OSError as exc:
+            _log.error("heartbeat_endpoint_failed", endpoint=endpoint, at=where, error=str(exc))
+
+    async def _open_socket(self, path: Path) -> None:
+        _prepare_socket_path(path)
+        assert self._runner is not None
+        await web.UnixSite(self._runner, str(path)).start()
+        os.chmod(path, 0o660)
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self._metrics.heartbeats.labels("invalid").inc()
+            return _error(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            self._metrics.heartbeats.labels("invalid").inc()
+            return _error(400, f"malformed JSON: {exc}")
+        try:
+            reports = parse_reports(body, self._clock.now(), MAX_REPORTS_PER_REQUEST)
+        except ReportError as exc:
+            self._metrics.heartbeats.labels("invalid").inc()
+            return _error(400, f"invalid report: {exc}")
+        accepted = refused = 0
+        for report in reports:
+            events = self.coalescer.offer(report)
+            if events is None:
+                refused += 1
+                continue
+            accepted += 1
+            for event in events:
+                self._emit(event)
+        self._metrics.heartbeats.labels("accepted").inc(accepted)
+        self._metrics.heartbeat_ranks.set(len(self.coalescer))
+        if refused:
+            self._metrics.heartbeats.labels("refused_capacity").inc(refused)
+            return web.json_response(
+                {
+                    "error": f"the agent tracks {self.config.max_ranks} ranks already (heartbeat.max_ranks); "
+                    "reports of new ranks are refused",
+                    "accepted": accepted,
+                    "refused": refused,
+                },
+                status=429,
+            )
+        return web.json_response({"accepted": accepted})
+
+    async def _tick(self) -> None:
+        period = min(_TICK_MAX_S, self.config.forward_interval_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            for event in self.coalescer.due():
+                self._emit(event)
+            self._metrics.heartbeat_ranks.set(len(self.coalescer))
+
+
+def _prepare_socket_path(path: Path) -> None:
+    # 0770 folder, 0660 socket: the training user joins the agent's group to report (docs/heartbeats.md).
+    path.parent.mkdir(mode=0o770, parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise OSError(f"{path} exists and is not a socket")
+        if _socket_answers(path):
+            raise OSError(f"another process serves {path}")
+        path.unlink()  # left behind by an agent that was killed
+
+
+def _socket_answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+        return True

@@ -1,0 +1,242 @@
+"""Heartbeats from a training job to the local watchd agent. Standard library only: copy this file into a
+training container as it is.
+
+    from watchd.client import Heartbeat
+    hb = Heartbeat()                      # job and rank from the environment (Slurm, torchrun, WATCHD_*)
+    hb.step(step)                         # once per training step; with hb.phase("checkpoint"): save(...)
+
+It never raises into the training loop and never blocks it: a report is put in a small bounded queue
+(the oldest is dropped when full, and counted) that a daemon thread sends to the agent's Unix socket
+(``WATCHD_HEARTBEAT_SOCKET``, default ``/run/watchd/heartbeat.sock``) or, when there is none, to
+``127.0.0.1:WATCHD_HEARTBEAT_PORT`` (default 9123). No agent: reports are dropped, quietly, and the thread
+tries again later. At interpreter exit a ``done`` report says the rank finished (not hung).
+See docs/heartbeats.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import http.client
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["Heartbeat"]
+
+DEFAULT_SOCKET = "/run/watchd/heartbeat.sock"
+DEFAULT_PORT = 9123
+PATH = "/v1/heartbeat"
+_JOB_VARS = ("WATCHD_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+_RANK_VARS = ("RANK", "SLURM_PROCID")
+_LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID")
+_RETRY_MIN_S = 1.0
+_RETRY_MAX_S = 30.0
+_MAX_BATCH = 256
+
+_log = logging.getLogger("watchd.client")
+
+
+def _env_int(names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def _env_job() -> str | None:
+    for name in _JOB_VARS:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class Heartbeat:
+    """One rank's reporter. ``job``/``rank``/``local_rank`` default to the environment; ``gpu`` is the
+    index of the GPU the rank uses as the node numbers them (``nvidia-smi``), when you know it."""
+
+    def __init__(
+        self,
+        job: str | None = None,
+        rank: int | None = None,
+        *,
+        local_rank: int | None = None,
+        gpu: int | None = None,
+        socket_path: str | None = None,
+        port: int | None = None,
+        queue_size: int = 64,
+        timeout: float = 0.5,
+        report_done_at_exit: bool = True,
+    ) -> None:
+        self.job = job if job is not None else _env_job()
+        self.rank = rank if rank is not None else (_env_int(_RANK_VARS) or 0)
+        self.local_rank = local_rank if local_rank is not None else _env_int(_LOCAL_RANK_VARS)
+        self.gpu = gpu
+        self.socket_path = socket_path or os.environ.get("WATCHD_HEARTBEAT_SOCKET") or DEFAULT_SOCKET
+        env_port = os.environ.get("WATCHD_HEARTBEAT_PORT", "")
+        self.port = port if port is not None else (int(env_port) if env_port.isdigit() else DEFAULT_PORT)
+        self.timeout = timeout
+        #: reports dropped: queue full (the oldest go) or the agent unreachable
+        self.dropped = 0
+        self.sent = 0
+        self._queue: collections.deque[dict[str, Any]] = collections.deque(maxlen=max(1, queue_size))
+        self._wake = threading.Event()
+        self._closed = False
+        self._phase = "train"
+        self._step = 0
+        self._last_step_at: float | None = None
+        self.enabled = self.job is not None
+        if not self.enabled:
+            _log.warning("watchd heartbeats off: no job id (set WATCHD_JOB_ID, or run under Slurm/torchrun)")
+            return
+        self._thread = threading.Thread(target=self._run, name="watchd-heartbeat", daemon=True)
+        self._thread.start()
+        if report_done_at_exit:
+            atexit.register(self.close)
+
+    # ------------------------------------------------------------------------------ the training side
+
+    def step(
+        self,
+        step: int,
+        step_time: float | None = None,
+        compute_time: float | None = None,
+        collective_seq: int | None = None,
+    ) -> None:
+        """Report a finished step. ``step_time`` defaults to the time since the previous call."""
+        try:
+            now = time.time()
+            if step_time is None and self._last_step_at is not None:
+                step_time = now - self._last_step_at
+            self._last_step_at = now
+            self._step = step
+            report: dict[str, Any] = {"step": step, "time": now}
+            if step_time is not None:
+                report["step_time_s"] = max(0.0, float(step_time))
+            if compute_time is not None:
+                report["compute_time_s"] = max(0.0, float(compute_time))
+            if collective_seq is not None:
+                report["collective_seq"] = int(collective_seq)
+            self._put(report)
+        except Exception:  # a heartbeat must never stop training
+            self.dropped += 1
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """A quiet phase (``checkpoint``, ``eval``, ``init``): no steps in it is not a hang."""
+        before = self._phase
+        self.set_phase(name)
+        try:
+            yield
+        finally:
+            self.set_phase(before)
+            self._last_step_at = None  # the phase's time is not a step's
+
+    def set_phase(self, name: str) -> None:
+        try:
+            self._phase = name
+            self._put({"step": self._step, "time": time.time()})
+        except Exception:
+            self.dropped += 1
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Report ``done`` and give the thread up to ``timeout`` seconds to send what is queued."""
+        if not self.enabled or self._closed:
+            return
+        self.set_phase("done")
+        self._closed = True
+        self._wake.set()
+        with contextlib.suppress(Exception):
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------------------------ the sending thread
+
+    def _put(self, report: dict[str, Any]) -> None:
+        if not self.enabled or self._closed:
+            return
+        report["job"] = self.job
+        report["rank"] = self.rank
+        report["phase"] = self._phase
+        if self.local_rank is not None:
+            report["local_rank"] = self.local_rank
+        if self.gpu is not None:
+            report["gpu"] = self.gpu
+        if len(self._queue) == self._queue.maxlen:
+            self.dropped += 1
+        self._queue.append(report)  # a full deque drops its oldest item
+        self._wake.set()
+
+    def _run(self) -> None:
+        conn: http.client.HTTPConnection | None = None
+        retry_at = 0.0
+        delay = _RETRY_MIN_S
+        while True:
+            wait = retry_at - time.monotonic()
+            self._wake.wait(wait if wait > 0 else None)
+            self._wake.clear()
+            if time.monotonic() < retry_at and not self._closed:
+                continue  # the agent is away: the queue keeps the latest reports meanwhile
+            batch: list[dict[str, Any]] = []
+            while self._queue and len(batch) < _MAX_BATCH:
+                batch.append(self._queue.popleft())
+            if batch:
+                try:
+                    conn = conn or self._connect()
+                    self._post(conn, batch)
+                except Exception:
+                    self.dropped += len(batch)
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            conn.close()
+                    conn = None
+                    if self._closed:
+                        return
+                    retry_at = time.monotonic() + delay
+                    delay = min(_RETRY_MAX_S, delay * 2)
+                    continue
+                delay = _RETRY_MIN_S
+            if self._queue:
+                self._wake.set()
+            elif self._closed:
+                return
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if os.path.exists(self.socket_path):
+            return _UnixHTTPConnection(self.socket_path, self.timeout)
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+
+    def _post(self, conn: http.client.HTTPConnection, batch: list[dict[str, Any]]) -> None:
+        body = json.dumps(batch, separators=(",", ":")).encode()
+        conn.request("POST", PATH, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        if resp.status >= 500:
+            raise OSError(f"agent answered {resp.status}")
+        if resp.status >= 400:  # refused (invalid, or the agent is full): retrying would not help
+            self.dropped += len(batch)
+        else:
+            self.sent += len(batch)
