@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from watchd.events import Event
@@ -127,12 +128,15 @@ class RankTrack:
         return _median(self.compute_times)
 
 
-def _median(values: deque[float] | list[float]) -> float | None:
-    if not values:
-        return None
+def median(values: Iterable[float]) -> float:
+    """The median of a non-empty collection."""
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _median(values: deque[float]) -> float | None:
+    return median(values) if values else None
 
 
 class FleetState:

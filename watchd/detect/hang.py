@@ -21,7 +21,7 @@ from functools import partial
 from typing import Literal
 
 from watchd.detect.finding import Finding
-from watchd.detect.fleet import QUIET_PHASES, FleetState, GpuTrack, HardwareEvent, RankTrack, Window
+from watchd.detect.fleet import QUIET_PHASES, FleetState, GpuTrack, HardwareEvent, RankTrack, Window, median
 from watchd.detect.params import DetectorParams, HangParams
 from watchd.jobs.topology import JobView
 
@@ -242,7 +242,7 @@ def judge(fleet: FleetState, job: JobView, now: float, params: DetectorParams) -
         return Verdict(None)
     ms = members(fleet, job, now, p)
     tracks = [m.track for m in ms if m.track is not None]
-    warmed = bool(tracks) and _median([t.computed_s for t in tracks]) >= p.warmup_s
+    warmed = bool(tracks) and median([t.computed_s for t in tracks]) >= p.warmup_s
 
     nvml_onset: float | None = None
     spin_starts: dict[tuple[str, int], float] = {}
@@ -292,12 +292,6 @@ def judge(fleet: FleetState, job: JobView, now: float, params: DetectorParams) -
 def _stall_after(r: RankTrack, min_stall_s: float, step_factor: float) -> float:
     step = r.median_step()
     return max(min_stall_s, step_factor * step) if step is not None else min_stall_s
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def to_finding(job: JobView, v: Verdict, now: float, revision: int) -> Finding:

@@ -16,17 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from watchd.detect.fleet import FleetState, GpuTrack, RankTrack
+from watchd.detect.fleet import FleetState, GpuTrack, RankTrack, median
 from watchd.detect.params import StragglerParams
 
 _MAD_SCALE = 1.4826  # MAD to standard deviation, for normally distributed noise
 _EVENT_LOOKBACK_S = 600.0
-
-
-def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def mad(values: Sequence[float], center: float) -> float:
