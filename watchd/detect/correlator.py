@@ -41,16 +41,24 @@ def _strength(f: Finding) -> int:
     return 2 if f.hardware else 1 if f.culprit_node is not None else 0
 
 
-def window_s_clocks(
-    fleet: FleetState, job: JobView, now: float, window_s: float
+def job_clocks(
+    fleet: FleetState,
+    job: JobView,
+    now: float,
+    window_s: float,
+    fleet_clocks: dict[tuple[str, int], float] | None,
 ) -> dict[tuple[str, int], float]:
+    """The job's GPUs' window clocks: taken from ``fleet_clocks`` when those were computed over the same
+    window, else computed over the job's own (a partition may set another ``straggler.window_s``)."""
+    keys = [(node, gpu) for node in job.nodes for gpu in job.gpus.get(node, ())]
+    if fleet_clocks is not None:
+        return {k: fleet_clocks[k] for k in keys if k in fleet_clocks}
     out = {}
-    for node in job.nodes:
-        for gpu in job.gpus.get(node, ()):
-            track = fleet.gpus.get((node, gpu))
-            c = window_clock(track, now, window_s) if track is not None else None
-            if c is not None:
-                out[(node, gpu)] = c
+    for key in keys:
+        track = fleet.gpus.get(key)
+        c = window_clock(track, now, window_s) if track is not None else None
+        if c is not None:
+            out[key] = c
     return out
 
 
@@ -102,12 +110,9 @@ class Correlator:
             if params.straggler.enabled and not quiet_declared(
                 self.fleet.ranks.get(job.id, {}).values(), now
             ):
-                own = (
-                    window_s_clocks(self.fleet, job, now, params.straggler.window_s)
-                    if (params.straggler.window_s != window)
-                    else clocks
-                )  # a partition with its own window judges its jobs over it
-                out.extend(self._stragglers(job, now, params.straggler, own, fleet_medians, seen))
+                own = params.straggler.window_s
+                clocks_of_job = job_clocks(self.fleet, job, now, own, clocks if own == window else None)
+                out.extend(self._stragglers(job, now, params.straggler, clocks_of_job, fleet_medians, seen))
         self._expire(now, seen)
         return out
 
@@ -120,13 +125,8 @@ class Correlator:
         fleet_medians: dict[str, float],
         seen: set[tuple[str, ...]],
     ) -> list[Finding]:
-        job_clocks = {
-            (node, gpu): clocks[(node, gpu)]
-            for node in job.nodes
-            for gpu in job.gpus.get(node, ())
-            if (node, gpu) in clocks
-        }
-        outliers: list[Outlier] = clock_outliers(job_clocks, p)
+        """``clocks``: the job's GPUs' window clocks."""
+        outliers: list[Outlier] = clock_outliers(clocks, p)
         ranks = list(self.fleet.ranks.get(job.id, {}).values())
         flagged = {(o.node, o.gpu) for o in outliers}
         outliers += [o for o in compute_outliers(ranks, p) if (o.node, o.gpu) not in flagged]

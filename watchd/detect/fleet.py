@@ -155,7 +155,6 @@ class FleetState:
         self.hardware: dict[str, deque[HardwareEvent]] = {}
         self.ranks: dict[str, dict[int, RankTrack]] = {}  # job -> rank -> track
         self.lost: dict[tuple[str, int], float] = {}  # (node, gpu) -> when NVML said lost
-        self.last_seen_node: dict[str, float] = {}
         self.pci: dict[str, dict[str, int]] = {}  # node -> PCI bus id -> GPU index (from the summaries)
 
     # -------------------------------------------------------------------------------- observing
@@ -209,7 +208,6 @@ class FleetState:
             track.windows.popleft()
         self._learn_baseline(track, w, _num(a.get("window_s")) or 5.0)
         track.last_seen = e.time
-        self.last_seen_node[e.node] = max(e.time, self.last_seen_node.get(e.node, 0.0))
         self.lost.pop(key, None)
         self.topology.observe_gpu(e.node, gpu, job, e.time)
 
@@ -306,9 +304,9 @@ class FleetState:
             del self.lost[key]
         for node in [n for n, q in self.hardware.items() if not q or q[-1].time < now - 86400.0]:
             del self.hardware[node]
-        for node in [n for n, t in self.last_seen_node.items() if t < horizon]:
-            del self.last_seen_node[node]
-            self.pci.pop(node, None)
+        tracked = {node for node, _ in self.gpus}
+        for node in [n for n in self.pci if n not in tracked]:
+            del self.pci[node]
         rank_horizon = now - self.rank_ttl_s
         for job in list(self.ranks):
             ranks = self.ranks[job]

@@ -65,12 +65,13 @@ def run_start(track: GpuTrack, holds: Callable[[Window], bool]) -> float | None:
     """When the GPU's newest run of windows for which ``holds`` is true began (its first window's start)."""
     start: float | None = None
     previous_end: float | None = None
+    window_s = _window_s(track)
     for w in reversed(track.windows):
         if not holds(w):
             break
-        if previous_end is not None and previous_end - w.end > 2.5 * _window_s(track):
+        if previous_end is not None and previous_end - w.end > 2.5 * window_s:
             break  # a gap in the history ends the run
-        start = w.end - _window_s(track)
+        start = w.end - window_s
         previous_end = w.end
     return start
 

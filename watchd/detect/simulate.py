@@ -75,7 +75,6 @@ def simulate(run: JobRun) -> Iterator[Event]:
     power_offset = {k: rng.uniform(-0.04, 0.04) for k in gpus}
     clock_offset = {k: rng.uniform(-0.004, 0.004) for k in gpus}
     ws = run.window_s
-    steps = 0
     step_time = 1.0
     rank_step = {k: 0 for k in gpus}
     seq = {k: 0 for k in gpus}
@@ -88,7 +87,6 @@ def simulate(run: JobRun) -> Iterator[Event]:
         # heartbeats forwarded inside this window
         if run.heartbeats:
             yield from _heartbeats(run, rng, gpus, t, t_next, next_hb, rank_step, seq, hb_period, step_time)
-        steps += int(ws / step_time)
         if not hardware_sent and run.fault_active(t + ws / 2) and run.fault in ("hang_lost", "hang_nvlink"):
             hardware_sent = True
             yield from _hardware_events(run, run.start + run.fault_at + 1.0)
@@ -215,7 +213,6 @@ def _window(
         return None  # the job's processes ended / a lost window
     fault_on = run.fault_active(t + run.window_s / 2)  # the fault covers most of the window
     culprit = key == run.culprit
-    job: str | None = run.job
     power = TDP_W * (0.8 + power_offset + rng.gauss(0.0, 0.012))
     util = min(100.0, 97.5 + rng.uniform(-2.5, 2.5))
     clock = CLOCK_MHZ * (1.0 + clock_offset) - 15.0 * rng.uniform(0.0, 3.0) / 2
@@ -278,8 +275,7 @@ def _window(
         "thermal_frac": reasons["thermal"],
         "power_brake_frac": reasons["power_brake"],
     }
-    if job is not None:
-        attrs["job"] = job
+    attrs["job"] = run.job
     node = run.node_name(node_i)
     return Event(
         stable_id(node, "gpu_summary", attrs["uuid"], t), node, "nvml", "gpu_summary", run.start + end, attrs
