@@ -19,6 +19,7 @@ from watchd.config import (
     TokenSource,
 )
 from watchd.engine.runner import Engine
+from watchd.events import Event, WireError, event_from_wire, fit_to_wire
 from watchd.sources.base import FakeLogSource
 
 
@@ -132,3 +133,26 @@ async def test_failing_source_is_restarted_and_counted(engine: Engine) -> None:
         await eventually(lambda: agent.metrics.source_errors.labels("broken")._value.get() >= 1, what="error")
         assert agent.metrics.source_up.labels("broken")._value.get() == 0
         await asyncio.sleep(0)
+
+
+async def test_a_huge_log_line_is_cut_to_the_wire_limit_and_delivered_with_its_batch(engine: Engine) -> None:
+    source = FakeLogSource("kmsg")
+    long_line = "NVRM: Xid (PCI:0000:07:00): 13, pid=7, name=python3, Graphics Exception " + "x" * 20_000
+    async with Agent(agent_config(engine.port), sources=[source]) as agent:
+        source.inject_log("\n".join([*xid_lines(2).splitlines(), long_line, xid_lines(3).splitlines()[2]]))
+        await eventually(lambda: received(engine) == 4, what="all four events")
+        assert agent.metrics.dropped.labels("invalid")._value.get() == 0
+
+
+def test_fit_to_wire_cuts_only_what_the_wire_refuses() -> None:
+    short = Event("a", "gpu-1", "kmsg", "xid", 1.0, {"xid": 13, "message": "ok"})
+    assert fit_to_wire(short) is short
+    long = Event("b", "gpu-1", "kmsg", "xid", 1.0, {"xid": 13, "message": "y" * 20_000, "process": "p"})
+    cut = fit_to_wire(long)
+    assert cut.attrs["truncated"] is True and cut.attrs["xid"] == 13 and cut.attrs["process"] == "p"
+    assert str(cut.attrs["message"]).startswith("y" * 100) and str(cut.attrs["message"]).endswith(
+        "chars cut]"
+    )
+    event_from_wire(cut.to_wire(), "events[0]")  # now valid on the wire
+    with pytest.raises(WireError):
+        event_from_wire(long.to_wire(), "events[0]")

@@ -176,18 +176,46 @@ async def test_a_large_batch_arriving_in_many_chunks_is_read_whole() -> None:
         assert status == 200 and reply == {"accepted": 3000, "duplicates": 0}
 
 
-async def test_an_event_from_the_future_is_refused_and_unknown_kinds_get_no_label_of_their_own(
+async def test_an_event_from_the_future_takes_its_arrival_time_and_still_acts_and_unknown_kinds_get_no_label(
     engine: Engine,
 ) -> None:
     import time as _time
 
     from watchd.events import Event
 
-    future = Event(
-        id="f", node="gpu-1", source="kmsg", kind="xid", time=_time.time() + 3600, attrs={"xid": 79}
-    )
+    ahead = _time.time() + 3600
+    future = Event(id="f", node="gpu-1", source="kmsg", kind="xid", time=ahead, attrs={"xid": 79})
     status, reply = await post(engine, batch(future))
-    assert status == 400 and "future" in str(reply["error"])
+    assert status == 200 and reply == {"accepted": 1, "duplicates": 0}
+    assert engine.metrics.events_restamped.labels("kmsg")._value.get() == 1
+    await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="drain and requeue")
+    assert scheduler_actions(engine.audit.entries)[0].node == "gpu-1"
     odd = Event(id="o", node="gpu-1", source="made-up-source", kind="kind-of-the-day", time=_time.time())
     assert (await post(engine, batch(odd)))[0] == 200
     assert engine.metrics.events_received.labels("other", "other")._value.get() == 1
+
+
+async def test_a_broken_event_is_set_aside_and_its_batch_neighbours_are_kept(engine: Engine) -> None:
+    good = [xid_event("gpu-1", event_id="g1").to_wire(), xid_event("gpu-2", event_id="g2").to_wire()]
+    broken = {**good[0], "id": "b", "time": "yesterday"}
+    body = json.dumps({"version": 1, "node": "gpu-1", "events": [good[0], broken, good[1]]})
+    status, reply = await post(engine, body)
+    assert status == 200 and reply["accepted"] == 2
+    assert reply["invalid"] == [{"index": 1, "error": "events[1].time: expected seconds since the epoch"}]
+    assert engine.metrics.events_invalid._value.get() == 1
+    await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 4, what="both nodes acted on")
+    assert {a.node for a in scheduler_actions(engine.audit.entries)} == {"gpu-1", "gpu-2"}
+
+
+def test_restamping_keeps_the_nodes_time_and_leaves_sane_events_alone() -> None:
+    from dataclasses import replace
+
+    from watchd.engine.metrics import EngineMetrics
+    from watchd.engine.server import restamp_future
+
+    now = 1_000_000.0
+    sane = [replace(xid_event(event_id="s"), time=now + 299)]
+    assert restamp_future(sane, now, EngineMetrics()) is sane
+    ahead = replace(xid_event(event_id="a"), time=now + 3600)
+    [fixed] = restamp_future([ahead], now, EngineMetrics())
+    assert fixed.time == now and fixed.attrs["node_time"] == now + 3600 and fixed.id == "a"

@@ -74,6 +74,21 @@ def _text(obj: dict[str, Any], key: str, where: str, limit: int = 256) -> str:
     return value
 
 
+def fit_to_wire(event: Event) -> Event:
+    """The event with any text attribute cut to what the wire accepts, marked ``truncated``: a huge log line
+    still reaches the engine as an event instead of being refused there."""
+    long = [k for k, v in event.attrs.items() if isinstance(v, str) and len(v) > _MAX_STR]
+    if not long:
+        return event
+    attrs = dict(event.attrs)
+    for key in long:
+        text = attrs[key]
+        assert isinstance(text, str)
+        attrs[key] = text[: _MAX_STR - 32] + f"... [{len(text) - (_MAX_STR - 32)} chars cut]"
+    attrs["truncated"] = True
+    return Event(event.id, event.node, event.source, event.kind, event.time, attrs)
+
+
 def event_from_wire(obj: Any, where: str) -> Event:
     if not isinstance(obj, dict):
         raise WireError(f"{where}: expected an object")
@@ -104,8 +119,17 @@ def event_from_wire(obj: Any, where: str) -> Event:
 _WIRE_KEYS = frozenset({"id", "node", "source", "kind", "time", "attrs"})
 
 
-def batch_from_wire(obj: Any, max_events: int) -> list[Event]:
-    """Validate a decoded batch; raises WireError naming the first problem."""
+@dataclass(frozen=True, slots=True)
+class WireBatch:
+    """A decoded batch: the events that passed validation and, by index, why the others did not."""
+
+    events: list[Event]
+    invalid: list[tuple[int, str]]
+
+
+def batch_from_wire(obj: Any, max_events: int) -> WireBatch:
+    """Validate a decoded batch. A broken envelope raises WireError; a broken event is set aside on its own
+    so that one bad record does not cost its neighbours (one agent bug must not lose a batch of Xids)."""
     if not isinstance(obj, dict):
         raise WireError("body: expected a JSON object")
     version = obj.get("version")
@@ -116,4 +140,11 @@ def batch_from_wire(obj: Any, max_events: int) -> list[Event]:
         raise WireError("events: expected a list")
     if len(events) > max_events:
         raise WireError(f"events: {len(events)} events in one batch, at most {max_events} allowed")
-    return [event_from_wire(e, f"events[{i}]") for i, e in enumerate(events)]
+    valid: list[Event] = []
+    invalid: list[tuple[int, str]] = []
+    for i, e in enumerate(events):
+        try:
+            valid.append(event_from_wire(e, f"events[{i}]"))
+        except WireError as exc:
+            invalid.append((i, str(exc)))
+    return WireBatch(valid, invalid)

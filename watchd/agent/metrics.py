@@ -19,7 +19,7 @@ class AgentMetrics:
         self.shipped = Counter("watchd_agent_events_shipped", "Events delivered to the engine.", registry=r)
         self.dropped = Counter(
             "watchd_agent_events_dropped",
-            "Events that could not be delivered, by reason (queue_full, rejected, shutdown).",
+            "Events that could not be delivered, by reason (queue_full, rejected, invalid, shutdown).",
             ["reason"],
             registry=r,
         )

@@ -16,12 +16,13 @@ from collections.abc import Callable
 import aiohttp
 
 from watchd.agent.metrics import AgentMetrics
-from watchd.events import INGEST_PATH, Event, batch_to_wire
+from watchd.events import INGEST_PATH, Event, batch_to_wire, fit_to_wire
 from watchd.logs import get_logger
 
 _log = get_logger("watchd.shipper")
 
 _RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
+_INVALID_LOGGED = 10  # per batch: the metric has the count
 _DROP_LOG_EVERY = 1000
 
 
@@ -78,7 +79,7 @@ class Shipper:
                     kind=event.kind,
                 )
             return False
-        self._queue.append(event)
+        self._queue.append(fit_to_wire(event))
         self._metrics.queue_depth.set(len(self._queue))
         self._idle.clear()
         self._ready.set()
@@ -158,6 +159,7 @@ class Shipper:
         self._metrics.engine_up.set(1 if status < 500 else 0)
         if 200 <= status < 300:
             self._metrics.requests.labels("delivered").inc()
+            self._count_invalid(text, batch)
             return "delivered"
         if status == 413:
             self._metrics.requests.labels("too_large").inc()
@@ -177,3 +179,17 @@ class Shipper:
         self._metrics.requests.labels("rejected").inc()
         _log.error("batch_rejected", status=status, response=text[:500], events=len(batch))
         return "rejected"
+
+    def _count_invalid(self, reply: str, batch: list[Event]) -> None:
+        """The engine keeps the valid events of a batch and names the others: those are lost, say so."""
+        try:
+            invalid = json.loads(reply).get("invalid", [])
+        except (ValueError, AttributeError):
+            return
+        if not isinstance(invalid, list) or not invalid:
+            return
+        self._metrics.dropped.labels("invalid").inc(len(invalid))
+        for item in invalid[:_INVALID_LOGGED]:
+            index = item.get("index") if isinstance(item, dict) else None
+            event_id = batch[index].id if isinstance(index, int) and 0 <= index < len(batch) else None
+            _log.error("event_refused_invalid", event_id=event_id, error=item)

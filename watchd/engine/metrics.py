@@ -22,6 +22,17 @@ class EngineMetrics:
             "Events dropped at ingest because their id was seen before.",
             registry=r,
         )
+        self.events_invalid = Counter(
+            "watchd_events_invalid",
+            "Events set aside at ingest for breaking the wire format (the rest of the batch is kept).",
+            registry=r,
+        )
+        self.events_restamped = Counter(
+            "watchd_events_restamped",
+            "Events stamped > 5 min ahead of the engine's clock, kept with their arrival time.",
+            ["source"],
+            registry=r,
+        )
         self.ingest_rejected = Counter(
             "watchd_ingest_rejected",
             "Ingest requests refused, by reason.",

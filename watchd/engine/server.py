@@ -6,6 +6,7 @@ import asyncio
 import hmac
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -28,12 +29,28 @@ SOURCES = frozenset({"kmsg", "file", "nvml", "dcgm", "fake", "watchd", "sim", "d
 KINDS = frozenset(
     {"xid", "gpu_health", "gpu_summary", "watchd_action", "heartbeat", "node_repaired", *FINDING_KINDS}
 )
-#: Events stamped further in the future than this are refused: one bad clock must not silence cooldowns.
+#: Events stamped further ahead than this take their arrival time (one bad clock must not push cooldowns and
+#: windows into the future); the node's own stamp is kept in ``attrs["node_time"]``.
 MAX_FUTURE_S = 300.0
 
 
 def _label(value: str, known: frozenset[str]) -> str:
     return value if value in known else "other"
+
+
+def restamp_future(events: list[Event], now: float, metrics: EngineMetrics) -> list[Event]:
+    limit = now + MAX_FUTURE_S
+    if all(e.time <= limit for e in events):
+        return events
+    out: list[Event] = []
+    for e in events:
+        if e.time <= limit:
+            out.append(e)
+            continue
+        metrics.events_restamped.labels(_label(e.source.split(":", 1)[0], SOURCES)).inc()
+        _log.warning("event_time_in_future", node=e.node, event_id=e.id, ahead_s=round(e.time - now, 1))
+        out.append(replace(e, time=now, attrs={**e.attrs, "node_time": e.time}))
+    return out
 
 
 class Control(Protocol):
@@ -96,19 +113,21 @@ def make_app(
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             return _reject(400, f"malformed JSON: {exc}", metrics, "malformed")
         try:
-            events = batch_from_wire(decoded, max_events)
+            wire = batch_from_wire(decoded, max_events)
         except WireError as exc:
             return _reject(400, f"invalid batch: {exc}", metrics, "invalid")
-        future = clock.now() + MAX_FUTURE_S
-        late = next((i for i, e in enumerate(events) if e.time > future), None)
-        if late is not None:
-            return _reject(
-                400,
-                f"invalid batch: events[{late}].time is more than {MAX_FUTURE_S:g} s in the future "
-                "(check the node's clock)",
-                metrics,
-                "invalid",
+        if wire.invalid and not wire.events:
+            return _reject(400, f"invalid batch: {wire.invalid[0][1]}", metrics, "invalid")
+        if wire.invalid:
+            metrics.events_invalid.inc(len(wire.invalid))
+            _log.error(
+                "events_invalid",
+                peer=request.remote,
+                invalid=len(wire.invalid),
+                accepted=len(wire.events),
+                first=wire.invalid[0][1],
             )
+        events = restamp_future(wire.events, clock.now(), metrics)
         if len(events) > queue.maxsize:  # could never fit: 413 makes the agent halve its batches
             return _reject(
                 413,
@@ -134,7 +153,10 @@ def make_app(
         if duplicates:
             metrics.events_duplicate.inc(duplicates)
         metrics.queue_depth.set(queue.qsize())
-        return web.json_response({"accepted": len(fresh), "duplicates": duplicates})
+        reply: dict[str, Any] = {"accepted": len(fresh), "duplicates": duplicates}
+        if wire.invalid:
+            reply["invalid"] = [{"index": i, "error": error} for i, error in wire.invalid]
+        return web.json_response(reply)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
