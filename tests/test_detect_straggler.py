@@ -246,6 +246,15 @@ def test_one_of_eight_slow_is_a_straggler_but_two_of_eight_is_not() -> None:
     assert clock_outliers({**clocks, ("n", 0): 1400.0, ("n", 1): 1400.0}, p) == []
 
 
+def test_one_slow_gpu_of_a_four_gpu_job_is_a_straggler_at_the_default_min_gpus() -> None:
+    p = StragglerParams()
+    assert p.min_gpus == 4
+    four = {("n", i): CLOCK for i in range(4)}
+    assert [o.gpu for o in clock_outliers({**four, ("n", 2): 1400.0}, p)] == [2]
+    assert clock_outliers({**four, ("n", 1): 1400.0, ("n", 2): 1400.0}, p) == []
+    assert clock_outliers({("n", i): CLOCK for i in range(3)} | {("n", 0): 1400.0}, p) == []  # under min_gpus
+
+
 # --------------------------------------------------------------------------- heartbeat compute time
 
 
@@ -269,6 +278,12 @@ def test_heartbeat_compute_within_compute_drop_is_nothing() -> None:
     fleet = Fleet().add("slurm:1", ("n1", "n2"))
     fleet.run_for(300.0, heartbeats={"slurm:1": {5: 0.7 * 1.05}})  # 5% slower: below compute_drop (10%)
     assert fleet.findings == []
+
+
+def test_a_quarter_of_the_ranks_slow_in_compute_is_no_single_straggler() -> None:
+    fleet = Fleet().add("slurm:1", ("n1", "n2"))  # 16 ranks
+    fleet.run_for(300.0, heartbeats={"slurm:1": {r: 0.7 * 1.4 for r in (2, 5, 9, 13)}})  # 4 of 16
+    assert stragglers(fleet.findings) == []
 
 
 def test_clock_outlier_and_compute_outlier_on_the_same_gpu_report_once() -> None:

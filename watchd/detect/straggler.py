@@ -59,7 +59,13 @@ def clock_outliers(clocks: Mapping[tuple[str, int], float], p: StragglerParams) 
     for (node, gpu), c in clocks.items():
         if c <= center * (1 - p.clock_drop) and center - c >= p.mad_k * spread:
             out.append(Outlier(node, gpu, None, "sm_clock", c, center, c / center - 1))
-    return out if len(out) * 4 < len(values) else []  # a quarter of the job slow is no single straggler
+    return _few(out, len(values))
+
+
+def _few(out: list[Outlier], n: int) -> list[Outlier]:
+    # One slow GPU is a straggler even in a 4-GPU job; several are while under a quarter of the job (a
+    # quarter or more slow at once is the job's own behaviour, or a shared cause, not one bad GPU).
+    return out if len(out) == 1 or len(out) * 4 < n else []
 
 
 def compute_outliers(ranks: Sequence[RankTrack], p: StragglerParams) -> list[Outlier]:
@@ -71,11 +77,12 @@ def compute_outliers(ranks: Sequence[RankTrack], p: StragglerParams) -> list[Out
     spread = _MAD_SCALE * mad(values, center)
     if center <= 0:
         return []
-    return [
+    out = [
         Outlier(r.node, r.gpu, r.rank, "compute_time", t, center, t / center - 1)
         for r, t in times.values()
         if t >= center * (1 + p.compute_drop) and t - center >= p.mad_k * spread
     ]
+    return _few(out, len(values))
 
 
 def fleet_clock_medians(fleet: FleetState, clocks: Mapping[tuple[str, int], float]) -> dict[str, float]:
