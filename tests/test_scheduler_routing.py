@@ -16,6 +16,8 @@ from watchd.config import EngineConfig, load_config
 from watchd.engine.leader import LeaderGuard
 from watchd.engine.runner import scheduler_from_config
 from watchd.errors import ConfigError
+from watchd.jobs.kubernetes import KubernetesJobProvider
+from watchd.jobs.model import job_providers_of
 
 
 def two() -> tuple[FakeScheduler, FakeScheduler, RoutedScheduler]:
@@ -113,6 +115,7 @@ async def test_scheduler_from_config(tmp_path: Path) -> None:
         )
         sched = scheduler_from_config(k8s_only)
         assert isinstance(sched, KubernetesScheduler)
+        assert [type(p) for p in job_providers_of(sched)] == [KubernetesJobProvider]
         await sched.aclose()
         both = load_config(
             EngineConfig,
@@ -135,4 +138,7 @@ async def test_scheduler_from_config(tmp_path: Path) -> None:
         assert isinstance(guard, LeaderGuard) and isinstance(guard.inner, RoutedScheduler)
         assert [type(r.scheduler) for r in guard.inner.routes] == [SlurmScheduler, KubernetesScheduler]
         assert guard.elector.identity == "engine-a"
+        # the detectors' job lists are found behind the leader guard and the routes, one per scheduler
+        assert [type(p) for p in job_providers_of(guard)] == [SlurmScheduler, KubernetesJobProvider]
+        assert job_providers_of(FakeScheduler()) == [] and job_providers_of(None) == []
         await guard.aclose()

@@ -48,7 +48,8 @@ from watchd.adapters.base import (
 )
 from watchd.adapters.kube_client import API_ERRORS, describe_error, label_selector, status_code
 from watchd.config import KubernetesConfig
-from watchd.jobs.kubernetes import JobRef, job_of_pod, owned_by
+from watchd.jobs.kubernetes import JobRef, KubernetesJobProvider, job_of_pod, owned_by
+from watchd.jobs.model import JobProvider
 from watchd.logs import get_logger
 
 _log = get_logger("watchd.kubernetes")
@@ -191,6 +192,7 @@ class KubernetesScheduler:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
+        self._jobs = KubernetesJobProvider(client)
         self.reason_prefix = reason_prefix
         self.taint_key = taint_key
         self.taint_effect = taint_effect
@@ -208,6 +210,9 @@ class KubernetesScheduler:
         self._sem = asyncio.Semaphore(max_concurrency)
         self._seen: dict[str, Node] = {}  # the latest copy of each node read (its resourceVersion)
         self._evictions: dict[str, asyncio.Task[EvictionReport]] = {}
+
+    def job_providers(self) -> list[JobProvider]:
+        return [self._jobs]  # the jobs are the owners of the pods on the nodes
 
     async def aclose(self) -> None:
         for task in self._evictions.values():

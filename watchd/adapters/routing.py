@@ -25,6 +25,7 @@ from watchd.adapters.base import (
     drained_by_watchd,
     plan_drain,
 )
+from watchd.jobs.model import JobProvider, job_providers_of
 
 _DRAIN_ORDER = ("failed", "held", "drained", "already_drained", "skipped")
 
@@ -54,6 +55,9 @@ class RoutedScheduler:
 
     def _split(self, nodes: Sequence[str]) -> list[tuple[Route, list[str]]]:
         return [(r, [n for n in nodes if r.matches(n)]) for r in self.routes]
+
+    def job_providers(self) -> list[JobProvider]:
+        return [p for r in self.routes for p in job_providers_of(r.scheduler)]
 
     async def aclose(self) -> None:
         for r in self.routes:

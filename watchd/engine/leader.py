@@ -40,6 +40,7 @@ from watchd.adapters.base import (
 )
 from watchd.adapters.kube_client import API_ERRORS, describe_error, status_code
 from watchd.config import KubernetesConfig
+from watchd.jobs.model import JobProvider, job_providers_of
 from watchd.logs import get_logger
 
 _log = get_logger("watchd.leader")
@@ -224,6 +225,9 @@ class LeaderGuard:
 
     async def start(self) -> None:
         self.elector.start()
+
+    def job_providers(self) -> list[JobProvider]:
+        return job_providers_of(self.inner)  # listing jobs is a read: followers keep their topology warm
 
     async def aclose(self) -> None:
         await self.elector.stop()

@@ -30,7 +30,7 @@ from watchd.engine.store import Store
 from watchd.errors import ConfigError
 from watchd.events import Event
 from watchd.httputil import serve
-from watchd.jobs.model import JobProvider, JobProviderError
+from watchd.jobs.model import JobProvider, JobProviderError, job_providers_of
 from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.rules import RuleEngine, RuleSet, load_rules
@@ -64,27 +64,6 @@ def scheduler_from_config(config: EngineConfig) -> Scheduler | None:
 
         scheduler = guard_from_settings(scheduler, config.kubernetes)
     return scheduler
-
-
-def job_providers_of(scheduler: Scheduler | None) -> list[JobProvider]:
-    """The job lists the configured schedulers offer (Slurm's squeue, Kubernetes' pods), behind routing and
-    the leader guard."""
-    if scheduler is None:
-        return []
-    inner = getattr(scheduler, "inner", None)  # LeaderGuard
-    if inner is not None:
-        return job_providers_of(inner)
-    routes = getattr(scheduler, "routes", None)  # RoutedScheduler
-    if routes is not None:
-        return [p for r in routes for p in job_providers_of(r.scheduler)]
-    if isinstance(scheduler, JobProvider):
-        return [scheduler]
-    client = getattr(scheduler, "client", None)
-    if scheduler.name == "kubernetes" and client is not None:
-        from watchd.jobs.kubernetes import KubernetesJobProvider
-
-        return [KubernetesJobProvider(client)]
-    return []
 
 
 def _slurm(config: EngineConfig) -> Scheduler:

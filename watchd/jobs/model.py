@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +42,20 @@ class JobProvider(Protocol):
     async def running_jobs(self) -> list[JobInfo]:
         """Raises JobProviderError when the jobs cannot be listed."""
         ...
+
+
+@runtime_checkable
+class OffersJobs(Protocol):
+    """A scheduler that is not itself a JobProvider but knows the ones behind it (routing, the leader guard,
+    Kubernetes whose jobs come from its pods)."""
+
+    def job_providers(self) -> list[JobProvider]: ...
+
+
+def job_providers_of(scheduler: Any) -> list[JobProvider]:
+    """The job lists a configured scheduler offers: itself, the ones it names, or none."""
+    if isinstance(scheduler, OffersJobs):
+        return scheduler.job_providers()
+    if isinstance(scheduler, JobProvider):
+        return [scheduler]
+    return []
