@@ -159,6 +159,11 @@ def ready(engine: Daemon) -> int:
         return exc.code
 
 
+def leader_metric(engine: Daemon) -> float:
+    [line] = [x for x in engine.get("/metrics").splitlines() if x.startswith("watchd_leader ")]
+    return float(line.split()[1])
+
+
 def start_engine(tmp: Path, api: KubeApiServer, name: str) -> Daemon:
     kc = tmp / f"kubeconfig-{name}"
     kc.write_text(yaml.safe_dump(api.kubeconfig(token=f"token-{name}")))
@@ -210,6 +215,7 @@ def test_two_engines_fail_over_without_acting_twice(tmp_path: Path) -> None:
         try:
             time.sleep(1.0)
             assert ready(b) == 503 and holder(api) == "engine-a"
+            assert leader_metric(a) == 1 and leader_metric(b) == 0
             assert post(a, "gpu-1", "x1") == 200
             wait_for(
                 lambda: api.node("gpu-1")["spec"].get("unschedulable"), 10, "gpu-1 cordoned by the leader"
@@ -232,6 +238,7 @@ def test_two_engines_fail_over_without_acting_twice(tmp_path: Path) -> None:
             assert took_over - killed < 3.0 + 2.0
             assert api.node("gpu-2")["spec"]["unschedulable"] is True
             wait_for(lambda: ready(b) == 200, 5, "engine-b ready as the leader")
+            assert leader_metric(b) == 1
             # gpu-1's fault reported again to the new leader: already drained, nothing written
             assert post(b, "gpu-1", "x1-again") == 200
             wait_for(

@@ -103,6 +103,11 @@ class EngineMetrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=r,
         )
+        self.leader = Gauge(
+            "watchd_leader",
+            "1 while this engine may act (it holds the leader lease, or runs without election); 0 following.",
+            registry=r,
+        )
         self.jobs_tracked = Gauge("watchd_jobs_tracked", "Running jobs the detectors watch.", registry=r)
         self.job_provider_up = Gauge(
             "watchd_job_provider_up",

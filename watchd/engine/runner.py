@@ -107,6 +107,7 @@ class Engine:
         self.config = config
         self.clock = clock or SystemClock()
         self.metrics = EngineMetrics()
+        self.metrics.leader.set_function(lambda: 1.0 if self.ready()[0] else 0.0)
         self.audit = MemoryAudit()
         self.rules: RuleSet = load_rules(config.rules)
         self.evaluator: RuleEngine = self.rules.engine()
