@@ -61,6 +61,9 @@ SCENARIOS = [
     Scenario(
         "power-brake straggler", "power_brake", "straggler", True, True, duration_s=680.0, fault_at=150.0
     ),
+    Scenario(
+        "node-wide power brake", "node_power_brake", "straggler", True, True, duration_s=680.0, fault_at=150.0
+    ),
     Scenario("pipeline-stage imbalance", "pipeline", None, False, False, duration_s=680.0, fault_at=60.0),
     Scenario("checkpoint pause (90 s)", "checkpoint", None, False, False, fault_for_s=90.0),
     Scenario("job start and stop", "transients", None, False, False, duration_s=600.0),

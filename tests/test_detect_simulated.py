@@ -129,6 +129,21 @@ def test_hardware_straggler_is_found_on_the_culprit_gpu(
     assert {(x.culprit_node, x.culprit_gpu) for x in r.findings} == {(f.culprit_node, f.culprit_gpu)}
 
 
+@pytest.mark.parametrize("heartbeats", [False, True], ids=["nvml", "heartbeats"])
+@pytest.mark.parametrize(("nodes", "seed"), [(2, 1), (3, 2), (8, 3)])
+def test_a_node_wide_power_brake_is_found_on_that_node(nodes: int, seed: int, heartbeats: bool) -> None:
+    # In a 2-node job the braked node is half the GPUs: the per-GPU test cannot call that an outlier, the
+    # node-level one (backed by the power-brake reason on its GPUs) does.
+    r = drive(job_run("node_power_brake", nodes, heartbeats, seed, duration_s=560.0))
+    assert all(f.time >= r.onset for f in r.findings), "a finding before the fault"
+    f = r.first("straggler")
+    assert f is not None, "no straggler found"
+    assert 0 < f.time - r.onset <= STRAGGLER_TARGET_S
+    assert f.hardware is True and "power_brake" in f.evidence
+    assert {x.culprit_node for x in r.findings} == {r.run.culprit_node}
+    assert {x.kind for x in r.findings} == {"straggler"}
+
+
 # --------------------------------------------------------------------------- healthy runs
 
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from watchd.detect.correlator import Correlator
 from watchd.detect.finding import Finding
 from watchd.detect.params import DetectorsConfig, StragglerParams
-from watchd.detect.straggler import clock_outliers
+from watchd.detect.straggler import Outlier, clock_outliers, node_outliers, whole_nodes
 from watchd.events import Event, stable_id
 from watchd.jobs.model import JobInfo
 
@@ -253,6 +253,52 @@ def test_one_slow_gpu_of_a_four_gpu_job_is_a_straggler_at_the_default_min_gpus()
     assert [o.gpu for o in clock_outliers({**four, ("n", 2): 1400.0}, p)] == [2]
     assert clock_outliers({**four, ("n", 1): 1400.0, ("n", 2): 1400.0}, p) == []
     assert clock_outliers({("n", i): CLOCK for i in range(3)} | {("n", 0): 1400.0}, p) == []  # under min_gpus
+
+
+# --------------------------------------------------------------------------- a whole node slow
+
+
+def test_node_outliers_name_the_one_node_below_the_others() -> None:
+    p = StragglerParams()
+    two = {(n, g): CLOCK for n in ("a", "b") for g in range(8)}
+    braked = {**two, **{("b", g): 0.6 * CLOCK for g in range(8)}}
+    assert [(o.node, o.gpu, o.metric) for o in node_outliers(braked, p)] == [("b", None, "node_sm_clock")]
+    assert node_outliers(two, p) == []
+    assert node_outliers({**two, **{("b", g): 0.97 * CLOCK for g in range(8)}}, p) == []  # under clock_drop
+    four = {(n, g): CLOCK for n in "abcd" for g in range(8)}
+    assert node_outliers({**four, **{(n, g): 0.6 * CLOCK for n in "cd" for g in range(8)}}, p) == []
+    assert node_outliers({("a", g): CLOCK for g in range(8)}, p) == []  # one node: no peers
+
+
+def test_outliers_on_most_of_a_node_become_one_for_the_node() -> None:
+    clocks = {(n, g): CLOCK for n in ("a", "b") for g in range(8)}
+    gpu = [Outlier("b", g, None, "sm_clock", 1200.0, CLOCK, -0.4) for g in range(5)]
+    [node] = whole_nodes(gpu, clocks)
+    assert (node.node, node.gpu, node.metric, node.value) == ("b", None, "node_sm_clock", 1200.0)
+    assert whole_nodes(gpu[:1], clocks) == gpu[:1]  # one GPU of eight: that GPU
+    assert whole_nodes(gpu[:4], clocks) == gpu[:4]  # half the node: still per GPU
+
+
+def test_a_power_braked_node_of_a_two_node_job_is_one_hardware_finding_for_the_node() -> None:
+    fleet = one_job(gpus=8)
+    braked = {("n2", g): {"clock": 0.6 * CLOCK, "power_brake": 1.0} for g in range(8)}
+    fleet.run_for(300.0, braked)
+    found = stragglers(fleet.findings)
+    assert found, "no straggler found"
+    assert {(f.culprit_node, f.culprit_gpu, f.extra["metric"]) for f in found} == {
+        ("n2", None, "node_sm_clock")
+    }
+    assert (
+        found[0].hardware is True
+        and "power_brake" in found[0].evidence
+        and "8 of the node's 8" in found[0].evidence
+    )
+
+
+def test_a_slow_node_without_a_hardware_cause_gives_no_node_finding() -> None:
+    fleet = one_job(gpus=8, model=None)  # no model: no fleet median to fall below
+    fleet.run_for(300.0, {("n2", g): {"clock": 0.6 * CLOCK} for g in range(8)}, model=None)
+    assert stragglers(fleet.findings) == []
 
 
 # --------------------------------------------------------------------------- heartbeat compute time

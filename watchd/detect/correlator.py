@@ -22,6 +22,8 @@ from watchd.detect.straggler import (
     clock_outliers,
     compute_outliers,
     fleet_clock_medians,
+    node_outliers,
+    whole_nodes,
     window_clock,
 )
 from watchd.events import Event
@@ -126,13 +128,18 @@ class Correlator:
         seen: set[tuple[str, ...]],
     ) -> list[Finding]:
         """``clocks``: the job's GPUs' window clocks."""
-        outliers: list[Outlier] = clock_outliers(clocks, p)
+        outliers: list[Outlier] = whole_nodes(clock_outliers(clocks, p), clocks)
         ranks = list(self.fleet.ranks.get(job.id, {}).values())
         flagged = {(o.node, o.gpu) for o in outliers}
-        outliers += [o for o in compute_outliers(ranks, p) if (o.node, o.gpu) not in flagged]
+        whole = {o.node for o in outliers if o.gpu is None}
+        outliers += [
+            o for o in compute_outliers(ranks, p) if (o.node, o.gpu) not in flagged and o.node not in whole
+        ]
+        outliers += [o for o in node_outliers(clocks, p) if o.node not in {x.node for x in outliers}]
         out = []
         for o in outliers:
-            key = (job.id, "straggler", o.node, str(o.gpu if o.gpu is not None else f"rank{o.rank}"))
+            unit = str(o.gpu) if o.gpu is not None else f"rank{o.rank}" if o.rank is not None else "node"
+            key = (job.id, "straggler", o.node, unit)
             seen.add(key)
             ep = self._episodes.get(key)
             if ep is None:
@@ -142,10 +149,17 @@ class Correlator:
             if now - ep.onset < p.for_s or (ep.last_report and now - ep.last_report < p.report_every_s):
                 continue
             hardware, why = attribution(self.fleet, o, now, p, clocks, fleet_medians)
+            if unit == "node" and not hardware:
+                continue  # a slow node without a cause: in a job of two nodes, either could be the odd one
             first = not ep.last_report
             ep.last_report = now
             ep.revision += 0 if first else 1
-            where = f"{o.node} GPU {o.gpu}" if o.gpu is not None else f"{o.node} rank {o.rank}"
+            if unit == "node":
+                where = f"{o.node} (the whole node)"
+            elif o.gpu is not None:
+                where = f"{o.node} GPU {o.gpu}"
+            else:
+                where = f"{o.node} rank {o.rank}"
             kind = "hardware" if hardware else "software imbalance"
             out.append(
                 Finding(

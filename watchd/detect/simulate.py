@@ -24,12 +24,14 @@ Fault = Literal[
     "host_stall",  # every rank idle at once (data loader, storage)
     "thermal",  # one GPU throttles (thermal): clock 0.7x
     "power_brake",  # one GPU power-braked: clock 0.35x
+    "node_power_brake",  # every GPU of one node power-braked (a PSU or BMC cap): clock 0.6x
     "weak_gpu",  # one GPU clocks 15% low with no reason (below the fleet median)
     "pipeline",  # pipeline stages unequally loaded: slow but healthy
     "checkpoint",  # a pause for a checkpoint: GPUs idle for 90 s
     "transients",  # the job starts (idle, loading) and ends inside the run
 ]
 
+_SLOW_FAULTS = frozenset({"thermal", "power_brake", "node_power_brake", "weak_gpu"})
 TDP_W = 700.0
 CLOCK_MHZ = 1980.0
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -138,11 +140,8 @@ def _heartbeats(
             compute = step_time * 0.7 * (1.0 + rng.gauss(0.0, 0.02))
             if run.fault == "pipeline":
                 compute *= 1.0 - 0.1 * (key[0] * 4 // max(1, run.nodes))
-            if (
-                run.fault in ("thermal", "power_brake", "weak_gpu")
-                and key == run.culprit
-                and run.fault_active(at)
-            ):
+            slow = key == run.culprit or (run.fault == "node_power_brake" and key[0] == run.culprit[0])
+            if run.fault in _SLOW_FAULTS and slow and run.fault_active(at):
                 compute *= 1.4
             attrs: dict[str, Scalar] = {
                 "job": run.job,
@@ -212,7 +211,7 @@ def _window(
     if phase == "gone" or rng.random() < 0.005:
         return None  # the job's processes ended / a lost window
     fault_on = run.fault_active(t + run.window_s / 2)  # the fault covers most of the window
-    culprit = key == run.culprit
+    culprit = node_i == run.culprit[0] if run.fault == "node_power_brake" else key == run.culprit
     power = TDP_W * (0.8 + power_offset + rng.gauss(0.0, 0.012))
     util = min(100.0, 97.5 + rng.uniform(-2.5, 2.5))
     clock = CLOCK_MHZ * (1.0 + clock_offset) - 15.0 * rng.uniform(0.0, 3.0) / 2
@@ -252,6 +251,10 @@ def _window(
             power *= 0.5
             reasons["power_brake"] = 1.0
             reasons["hw_slowdown"] = 1.0
+        elif culprit and f == "node_power_brake":
+            clock *= 0.6
+            power *= 0.6
+            reasons["power_brake"] = 1.0
         elif culprit and f == "weak_gpu":
             clock *= 0.85
             power *= 0.93

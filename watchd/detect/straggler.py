@@ -3,7 +3,10 @@
 In a synchronous job every rank's step time is equal, so the slow one is found by per-GPU evidence: each
 GPU's median SM clock over ``straggler.window_s`` (computing windows only), compared with the job's median
 across its GPUs by a robust outlier test (at least ``clock_drop`` below the median and ``mad_k`` scaled
-MADs). With heartbeats, per-rank compute time is compared the same way (above the median).
+MADs). With heartbeats, per-rank compute time is compared the same way (above the median). A whole node
+slow at once (a node-wide power brake) is too large a share of a job of few nodes for that test, so each
+node's median clock is also compared with the other nodes'; such a node is reported only with hardware
+attribution on most of its GPUs.
 
 Drain-worthy only with hardware attribution: clock-event reasons (HW slowdown, thermal, power brake) in
 most of the window's samples, a clock below the fleet median for the GPU's model, or a hardware event
@@ -85,6 +88,39 @@ def compute_outliers(ranks: Sequence[RankTrack], p: StragglerParams) -> list[Out
     return _few(out, len(values))
 
 
+def node_outliers(clocks: Mapping[tuple[str, int], float], p: StragglerParams) -> list[Outlier]:
+    """The one node whose median clock is ``clock_drop`` below the median of the job's other nodes."""
+    per_node: dict[str, list[float]] = {}
+    for (node, _), c in clocks.items():
+        per_node.setdefault(node, []).append(c)
+    if len(per_node) < 2 or len(clocks) < p.min_gpus:
+        return []
+    medians = {n: median(v) for n, v in per_node.items()}
+    out = []
+    for node, m in medians.items():
+        peers = median([v for n, v in medians.items() if n != node])
+        if m <= peers * (1 - p.clock_drop):
+            out.append(Outlier(node, None, None, "node_sm_clock", m, peers, m / peers - 1))
+    return out if len(out) == 1 else []  # several slow nodes: a shared cause, not one bad node
+
+
+def whole_nodes(outliers: list[Outlier], clocks: Mapping[tuple[str, int], float]) -> list[Outlier]:
+    """Clock outliers on most of one node's GPUs become one outlier for the node: one finding, not eight."""
+    gpus_of: dict[str, int] = {}
+    for node, _ in clocks:
+        gpus_of[node] = gpus_of.get(node, 0) + 1
+    slow: dict[str, list[Outlier]] = {}
+    for o in outliers:
+        if o.metric == "sm_clock":
+            slow.setdefault(o.node, []).append(o)
+    merged = {n for n, os in slow.items() if len(os) >= 2 and len(os) * 2 > gpus_of.get(n, 0)}
+    out = [o for o in outliers if o.node not in merged or o.metric != "sm_clock"]
+    for node in sorted(merged):
+        value, center = median([o.value for o in slow[node]]), slow[node][0].job_median
+        out.append(Outlier(node, None, None, "node_sm_clock", value, center, value / center - 1))
+    return out
+
+
 def fleet_clock_medians(fleet: FleetState, clocks: Mapping[tuple[str, int], float]) -> dict[str, float]:
     """Per GPU model, the median computing clock across the fleet (the reference a weak GPU falls below)."""
     by_model: dict[str, list[float]] = {}
@@ -103,7 +139,9 @@ def attribution(
     clocks: Mapping[tuple[str, int], float],
     fleet_medians: Mapping[str, float],
 ) -> tuple[bool, str]:
-    """(hardware?, the evidence) for an outlier."""
+    """(hardware?, the evidence) for an outlier; a node's (``gpu`` None, no rank): its GPUs' majority."""
+    if o.gpu is None and o.rank is None:
+        return _node_attribution(fleet, o, now, p, clocks, fleet_medians)
     track = fleet.gpus.get((o.node, o.gpu)) if o.gpu is not None else None
     if track is not None:
         recent = [w for w in track.windows if w.end >= now - p.window_s]
@@ -126,3 +164,25 @@ def attribution(
         if h.hardware and (h.gpu is None or h.gpu == o.gpu):
             return True, h.what
     return False, "no hardware cause: software imbalance"
+
+
+def _node_attribution(
+    fleet: FleetState,
+    o: Outlier,
+    now: float,
+    p: StragglerParams,
+    clocks: Mapping[tuple[str, int], float],
+    fleet_medians: Mapping[str, float],
+) -> tuple[bool, str]:
+    gpus = sorted(g for n, g in clocks if n == o.node)
+    causes = [
+        why
+        for g in gpus
+        for hardware, why in [
+            attribution(fleet, Outlier(o.node, g, None, o.metric, 0, 0, 0), now, p, clocks, fleet_medians)
+        ]
+        if hardware
+    ]
+    if gpus and len(causes) * 2 > len(gpus):
+        return True, f"{causes[0]} (on {len(causes)} of the node's {len(gpus)} GPUs)"
+    return False, "no hardware cause on most of the node's GPUs"
