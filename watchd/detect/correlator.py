@@ -17,6 +17,7 @@ from watchd.detect.fleet import FleetState
 from watchd.detect.hang import judge, quiet_declared, to_finding
 from watchd.detect.params import DetectorsConfig, StragglerParams
 from watchd.detect.straggler import (
+    Evidence,
     Outlier,
     attribution,
     clock_outliers,
@@ -136,6 +137,7 @@ class Correlator:
             o for o in compute_outliers(ranks, p) if (o.node, o.gpu) not in flagged and o.node not in whole
         ]
         outliers += [o for o in node_outliers(clocks, p) if o.node not in {x.node for x in outliers}]
+        evidence = Evidence(self.fleet, now, p, clocks, fleet_medians)
         out = []
         for o in outliers:
             unit = str(o.gpu) if o.gpu is not None else f"rank{o.rank}" if o.rank is not None else "node"
@@ -148,7 +150,7 @@ class Correlator:
             ep.last_true = now
             if now - ep.onset < p.for_s or (ep.last_report and now - ep.last_report < p.report_every_s):
                 continue
-            hardware, why = attribution(self.fleet, o, now, p, clocks, fleet_medians)
+            hardware, why = attribution(o, evidence)
             if unit == "node" and not hardware:
                 continue  # a slow node without a cause: in a job of two nodes, either could be the odd one
             first = not ep.last_report

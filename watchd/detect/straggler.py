@@ -131,20 +131,33 @@ def fleet_clock_medians(fleet: FleetState, clocks: Mapping[tuple[str, int], floa
     return {m: median(v) for m, v in by_model.items() if len(v) >= 3}
 
 
-def attribution(
-    fleet: FleetState,
-    o: Outlier,
-    now: float,
-    p: StragglerParams,
-    clocks: Mapping[tuple[str, int], float],
-    fleet_medians: Mapping[str, float],
-) -> tuple[bool, str]:
-    """(hardware?, the evidence) for an outlier; a node's (``gpu`` None, no rank): its GPUs' majority."""
-    if o.gpu is None and o.rank is None:
-        return _node_attribution(fleet, o, now, p, clocks, fleet_medians)
-    track = fleet.gpus.get((o.node, o.gpu)) if o.gpu is not None else None
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What attribution reads, gathered once per job and cycle."""
+
+    fleet: FleetState
+    now: float
+    p: StragglerParams
+    clocks: Mapping[tuple[str, int], float]  # the job's GPUs' window clocks
+    fleet_medians: Mapping[str, float]
+
+
+def attribution(o: Outlier, ev: Evidence) -> tuple[bool, str]:
+    """(hardware?, the evidence) for an outlier; a whole node's (no GPU, no rank): its GPUs' majority."""
+    if o.gpu is not None or o.rank is not None:
+        return _gpu_attribution(o.node, o.gpu, ev)
+    gpus = sorted(g for n, g in ev.clocks if n == o.node)
+    causes = [why for g in gpus for hardware, why in [_gpu_attribution(o.node, g, ev)] if hardware]
+    if gpus and len(causes) * 2 > len(gpus):
+        return True, f"{causes[0]} (on {len(causes)} of the node's {len(gpus)} GPUs)"
+    return False, "no hardware cause on most of the node's GPUs"
+
+
+def _gpu_attribution(node: str, gpu: int | None, ev: Evidence) -> tuple[bool, str]:
+    p = ev.p
+    track = ev.fleet.gpus.get((node, gpu)) if gpu is not None else None
     if track is not None:
-        recent = [w for w in track.windows if w.end >= now - p.window_s]
+        recent = [w for w in track.windows if w.end >= ev.now - p.window_s]
         if recent:
             for name, frac in (
                 ("power_brake", sum(w.power_brake for w in recent) / len(recent)),
@@ -153,36 +166,14 @@ def attribution(
             ):
                 if frac >= p.reason_frac:
                     return True, f"{name} clock-event reason in {frac:.0%} of samples"
-        clock = clocks.get((o.node, track.gpu))
-        reference = fleet_medians.get(track.model or "")
+        clock = ev.clocks.get((node, track.gpu))
+        reference = ev.fleet_medians.get(track.model or "")
         if clock is not None and reference is not None and clock <= reference * (1 - p.fleet_clock_drop):
             return (
                 True,
                 f"SM clock {clock:.0f} MHz, {1 - clock / reference:.0%} below the fleet median for its model",
             )
-    for h in fleet.hardware_events(o.node, now - _EVENT_LOOKBACK_S):
-        if h.hardware and (h.gpu is None or h.gpu == o.gpu):
+    for h in ev.fleet.hardware_events(node, ev.now - _EVENT_LOOKBACK_S):
+        if h.hardware and (h.gpu is None or h.gpu == gpu):
             return True, h.what
     return False, "no hardware cause: software imbalance"
-
-
-def _node_attribution(
-    fleet: FleetState,
-    o: Outlier,
-    now: float,
-    p: StragglerParams,
-    clocks: Mapping[tuple[str, int], float],
-    fleet_medians: Mapping[str, float],
-) -> tuple[bool, str]:
-    gpus = sorted(g for n, g in clocks if n == o.node)
-    causes = [
-        why
-        for g in gpus
-        for hardware, why in [
-            attribution(fleet, Outlier(o.node, g, None, o.metric, 0, 0, 0), now, p, clocks, fleet_medians)
-        ]
-        if hardware
-    ]
-    if gpus and len(causes) * 2 > len(gpus):
-        return True, f"{causes[0]} (on {len(causes)} of the node's {len(gpus)} GPUs)"
-    return False, "no hardware cause on most of the node's GPUs"
