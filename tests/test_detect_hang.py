@@ -99,12 +99,16 @@ class Job:
         gpus: int = 4,
         config: DetectorsConfig | None = None,
         partition: str = "gpu",
+        scheduler: bool = True,
+        process_mapping: bool = True,
     ) -> None:
         self.nodes = nodes
         self.gpus = gpus
         self.partition = partition
         self.c = Correlator(config)
-        self.c.topology.replace("slurm", [JobInfo(JOB, nodes, "slurm", partition=partition)])
+        if scheduler:
+            self.c.topology.replace("slurm", [JobInfo(JOB, nodes, "slurm", partition=partition)])
+        self.window_job = JOB if process_mapping else None
         self.t = T0
         self.findings: list[Finding] = []
 
@@ -121,7 +125,7 @@ class Job:
         for key in self.members():
             state = chosen.get(key, default)
             if state is not None:
-                self.c.observe(window(key[0], key[1], self.t, state))
+                self.c.observe(window(key[0], key[1], self.t, state, job=self.window_job))
         out = self.c.run(self.t)
         self.findings += out
         return out
@@ -399,6 +403,25 @@ def test_declared_quiet_phase_suppresses_hang_and_host_stall(state: str) -> None
     assert job.findings == []
 
 
+def test_the_end_of_a_long_quiet_phase_is_not_a_stall() -> None:
+    # The client reports the phase once as it starts and once as it ends (phase train, step unchanged);
+    # the next step reaches the engine a forward interval later.
+    job = Job()
+    for i in range(12):
+        job.step("compute")
+        _hb_all(job, job.t, i + 1)
+    _hb_all(job, job.t, 12, phase="checkpoint")
+    job.run_for(30.0, "compute")  # 30 s of checkpoint, longer than the stall threshold, no reports
+    _hb_all(job, job.t, 12)  # back to training, no step finished yet
+    job.step("compute")
+    assert job.verdict().kind is None
+    _hb_all(job, job.t, 13)
+    job.run_for(5.0, "compute")  # the first step after it finished; the stall threshold is 10 s
+    assert job.findings == []
+    job.run_for(5.0, "compute")  # then steps really stop: that is a stall again
+    assert [f.kind for f in job.findings] == ["nccl_hang"]
+
+
 def test_a_stale_quiet_declaration_does_not_hide_a_hang_after_it() -> None:
     job = Job()
     for i in range(12):
@@ -453,6 +476,19 @@ def test_heartbeat_hang_names_the_rank_whose_collective_lags(step_time: float, s
     assert f.evidence == "heartbeat_lag"
     assert f.hardware is False
     assert "rank 5" in f.summary
+
+
+def test_heartbeats_alone_place_the_job_without_scheduler_or_process_mapping() -> None:
+    job = Job(scheduler=False, process_mapping=False)  # the windows carry no job: only the ranks name it
+    for i in range(12):
+        job.step("compute")
+        _hb_all(job, job.t, i + 1)
+    assert job.c.topology.jobs(job.t)[JOB].gpus == {"n1": (0, 1, 2, 3), "n2": (0, 1, 2, 3)}
+    for _ in range(4):
+        job.step("compute")
+        _hb_all(job, job.t, 12, lag=("n1", 2))
+    [f] = hangs(job.findings)
+    assert (f.culprit_node, f.culprit_gpu, f.evidence) == ("n1", 2, "heartbeat_lag")
 
 
 def test_heartbeat_stall_with_all_gpus_idle_is_not_a_hang() -> None:

@@ -236,3 +236,51 @@ def test_forget_node_drops_its_gpus() -> None:
     label(topo, "n2", range(2), "slurm:1", 0.0)
     topo.forget_node("n1")
     assert topo.jobs(0.0)["slurm:1"].nodes == ("n2",)
+
+
+# --------------------------------------------------------------------------- heartbeats
+
+
+def test_heartbeats_place_a_job_the_agents_cannot_map() -> None:
+    topo = JobTopology(member_ttl_s=30.0)
+    label(topo, "n1", range(4), None, 0.0)  # summaries: no process mapping (a container without /proc)
+    label(topo, "n2", range(4), None, 0.0)
+    topo.observe_rank("n1", "train-7", 2, 1.0)
+    topo.observe_rank("n1", "train-7", 3, 1.0)
+    topo.observe_rank("n2", "train-7", None, 1.0)  # a rank that did not say its GPU
+    view = topo.jobs(10.0)["train-7"]
+    assert view.source == "agent"
+    assert view.nodes == ("n1", "n2")
+    assert view.gpus == {"n1": (2, 3), "n2": (0, 1, 2, 3)}  # n2 runs only this job: its unlabelled GPUs
+    label(topo, "n1", [2], None, 12.0)  # a later summary saying "no job" does not take the rank's GPU away
+    assert topo.jobs(12.0)["train-7"].gpus["n1"] == (2, 3)
+    assert "train-7" not in topo.jobs(31.5)  # the ranks stopped reporting: the job is gone
+
+
+def test_a_rank_without_gpu_on_a_shared_node_names_no_gpus() -> None:
+    topo = JobTopology()
+    label(topo, "n1", range(4), None, 0.0)
+    topo.observe_rank("n1", "a", None, 0.0)
+    topo.observe_rank("n1", "b", None, 0.0)
+    jobs = topo.jobs(1.0)
+    assert jobs["a"].gpus == {"n1": ()} and jobs["b"].gpus == {"n1": ()}
+
+
+def test_heartbeats_add_gpus_to_a_provider_job_and_flag_unknown_labels() -> None:
+    topo = JobTopology()
+    topo.replace("slurm", [slurm_job("slurm:1", "n1", "n2"), slurm_job("slurm:2", "n2")])
+    topo.observe_rank("n2", "slurm:1", 5, 0.0)
+    topo.observe_rank("n2", "slurm:3", 6, 0.0)
+    jobs = topo.jobs(1.0)
+    assert jobs["slurm:1"].gpus["n2"] == (5,)  # a node shared by two jobs: the rank says which GPU
+    assert topo.take_unknown() == {"slurm:3"}
+
+
+def test_prune_and_forget_node_drop_rank_reports() -> None:
+    topo = JobTopology(member_ttl_s=30.0)
+    topo.observe_rank("n1", "a", 0, 0.0)
+    topo.observe_rank("n2", "a", 0, 20.0)
+    topo.prune(40.0)
+    assert topo.jobs(40.0)["a"].nodes == ("n2",)
+    topo.forget_node("n2")
+    assert topo.jobs(40.0) == {}

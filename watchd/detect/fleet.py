@@ -241,6 +241,7 @@ class FleetState:
         gpu = a.get("gpu")
         track.gpu = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else track.gpu
         phase = a.get("phase")
+        was_quiet = track.phase in QUIET_PHASES
         track.phase = phase if isinstance(phase, str) and phase else "train"
         if step > track.step:
             track.step = step
@@ -251,12 +252,14 @@ class FleetState:
                 track.step_times.append(st)
             if ct is not None:
                 track.compute_times.append(ct)
-        elif track.phase in QUIET_PHASES:
-            track.last_advance = e.time  # a declared pause restarts the clock
+        elif was_quiet or track.phase in QUIET_PHASES:
+            track.last_advance = e.time  # a declared pause restarts the clock, and so does its end
         seq = a.get("collective_seq")
         if isinstance(seq, int) and not isinstance(seq, bool):
             track.collective_seq = seq
         track.last_report = e.time
+        if track.phase != "done":
+            self.topology.observe_rank(e.node, job, track.gpu, e.time)
 
     def _xid(self, e: Event) -> None:
         xid = e.attrs.get("xid")

@@ -5,8 +5,11 @@ Two kinds of evidence:
 * provider snapshots (Slurm ``squeue``, Kubernetes pods): authoritative for a job's nodes. Each provider's
   answer replaces its previous one, so a job that finished, shrank or was requeued elsewhere loses its old
   nodes at the next refresh;
-* the agents' per-GPU job labels (``gpu_summary.job``, heartbeats): which GPUs of a node the job uses. An
-  observation older than ``member_ttl_s`` is forgotten, so a GPU whose processes ended leaves the job.
+* the agents' per-GPU job labels (``gpu_summary.job``) and the training ranks' heartbeats: which GPUs of a
+  node the job uses. An observation older than ``member_ttl_s`` is forgotten, so a GPU whose processes ended
+  leaves the job. A heartbeat places its job on its node (and GPU, when the rank names it) even where the
+  agent cannot map GPU processes to jobs (containers without the host's /proc): a summary saying "no job"
+  does not take the GPU away from a rank that reports on it.
 
 A job no provider lists (no scheduler configured, or not refreshed yet) is known from the agents alone: its
 nodes are those with a GPU that reported it recently. On a node of a provider's job whose GPUs report no job
@@ -42,6 +45,7 @@ class JobTopology:
         self._alias: dict[str, str] = {}  # agent label -> job id
         self._seen: dict[tuple[str, int], tuple[str, float]] = {}  # (node, gpu) -> (job label, last seen)
         self._node_gpus: dict[str, dict[int, float]] = {}  # node -> gpu -> last seen (any job or none)
+        self._ranks: dict[tuple[str, str, int | None], float] = {}  # (node, job label, gpu) -> last report
         self._unknown_labels: set[str] = set()
 
     # ------------------------------------------------------------------------------------- updates
@@ -67,10 +71,18 @@ class JobTopology:
         if self.provided(job) is None and self._snapshots:
             self._unknown_labels.add(job)
 
+    def observe_rank(self, node: str, job: str, gpu: int | None, now: float) -> None:
+        """A training rank of ``job`` reported from ``node`` at ``now``, on GPU ``gpu`` when it said which."""
+        self._ranks[(node, job, gpu)] = now
+        if self.provided(job) is None and self._snapshots:
+            self._unknown_labels.add(job)
+
     def forget_node(self, node: str) -> None:
         self._node_gpus.pop(node, None)
         for key in [k for k in self._seen if k[0] == node]:
             del self._seen[key]
+        for rank in [k for k in self._ranks if k[0] == node]:
+            del self._ranks[rank]
 
     def take_unknown(self) -> set[str]:
         """Job labels the agents reported that no provider lists (a refresh may find them); clears them."""
@@ -99,10 +111,15 @@ class JobTopology:
     def jobs(self, now: float) -> dict[str, JobView]:
         """Every running job with its nodes and GPUs."""
         ttl = self.member_ttl_s
-        reported: dict[str, dict[str, list[int]]] = {}  # job id -> node -> gpus
+        reported: dict[str, dict[str, set[int]]] = {}  # job id -> node -> gpus (empty: a rank said none)
         for (node, gpu), (label, seen) in self._seen.items():
             if now - seen <= ttl:
-                reported.setdefault(self.canonical(label), {}).setdefault(node, []).append(gpu)
+                reported.setdefault(self.canonical(label), {}).setdefault(node, set()).add(gpu)
+        for (node, label, rank_gpu), seen in self._ranks.items():
+            if now - seen <= ttl:
+                gpus_of = reported.setdefault(self.canonical(label), {}).setdefault(node, set())
+                if rank_gpu is not None:
+                    gpus_of.add(rank_gpu)
         provided: dict[str, JobInfo] = {}
         for snap in self._snapshots.values():
             for job in snap.values():
@@ -127,11 +144,24 @@ class JobTopology:
             views[job_id] = JobView(
                 job_id, job.nodes, gpus, job.partition, job.source, job.start_time, job.ranks
             )
+        agent_jobs_on_node: dict[str, int] = {}
+        for job_id, by_node in reported.items():
+            if job_id not in views:
+                for node in by_node:
+                    agent_jobs_on_node[node] = agent_jobs_on_node.get(node, 0) + 1
         for job_id, by_node in reported.items():
             if job_id in views:
                 continue
             nodes = tuple(sorted(by_node))
-            views[job_id] = JobView(job_id, nodes, {n: tuple(sorted(by_node[n])) for n in nodes})
+            gpus = {}
+            for node in nodes:
+                if by_node[node]:
+                    gpus[node] = tuple(sorted(by_node[node]))
+                elif agent_jobs_on_node[node] == 1 and node not in jobs_on_node:
+                    gpus[node] = self._unlabelled_gpus(node, now)  # ranks that did not say their GPU
+                else:
+                    gpus[node] = ()
+            views[job_id] = JobView(job_id, nodes, gpus)
         return views
 
     def _unlabelled_gpus(self, node: str, now: float) -> tuple[int, ...]:
@@ -149,6 +179,8 @@ class JobTopology:
         horizon = now - self.member_ttl_s
         for key in [k for k, (_, seen) in self._seen.items() if seen < horizon]:
             del self._seen[key]
+        for rank in [k for k, seen in self._ranks.items() if seen < horizon]:
+            del self._ranks[rank]
         for node in list(self._node_gpus):
             gpus = self._node_gpus[node]
             for gpu in [g for g, seen in gpus.items() if seen < horizon]:
