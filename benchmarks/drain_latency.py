@@ -29,7 +29,14 @@ sys.path.insert(0, str(ROOT))
 from tests.daemons import Daemon, agent_config, engine_config, free_port  # noqa: E402
 from tests.harness.slurm import SlurmCluster  # noqa: E402
 from watchd.agent.runner import Agent  # noqa: E402
-from watchd.config import AgentConfig, EngineEndpoint, Listen, SourcesConfig, TokenSource  # noqa: E402
+from watchd.config import (  # noqa: E402
+    AgentConfig,
+    EngineEndpoint,
+    HeartbeatConfig,
+    Listen,
+    SourcesConfig,
+    TokenSource,
+)
 from watchd.logs import configure_logging  # noqa: E402
 from watchd.sources.base import FakeLogSource  # noqa: E402
 
@@ -118,6 +125,7 @@ class Bench:
                     ),
                     listen=Listen(port=0),
                     sources=SourcesConfig(),
+                    heartbeat=HeartbeatConfig(enabled=False),
                 )
                 await stack.enter_async_context(Agent(config, sources=[sources[n]]))
             for run in range(runs):

@@ -3,6 +3,7 @@
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -13,6 +14,7 @@ from watchd.config import (
     AgentConfig,
     EngineConfig,
     EngineEndpoint,
+    HeartbeatConfig,
     Listen,
     ShipperConfig,
     SourcesConfig,
@@ -39,6 +41,7 @@ def agent_config(port: int, token: str = "tok", **shipper: object) -> AgentConfi
         engine=EngineEndpoint(url=f"http://127.0.0.1:{port}", auth=TokenSource(token=token), timeout_s=2),
         listen=Listen(port=0),
         sources=SourcesConfig(),
+        heartbeat=HeartbeatConfig(enabled=False),
         shipper=ShipperConfig(backoff_initial_s=0.05, backoff_max_s=0.2, shutdown_flush_s=0.2, **shipper),  # type: ignore[arg-type]
     )
 
@@ -69,6 +72,30 @@ async def test_xid_line_becomes_an_event_at_the_engine(engine: Engine) -> None:
     drain = scheduler_actions(engine.audit.entries)[0]
     assert (drain.node, drain.action, drain.outcome) == ("gpu-3", "drain", "dry_run")
     assert drain.params["reason"] == "Xid 79 GPU 0000:3b:00.0 GPU has fallen off the bus"
+
+
+async def test_unusable_heartbeat_endpoints_are_logged_and_counted_and_the_agent_runs_on(
+    engine: Engine, tmp_path: Path
+) -> None:
+    (tmp_path / "not-a-folder").write_text("")
+    with socket.socket() as busy:  # the loopback port taken by another process
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        config = agent_config(engine.port).model_copy(
+            update={
+                "heartbeat": HeartbeatConfig(
+                    socket=tmp_path / "not-a-folder" / "heartbeat.sock", http_port=busy.getsockname()[1]
+                )
+            }
+        )
+        source = FakeLogSource("kmsg")
+        async with Agent(config, sources=[source]) as agent:
+            endpoint_up = agent.metrics.heartbeat_endpoint_up
+            assert endpoint_up.labels("socket")._value.get() == 0
+            assert endpoint_up.labels("http")._value.get() == 0
+            assert agent.metrics.source_up.labels("heartbeat")._value.get() == 0
+            source.inject_log(XID79)  # the rest of the agent is unaffected
+            await eventually(lambda: received(engine) == 1, what="the Xid shipped")
 
 
 async def test_events_wait_for_the_engine_and_are_delivered_when_it_returns() -> None:

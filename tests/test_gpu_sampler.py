@@ -13,7 +13,14 @@ from tests.support import eventually
 from watchd.agent.runner import Agent
 from watchd.agent.xid_dedup import XidDeduplicator
 from watchd.clock import FakeClock
-from watchd.config import AgentConfig, EngineEndpoint, GpuSourceConfig, Listen, SourcesConfig
+from watchd.config import (
+    AgentConfig,
+    EngineEndpoint,
+    GpuSourceConfig,
+    HeartbeatConfig,
+    Listen,
+    SourcesConfig,
+)
 from watchd.events import Event
 from watchd.gpu.fake import FakeGpuBackend
 from watchd.gpu.metrics import GpuCollector, dcgm_mapping_markdown
@@ -159,6 +166,7 @@ async def test_agent_with_a_fake_gpu_ships_health_events_and_serves_gpu_metrics(
             kmsg={"enabled": False},  # type: ignore[arg-type]
             gpu=GpuSourceConfig(backend="fake", scenario=SCENARIOS / "healthy_training.yaml", interval_s=0.2),
         ),
+        heartbeat=HeartbeatConfig(enabled=False),
         shipper=ShipperConfig(backoff_initial_s=0.05, backoff_max_s=0.2, shutdown_flush_s=1),
     )
     port = free_port()
@@ -195,6 +203,7 @@ async def test_an_xid_seen_by_the_kernel_log_and_nvml_reaches_the_engine_once(tm
             kmsg={"enabled": False},  # type: ignore[arg-type]
             gpu=GpuSourceConfig(backend="fake", scenario=scenario, interval_s=0.2),
         ),
+        heartbeat=HeartbeatConfig(enabled=False),
         shipper=ShipperConfig(backoff_initial_s=0.05, backoff_max_s=0.2, shutdown_flush_s=1),
     )
     async with Engine(engine_config(port), use_config_scheduler=False) as engine, Agent(config) as agent:

@@ -3,12 +3,16 @@ agent endpoint on a Unix socket and on loopback HTTP."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from tests.support import eventually
 from watchd.agent.heartbeat import Coalescer, ReportError, parse_report
@@ -75,7 +79,9 @@ async def test_client_reports_reach_the_agent_endpoint(transport: str, tmp_path:
     )
     shipped: list[Event] = []
     server = HeartbeatServer(config, "gpu-7", SystemClock(), AgentMetrics(), shipped.append)
+    metrics = server._metrics
     await server.start()
+    assert metrics.heartbeat_endpoint_up.labels(transport)._value.get() == 1
     try:
         hb = Heartbeat(
             "slurm:99",
@@ -99,6 +105,23 @@ async def test_client_reports_reach_the_agent_endpoint(transport: str, tmp_path:
         1,
     )
     assert e.attrs["collective_seq"] == 4 and e.attrs["compute_time_s"] == 0.3
+
+
+async def test_client_falls_back_to_loopback_when_the_socket_cannot_be_used(tmp_path: Path) -> None:
+    stale = tmp_path / "heartbeat.sock"
+    stale.write_text("")  # a path that exists but where nothing listens (or that the rank may not open)
+    config = HeartbeatConfig(socket=None, http_port=_free_port(), forward_interval_s=0.2)
+    shipped: list[Event] = []
+    server = HeartbeatServer(config, "gpu-7", SystemClock(), AgentMetrics(), shipped.append)
+    await server.start()
+    try:
+        hb = Heartbeat("slurm:5", 1, socket_path=str(stale), port=config.http_port, report_done_at_exit=False)
+        hb.step(1)
+        await eventually(lambda: bool(shipped), timeout=10, what="a heartbeat over loopback")
+        await asyncio.to_thread(hb.close)  # not on the loop: the agent must answer the last report
+    finally:
+        await server.stop()
+    assert hb.dropped == 0 and shipped[0].attrs["rank"] == 1
 
 
 def test_client_never_blocks_without_an_agent(tmp_path: Path) -> None:
@@ -127,3 +150,26 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("mode", "socket_bits", "folder_bits"), [("0660", 0o660, 0o750), ("666", 0o666, 0o751)]
+)
+async def test_socket_and_its_new_folder_get_the_configured_permissions(
+    mode: str, socket_bits: int, folder_bits: int, tmp_path: Path
+) -> None:
+    sock = tmp_path / "run" / "heartbeat.sock"
+    config = HeartbeatConfig(socket=sock, socket_mode=mode, http_port=0)
+    server = HeartbeatServer(config, "gpu-7", SystemClock(), AgentMetrics(), lambda e: None)
+    await server.start()
+    try:
+        assert stat.S_IMODE(os.stat(sock).st_mode) == socket_bits
+        assert stat.S_IMODE(os.stat(sock.parent).st_mode) == folder_bits
+    finally:
+        await server.stop()
+    assert not sock.exists()  # removed at stop
+
+
+def test_socket_mode_is_validated() -> None:
+    with pytest.raises(ValidationError):
+        HeartbeatConfig(socket_mode="0999")

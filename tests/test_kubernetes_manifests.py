@@ -66,7 +66,12 @@ def test_kinds_and_wiring() -> None:
     maps = {m["metadata"]["name"]: m["data"] for m in by_kind("ConfigMap")}
     engine = parse_config(EngineConfig, yaml.safe_load(maps["watchd-engine-config"]["engine.yaml"]), "engine")
     assert engine.kubernetes.enabled and engine.kubernetes.leader_election.enabled
-    parse_config(AgentConfig, yaml.safe_load(maps["watchd-agent-config"]["agent.yaml"]), "agent")
+    agent = parse_config(AgentConfig, yaml.safe_load(maps["watchd-agent-config"]["agent.yaml"]), "agent")
+    # the heartbeat socket lives in the host folder the DaemonSet shares with training pods
+    assert agent.heartbeat.socket is not None
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    shared = [v["name"] for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/run/watchd"]
+    assert shared and mounts[shared[0]] == str(agent.heartbeat.socket.parent)
     assert all(isinstance(r, dict) for r in yaml.safe_load(maps["watchd-rules"]["site.yaml"])["rules"])
     assert callable(load_rules)
 

@@ -225,8 +225,14 @@ class Heartbeat:
                 return
 
     def _connect(self) -> http.client.HTTPConnection:
+        """The Unix socket when it can be used; loopback HTTP otherwise (no socket, or no permission)."""
         if os.path.exists(self.socket_path):
-            return _UnixHTTPConnection(self.socket_path, self.timeout)
+            unix = _UnixHTTPConnection(self.socket_path, self.timeout)
+            try:
+                unix.connect()
+                return unix
+            except OSError:
+                unix.close()
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
 
     def _post(self, conn: http.client.HTTPConnection, batch: list[dict[str, Any]]) -> None:

@@ -266,11 +266,14 @@ class ShipperConfig(_Strict):
 
 
 class HeartbeatConfig(_Strict):
-    """The local endpoint where training ranks report their progress (docs/heartbeats.md). Off by default
-    until it has been run beside real training jobs."""
+    """The local endpoint where training ranks report their progress (docs/heartbeats.md). On by default: it
+    costs nothing until a rank reports, and an endpoint that cannot be opened is logged and counted, never
+    fatal."""
 
-    enabled: bool = False
+    enabled: bool = True
     socket: Path | None = Path("/run/watchd/heartbeat.sock")  # None: no Unix socket
+    # who may report: "0660" the agent's user and group, "0666" every local user (loopback HTTP already is)
+    socket_mode: Annotated[str, Field(pattern=r"^0?[0-7]{3}$")] = "0660"
     http_port: Port = 9123  # on 127.0.0.1 only; 0: off
     forward_interval_s: Seconds = 2.0
     max_ranks: Annotated[int, Field(ge=1)] = 1024

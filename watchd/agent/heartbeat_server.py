@@ -1,7 +1,8 @@
 """The heartbeat endpoint: ``POST /v1/heartbeat`` on a Unix socket and on 127.0.0.1, feeding the coalescer.
 
 Optional by nature: an endpoint that cannot be opened (socket in use, no permission) is logged and reported as
-``watchd_source_up{source="heartbeat"} 0``; the agent goes on with its other sources.
+``watchd_agent_heartbeat_endpoint_up{endpoint="socket"|"http"} 0`` (``watchd_source_up{source="heartbeat"}``
+is 0 when neither opened); the agent goes on with its other sources.
 """
 
 from __future__ import annotations
@@ -97,16 +98,27 @@ class HeartbeatServer:
 
     @contextlib.contextmanager
     def _failure_logged(self, endpoint: str, where: str):  # type: ignore[no-untyped-def]
+        up = self._metrics.heartbeat_endpoint_up.labels(endpoint)
         try:
             yield
         except OSError as exc:
-            _log.error("heartbeat_endpoint_failed", endpoint=endpoint, at=where, error=str(exc))
+            up.set(0)
+            _log.error(
+                "heartbeat_endpoint_failed",
+                endpoint=endpoint,
+                at=where,
+                error=str(exc),
+                hint="training ranks cannot report here; the agent runs on without it (docs/heartbeats.md)",
+            )
+        else:
+            up.set(1)
 
     async def _open_socket(self, path: Path) -> None:
-        _prepare_socket_path(path)
+        mode = int(self.config.socket_mode, 8)
+        _prepare_socket_path(path, mode)
         assert self._runner is not None
         await web.UnixSite(self._runner, str(path)).start()
-        os.chmod(path, 0o660)
+        os.chmod(path, mode)
 
     async def _handle(self, request: web.Request) -> web.Response:
         try:
@@ -157,9 +169,12 @@ class HeartbeatServer:
             self._metrics.heartbeat_ranks.set(len(self.coalescer))
 
 
-def _prepare_socket_path(path: Path) -> None:
-    # 0770 folder, 0660 socket: the training user joins the agent's group to report (docs/heartbeats.md).
-    path.parent.mkdir(mode=0o770, parents=True, exist_ok=True)
+def _prepare_socket_path(path: Path, mode: int) -> None:
+    # A folder the agent creates is searchable by whoever may write to the socket (docs/heartbeats.md).
+    folder_mode = 0o700 | (0o050 if mode & 0o060 else 0) | (0o001 if mode & 0o006 else 0)
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, folder_mode)  # mkdir's mode is cut by the umask
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
             raise OSError(f"{path} exists and is not a socket")

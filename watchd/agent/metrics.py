@@ -58,6 +58,12 @@ class AgentMetrics:
             ["outcome"],
             registry=r,
         )
+        self.heartbeat_endpoint_up = Gauge(
+            "watchd_agent_heartbeat_endpoint_up",
+            "1 while the heartbeat endpoint listens, 0 when it could not be opened (the agent runs on).",
+            ["endpoint"],
+            registry=r,
+        )
         self.heartbeat_ranks = Gauge(
             "watchd_agent_heartbeat_ranks", "Training ranks whose heartbeats the agent tracks.", registry=r
         )
