@@ -81,6 +81,7 @@ def simulate(run: JobRun) -> Iterator[Event]:
     rank_step = {k: 0 for k in gpus}
     seq = {k: 0 for k in gpus}
     next_hb = {k: rng.uniform(0.0, 2.0) for k in gpus}
+    reported_phase: dict[tuple[int, int], str] = {}
     hardware_sent = False
     t = 0.0
     hb_period = 2.0
@@ -88,7 +89,9 @@ def simulate(run: JobRun) -> Iterator[Event]:
         t_next = t + ws
         # heartbeats forwarded inside this window
         if run.heartbeats:
-            yield from _heartbeats(run, rng, gpus, t, t_next, next_hb, rank_step, seq, hb_period, step_time)
+            yield from _heartbeats(
+                run, rng, gpus, t, t_next, next_hb, rank_step, seq, reported_phase, hb_period, step_time
+            )
         if not hardware_sent and run.fault_active(t + ws / 2) and run.fault in ("hang_lost", "hang_nvlink"):
             hardware_sent = True
             yield from _hardware_events(run, run.start + run.fault_at + 1.0)
@@ -120,6 +123,7 @@ def _heartbeats(
     next_hb: dict[tuple[int, int], float],
     rank_step: dict[tuple[int, int], int],
     seq: dict[tuple[int, int], int],
+    reported_phase: dict[tuple[int, int], str],
     period: float,
     step_time: float,
 ) -> Iterator[Event]:
@@ -133,6 +137,9 @@ def _heartbeats(
                 continue
             if hung and run.fault_active(at):
                 continue  # blocked ranks report nothing
+            if phase in ("init", "checkpoint") and reported_phase.get(key) == phase:
+                continue  # as watchd.client does: a quiet phase is reported once, as it starts
+            reported_phase[key] = phase
             advance = int(period / step_time)
             rank_step[key] += advance if phase == "train" else 0
             seq[key] += advance if phase == "train" else 0
