@@ -135,7 +135,8 @@ def test_heartbeats_find_the_hang_name_the_lagging_rank_and_respect_a_checkpoint
         for r in ranks:
             r.thread.join(5)
             r.hb.close()
-    assert [(f["kind"], f["attrs"]["job"]) for f in found] == [("nccl_hang", "hb-hang")], [f["attrs"] for f in found]
+    kinds = [(f["kind"], f["attrs"]["job"]) for f in found]
+    assert kinds == [("nccl_hang", "hb-hang")], [f["attrs"] for f in found]
     hang = found[0]["attrs"]
     assert (hang["culprit_node"], hang["culprit_gpu"], hang["evidence"]) == ("hb-node-b", 3, "heartbeat_lag")
     assert hang["signal"] == "heartbeat"

@@ -124,6 +124,26 @@ async def test_client_falls_back_to_loopback_when_the_socket_cannot_be_used(tmp_
     assert hb.dropped == 0 and shipped[0].attrs["rank"] == 1
 
 
+async def test_client_sends_one_request_per_interval_carrying_every_report(tmp_path: Path) -> None:
+    sock = tmp_path / "heartbeat.sock"
+    config = HeartbeatConfig(socket=sock, http_port=0, forward_interval_s=0.2)
+    shipped: list[Event] = []
+    server = HeartbeatServer(config, "gpu-7", SystemClock(), AgentMetrics(), shipped.append)
+    accepted = server._metrics.heartbeats.labels("accepted")
+    await server.start()
+    try:
+        hb = Heartbeat("slurm:8", 2, socket_path=str(sock), send_interval=0.5, report_done_at_exit=False)
+        for step in range(1, 41):  # 40 steps in a burst: the first goes at once, the rest wait together
+            hb.step(step)
+        await eventually(lambda: hb.sent == 40, timeout=10, what="all 40 reports delivered")
+        assert accepted._value.get() == 40 and hb.dropped == 0
+        assert 1 <= hb.requests <= 3, hb.requests  # not one request per report
+        await eventually(lambda: any(e.attrs["step"] == 40 for e in shipped), timeout=10, what="step 40")
+        await asyncio.to_thread(hb.close)
+    finally:
+        await server.stop()
+
+
 def test_client_never_blocks_without_an_agent(tmp_path: Path) -> None:
     hb = Heartbeat("slurm:1", 0, socket_path=str(tmp_path / "none.sock"), report_done_at_exit=False)
     started = time.monotonic()

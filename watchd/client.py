@@ -6,7 +6,8 @@ training container as it is.
     hb.step(step)                         # once per training step; with hb.phase("checkpoint"): save(...)
 
 It never raises into the training loop and never blocks it: a report is put in a small bounded queue
-(the oldest is dropped when full, and counted) that a daemon thread sends to the agent's Unix socket
+(the oldest is dropped when full, and counted) that a daemon thread sends, at most one request every
+``send_interval`` seconds (0.5) carrying all that queued meanwhile, to the agent's Unix socket
 (``WATCHD_HEARTBEAT_SOCKET``, default ``/run/watchd/heartbeat.sock``) or, when there is none, to
 ``127.0.0.1:WATCHD_HEARTBEAT_PORT`` (default 9123). No agent: reports are dropped, quietly, and the thread
 tries again later. At interpreter exit a ``done`` report says the rank finished (not hung).
@@ -90,6 +91,7 @@ class Heartbeat:
         port: int | None = None,
         queue_size: int = 64,
         timeout: float = 0.5,
+        send_interval: float = 0.5,
         report_done_at_exit: bool = True,
     ) -> None:
         self.job = job if job is not None else _env_job()
@@ -100,11 +102,15 @@ class Heartbeat:
         env_port = os.environ.get("WATCHD_HEARTBEAT_PORT", "")
         self.port = port if port is not None else (int(env_port) if env_port.isdigit() else DEFAULT_PORT)
         self.timeout = timeout
+        #: at most one request per this many seconds, carrying every report queued meanwhile
+        self.send_interval = max(0.0, send_interval)
         #: reports dropped: queue full (the oldest go) or the agent unreachable
         self.dropped = 0
         self.sent = 0
+        self.requests = 0  #: requests made to the agent (each carries every report queued meanwhile)
         self._queue: collections.deque[dict[str, Any]] = collections.deque(maxlen=max(1, queue_size))
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # a report queued, or close()
+        self._closing = threading.Event()  # close(): cut the pause between requests short
         self._closed = False
         self._phase = "train"
         self._step = 0
@@ -169,6 +175,7 @@ class Heartbeat:
             return
         self.set_phase("done")
         self._closed = True
+        self._closing.set()
         self._wake.set()
         with contextlib.suppress(Exception):
             self._thread.join(timeout)
@@ -192,14 +199,14 @@ class Heartbeat:
 
     def _run(self) -> None:
         conn: http.client.HTTPConnection | None = None
-        retry_at = 0.0
+        not_before = 0.0  # monotonic: no request before (the send interval, or the back-off after a failure)
         delay = _RETRY_MIN_S
         while True:
-            wait = retry_at - time.monotonic()
-            self._wake.wait(wait if wait > 0 else None)
+            self._wake.wait()
+            pause = not_before - time.monotonic()
+            if pause > 0:  # meanwhile reports queue up (the oldest go when it is full): one request for all
+                self._closing.wait(pause)
             self._wake.clear()
-            if time.monotonic() < retry_at and not self._closed:
-                continue  # the agent is away: the queue keeps the latest reports meanwhile
             batch: list[dict[str, Any]] = []
             while self._queue and len(batch) < _MAX_BATCH:
                 batch.append(self._queue.popleft())
@@ -215,10 +222,11 @@ class Heartbeat:
                     conn = None
                     if self._closed:
                         return
-                    retry_at = time.monotonic() + delay
+                    not_before = time.monotonic() + delay
                     delay = min(_RETRY_MAX_S, delay * 2)
-                    continue
+                    continue  # reports keep queueing while the agent is away
                 delay = _RETRY_MIN_S
+                not_before = time.monotonic() + self.send_interval
             if self._queue:
                 self._wake.set()
             elif self._closed:
@@ -237,6 +245,7 @@ class Heartbeat:
 
     def _post(self, conn: http.client.HTTPConnection, batch: list[dict[str, Any]]) -> None:
         body = json.dumps(batch, separators=(",", ":")).encode()
+        self.requests += 1
         conn.request("POST", PATH, body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         resp.read()
