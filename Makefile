@@ -49,6 +49,7 @@ bench: venv deps
 	$(BIN)/python benchmarks/rules_throughput.py
 	$(BIN)/python benchmarks/ingest_throughput.py
 	$(BIN)/python benchmarks/agent_cost.py
+	$(BIN)/python benchmarks/heartbeat_cost.py
 	$(BIN)/python benchmarks/detection.py
 
 clean:
