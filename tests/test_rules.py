@@ -1,3 +1,5 @@
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -314,3 +316,42 @@ def test_compiled_planners_decide_exactly_as_the_reference_rendering() -> None:
             assert [a.params for a in got.actions] == want, rule.name
             checked += 1
     assert checked > 1000
+
+
+def test_indexed_engine_decides_exactly_as_trying_every_rule() -> None:
+    """The index (kind, pinned field, regex gates) and the shared ``unless`` checks change nothing: pack plus
+    synthetic rules (indexed, regex-gated, stateful, unless) over a varied stream give the same decisions
+    as an engine that tries every rule and every ``unless`` with its whole match."""
+    from benchmarks.common import make_events, synthetic_rules_yaml
+    from watchd.rules import RuleEngine, load_rules, parse_rule_file
+
+    pack = load_rules([])
+    synthetic, problems = parse_rule_file(synthetic_rules_yaml(400), "<syn>", len(pack.rules))
+    assert not problems
+    extra = rules_of(  # gates that must not merge (groups, flags) next to ones that do
+        {"name": "g1", "match": {"process": {"regex": "^(py)thon3$"}}, "actions": ["log"]},
+        {"name": "g2", "match": {"process": {"regex": "(?i)^PYTHON$"}}, "actions": ["log"]},
+        {"name": "g3", "match": {"process": {"regex": "^torch"}, "kind": "xid"}, "actions": ["log"]},
+        {"name": "g4", "match": {"process": {"regex": "run$"}}, "actions": ["log"]},
+        {"name": "g5", "match": {"xid": {"regex": "^4"}}, "actions": ["log"]},
+        {"name": "g6", "match": {"xid": {"regex": "3$"}, "kind": "xid"}, "actions": ["log"]},
+        *(  # different unless matches of one kind: each checked for its own rule
+            {
+                "name": f"u{a}",
+                "match": {"kind": "xid", "xid": a},
+                "group_by": ["node"],
+                "unless": {"match": {"kind": "xid", "xid": b}, "within": "10m"},
+                "actions": ["log"],
+            }
+            for a, b in ((13, 31), (31, 13))
+        ),
+    )
+    rules = (*pack.rules, *synthetic, *(replace(r, order=10_000 + i) for i, r in enumerate(extra)))
+    indexed, every = RuleEngine(rules), RuleEngine(rules, indexed=False)
+    fired: Counter[str] = Counter()
+    for event in make_events(6000, gpus=64, seed=5):
+        want = every.evaluate(event)
+        assert indexed.evaluate(event) == want, event
+        fired.update(d.rule for d in want)
+    assert sum(fired.values()) > 10_000
+    assert all(fired[name] > 0 for name in ("g1", "g2", "g3", "g4", "g5", "g6", "u13", "u31")), fired

@@ -505,7 +505,7 @@ class ActionExecutor:
         action = PlannedAction(kind=held.kind, node=held.node, params=params)  # type: ignore[arg-type]
         result = await self._scheduled(None, action, check_safety=False, held_id=held_id)
         if held.params.get("requeue_after_release") and result.outcome in _DRAINED_BY_US:
-            requeue = PlannedAction(kind="requeue", node=held.node)
+            requeue = PlannedAction(kind="requeue", node=held.node, params={})
             requeued = await self._scheduled(None, requeue, check_safety=False, held_id=held_id)
             result = Outcome(
                 result.outcome, f"{result.detail}; then requeue: {requeued.outcome} {requeued.detail}"

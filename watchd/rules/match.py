@@ -211,6 +211,22 @@ def index_keys(match: Mapping[str, Any]) -> list[tuple[str, frozenset[Any]]]:
     return keys
 
 
+def regex_gates(match: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The match's top-level ``field: {regex: ...}`` conditions whose pattern can be OR-ed with others into
+    one search that fails exactly when each fails: no groups (so no backreferences) and no flags."""
+    gates = []
+    for key, cond in match.items():
+        if key == "any" or not isinstance(cond, dict) or not isinstance(cond.get("regex"), str):
+            continue
+        try:
+            pattern = re.compile(cond["regex"])
+        except re.error:
+            continue
+        if pattern.groups == 0 and pattern.flags == re.UNICODE:
+            gates.append((key, cond["regex"]))
+    return gates
+
+
 def match_kinds(match: Mapping[str, Any]) -> frozenset[str] | None:
     """The event kinds a match can hold for, when it says (``kind: xid`` or ``kind: {in: [...]}``)."""
     kind = match.get("kind")

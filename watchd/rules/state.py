@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchd.events import Event, Scalar
-from watchd.rules.match import match_kinds
-from watchd.rules.ruleset import Decision, Rule, RuleIndex, plan
+from watchd.rules.index import Index, RuleIndex, ScanIndex
+from watchd.rules.match import Predicate, match_kinds
+from watchd.rules.ruleset import Decision, Rule
 
 GroupKey = tuple[Any, ...]
 
@@ -39,12 +40,17 @@ def _bounded_set(table: dict[GroupKey, Any], key: GroupKey, value: Any, limit: i
 
 
 class RuleEngine:
-    def __init__(self, rules: tuple[Rule, ...], max_groups: int = MAX_GROUPS) -> None:
+    """``indexed=False`` tries every rule and every ``unless`` on its own, with its whole match: the reference
+    the index and the shared ``unless`` checks must agree with."""
+
+    def __init__(
+        self, rules: tuple[Rule, ...], max_groups: int = MAX_GROUPS, *, indexed: bool = True
+    ) -> None:
         self.rules = rules
-        self._index = RuleIndex(rules)
-        self._unless_rules = _by_kind([r for r in rules if r.unless is not None], unless=True)
-        self._for_rules = _by_kind([r for r in rules if r.spec.for_ is not None], unless=False)
+        self._index: Index = RuleIndex(rules) if indexed else ScanIndex(rules)
+        self._indexed = indexed
         self._state: dict[str, _RuleState] = {r.name: _RuleState() for r in rules if r.stateful}
+        self._kinds: dict[str, _KindPlan] = {}
         self._max_groups = max_groups
         self.groups_evicted = 0
 
@@ -54,6 +60,7 @@ class RuleEngine:
         for rule in self.rules:
             if rule.name in self._state and before.get(rule.name) == rule.spec and rule.name in old._state:
                 self._state[rule.name] = old._state[rule.name]
+        self._kinds.clear()  # they hold the states replaced above
 
     @property
     def tracked_groups(self) -> int:
@@ -61,40 +68,57 @@ class RuleEngine:
 
     def evaluate(self, event: Event) -> list[Decision]:
         """Every decision this event triggers, in rule-file order."""
+        kind = self._kinds.get(event.kind) or self._plan_kind(event.kind)
         now = event.time
-        for rule in _for_kind(self._unless_rules, event.kind):
-            assert rule.unless is not None
-            if rule.unless(event):
-                key = rule.group_key(event)
-                self.groups_evicted += _bounded_set(
-                    self._state[rule.name].unless_seen, key, (now, event.id), self._max_groups
-                )
-        decisions: list[Decision] = []
-        holds = _for_kind(self._for_rules, event.kind)
-        matched: set[str] = set()
+        for unless, targets in kind.unless:
+            if unless(event):
+                for group_key, seen in targets:
+                    self.groups_evicted += _bounded_set(
+                        seen, group_key(event), (now, event.id), self._max_groups
+                    )
         fired: list[Rule] = []
-        for candidates in self._index.candidates(event):
-            for rule, check in candidates:
-                if check(event):
-                    fired.append(rule)
+        self._index.matching(event, fired)
         if len(fired) > 1:
             fired.sort(key=_order)
+        decisions: list[Decision] = []
         for rule in fired:
-            if holds:
-                matched.add(rule.name)
             if not rule.stateful:
-                decisions.append(plan(rule, event))
+                decisions.append(rule.decide(event, {"node": event.node}, 1))
                 continue
             decision = self._stateful(rule, event, now)
             if decision is not None:
                 decisions.append(decision)
-        for rule in holds:  # an event of the rule's kind that no longer matches ends a hold
-            if rule.name not in matched:
-                state = self._state[rule.name]
+        if kind.holds:
+            self._end_holds(kind.holds, {id(r) for r in fired}, event)
+        return decisions
+
+    @staticmethod
+    def _end_holds(holds: tuple[tuple[Rule, _RuleState], ...], fired: set[int], event: Event) -> None:
+        for rule, state in holds:  # an event of the rule's kind that no longer matches ends a hold
+            if id(rule) not in fired:
                 key = rule.group_key(event)
                 state.held_since.pop(key, None)
                 state.fired_hold.discard(key)
-        return decisions
+
+    def _plan_kind(self, kind: str) -> _KindPlan:
+        """What every event of ``kind`` checks besides the index: ``unless`` matches (each distinct one
+        once), and the rules with ``for`` whose hold a non-matching event of the kind ends."""
+        unless: dict[str, tuple[Predicate, list[tuple[Any, Any]]]] = {}
+        for rule in _for_kind(self._unless_rules(), kind):
+            assert rule.unless is not None and rule.spec.unless is not None
+            key = _canonical(rule.spec.unless.match) if self._indexed else rule.name
+            target = (rule.group_key, self._state[rule.name].unless_seen)
+            unless.setdefault(key, (rule.unless, []))[1].append(target)
+        holds = tuple((r, self._state[r.name]) for r in _for_kind(self._for_rules(), kind))
+        plan = _KindPlan(tuple((check, tuple(t)) for check, t in unless.values()), holds)
+        self._kinds[kind] = plan
+        return plan
+
+    def _unless_rules(self) -> dict[Any, tuple[Rule, ...]]:
+        return _by_kind([r for r in self.rules if r.unless is not None], unless=True)
+
+    def _for_rules(self) -> dict[Any, tuple[Rule, ...]]:
+        return _by_kind([r for r in self.rules if r.spec.for_ is not None], unless=False)
 
     def _stateful(self, rule: Rule, event: Event, now: float) -> Decision | None:
         spec = rule.spec
@@ -136,10 +160,29 @@ class RuleEngine:
             self.groups_evicted += _bounded_set(state.last_fired, key, now, self._max_groups)
         if spec.count > 1 or spec.distinct:
             state.window.pop(key, None)  # fired: the next firing needs a fresh count
-        return plan(rule, event, dict(zip(spec.group_by, key, strict=True)), count)
+        return rule.decide(event, dict(zip(spec.group_by, key, strict=True)), count)
 
 
 _ANY = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _KindPlan:
+    unless: tuple[tuple[Predicate, tuple[tuple[Any, Any], ...]], ...]  # (match, ((group key, seen), ...))
+    holds: tuple[tuple[Rule, _RuleState], ...]
+
+
+def _canonical(value: Any) -> str:
+    """Equal for equal matches whatever their key order (1, 1.0 and true stay apart)."""
+    if isinstance(value, Mapping):
+        return (
+            "{"
+            + ",".join(f"{k!r}:{_canonical(v)}" for k, v in sorted(value.items(), key=lambda kv: repr(kv[0])))
+            + "}"
+        )
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_canonical(v) for v in value) + "]"
+    return f"{type(value).__name__}:{value!r}"
 
 
 def _order(rule: Rule) -> int:
