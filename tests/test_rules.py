@@ -292,6 +292,14 @@ def test_fast_templates_render_exactly_as_jinja(source: str) -> None:
     ctx = Context(rule, event, {"node": "gpu-7"}, 3)
     assert Template(source)._parts is not None  # the fast path is what is tested here
     assert Template(source).render(ctx) == _ENV.from_string(source).render(dict(ctx))
+    # bound to the rule (the generated f-string, or the full context when an attribute is missing)
+    bound = Template(source).bind(
+        {"rule": "r", "severity": rule.spec.severity},
+        frozenset({"id", "node", "source", "kind", "time"}),
+        frozenset({"node"}),
+        lambda e, g, c: Context(rule, e, g, c),
+    )
+    assert bound(event, {"node": "gpu-7"}, 3) == Template(source).render(ctx)
 
 
 def test_compiled_planners_decide_exactly_as_the_reference_rendering() -> None:

@@ -42,18 +42,22 @@ def getter(name: str) -> Getter:
 
 
 def tuple_getter(names: Sequence[str]) -> Callable[[Event], tuple[Any, ...]]:
-    """The values of ``names`` as a tuple (a group key), without a generator per call."""
-    getters = [getter(n) for n in names]
-    if len(getters) == 1:
-        (a,) = getters
-        return lambda e: (a(e),)
-    if len(getters) == 2:
-        a, b = getters
-        return lambda e: (a(e), b(e))
-    if len(getters) == 3:
-        a, b, c = getters
-        return lambda e: (a(e), b(e), c(e))
-    return lambda e: tuple([g(e) for g in getters])
+    """The values of ``names`` as a tuple (a group key): one generated expression, no call per field.
+
+    The source holds only ``e.<field>`` for the fixed top-level fields and ``a.get(kN)`` with the
+    attribute names bound as values, never text from a rule."""
+    namespace: dict[str, Any] = {}
+    parts = []
+    for i, name in enumerate(names):
+        if name in _TOP_LEVEL:
+            parts.append(f"e.{name}")
+        else:
+            namespace[f"k{i}"] = name
+            parts.append(f"a.get(k{i})")
+    body = f"({', '.join(parts)},)" if parts else "()"
+    source = f"def key(e):\n    a = e.attrs\n    return {body}\n"
+    exec(compile(source, "<group key>", "exec"), namespace)  # generated from the fixed parts above
+    return namespace["key"]  # type: ignore[no-any-return]
 
 
 def _number(value: Any) -> float | None:
@@ -147,7 +151,7 @@ def compile_match(match: Mapping[str, Any], path: Path = (), skip: frozenset[str
             if not isinstance(cond, list) or not cond or not all(isinstance(c, dict) for c in cond):
                 raise MatchError(here, "'any' takes a non-empty list of matches")
             alternatives = [compile_match(c, (*here, i)) for i, c in enumerate(cond)]
-            checks.append(lambda e, alts=alternatives: any(a(e) for a in alts))  # type: ignore[misc]
+            checks.append(any_of(alternatives))
         elif isinstance(cond, dict):
             unknown = set(cond) - OPERATORS
             if unknown or not cond:
@@ -187,6 +191,26 @@ def all_of(checks: list[Predicate]) -> Predicate:
         return True
 
     return every
+
+
+def any_of(checks: list[Predicate]) -> Predicate:
+    """One predicate that holds when one of ``checks`` does, without a generator per call."""
+    if len(checks) == 1:
+        return checks[0]
+    if len(checks) == 2:
+        a, b = checks
+        return lambda e: a(e) or b(e)
+    if len(checks) == 3:
+        a, b, c = checks
+        return lambda e: a(e) or b(e) or c(e)
+
+    def some(e: Event) -> bool:
+        for check in checks:  # noqa: SIM110 - no generator per call on the hot path
+            if check(e):
+                return True
+        return False
+
+    return some
 
 
 def index_plan(match: Mapping[str, Any]) -> tuple[frozenset[Any] | None, tuple[str, frozenset[Any]] | None]:

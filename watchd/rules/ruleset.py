@@ -31,6 +31,9 @@ class Rule:
     group_key: Callable[[Event], tuple[Any, ...]] = field(init=False, compare=False)
     planners: tuple[Planner, ...] = field(init=False, compare=False)
     decide: Decider = field(init=False, compare=False)
+    counted: bool = field(init=False, compare=False)  # count within a window, or distinct values
+    distinct_values: Callable[[Event], tuple[Any, ...]] = field(init=False, compare=False)
+    group_of: Callable[[tuple[Any, ...]], dict[str, Scalar]] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         s = self.spec
@@ -46,6 +49,10 @@ class Rule:
         )
         object.__setattr__(self, "planners", planners)
         object.__setattr__(self, "decide", _decider(s, planners))
+        object.__setattr__(self, "counted", s.count > 1 or bool(s.distinct))
+        distinct = tuple(s.distinct)
+        object.__setattr__(self, "distinct_values", tuple_getter(distinct) if distinct else lambda e: ())
+        object.__setattr__(self, "group_of", _group_builder(tuple(s.group_by)))
 
     @property
     def name(self) -> str:
@@ -139,42 +146,52 @@ def _render(value: Any, ctx: Mapping[str, Any]) -> Any:
     return value
 
 
-ParamsRender = Callable[[Event, Mapping[str, Scalar], int], dict[str, Any]]
-
-
-def _params_renderer(rule: Rule, templates: Mapping[str, Any], group_keys: frozenset[str]) -> ParamsRender:
-    """The action's parameters as one function: templates bound to the rule, nested mappings rebuilt per
-    call (a fresh dict each time, as ``_render`` makes), other values passed as they are."""
+def _planner(
+    rule: Rule, kind: ActionKind, templates: Mapping[str, Any], group_keys: frozenset[str]
+) -> Planner:
+    """One action of the rule as one generated function ``(e, g, c) -> PlannedAction``: its parameters a
+    dict display (a fresh dict, nested mappings too, as ``_render`` makes) of rendered templates, fixed
+    text and other values passed as they are. The source names only values bound in its namespace."""
     constants = {"rule": rule.name, "severity": rule.spec.severity}
 
     def slow_context(event: Event, group: Mapping[str, Scalar], count: int) -> Context:
         return Context(rule, event, group, count)
 
-    items: list[tuple[str, bool, Any]] = []  # (name, is a renderer, renderer or value)
-    for name, value in templates.items():
-        if isinstance(value, Template):
-            items.append((name, True, value.bind(constants, _TOP_LEVEL, group_keys, slow_context)))
-        elif isinstance(value, dict):
-            items.append((name, True, _params_renderer(rule, value, group_keys)))
-        else:
-            items.append((name, False, value))
-    if not items:
-        return lambda event, group, count: {}
-    return lambda event, group, count: {
-        name: fn(event, group, count) if dynamic else fn for name, dynamic, fn in items
-    }
+    namespace: dict[str, Any] = {"new": tuple.__new__, "PlannedAction": PlannedAction, "kind": kind}
+
+    def bound(value: Any) -> str:
+        name = f"v{len(namespace)}"
+        namespace[name] = value
+        return name
+
+    def display(params: Mapping[str, Any]) -> str:
+        items = []
+        for name, value in params.items():
+            if isinstance(value, Template) and value.static_text is not None:
+                items.append(f"{bound(name)}: {bound(value.static_text)}")
+            elif isinstance(value, Template):
+                render = value.bind(constants, _TOP_LEVEL, group_keys, slow_context)
+                items.append(f"{bound(name)}: {bound(render)}(e, g, c)")
+            elif isinstance(value, dict):
+                items.append(f"{bound(name)}: {display(value)}")
+            else:
+                items.append(f"{bound(name)}: {bound(value)}")
+        return "{" + ", ".join(items) + "}"
+
+    source = f"def planned(e, g, c):\n    return new(PlannedAction, (kind, e.node, {display(templates)}))\n"
+    exec(compile(source, f"<planner {rule.name}>", "exec"), namespace)  # generated, see above
+    return namespace["planned"]  # type: ignore[no-any-return]
 
 
-def _planner(
-    rule: Rule, kind: ActionKind, templates: Mapping[str, Any], group_keys: frozenset[str]
-) -> Planner:
-    params = _params_renderer(rule, templates, group_keys)
-    new = tuple.__new__  # PlannedAction(...) without the generated __new__'s call
-
-    def planned(event: Event, group: Mapping[str, Scalar], count: int) -> PlannedAction:
-        return new(PlannedAction, (kind, event.node, params(event, group, count)))
-
-    return planned
+def _group_builder(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], dict[str, Scalar]]:
+    """``key -> {name: value}`` for a group key of ``names``, without a zip per call."""
+    if len(names) == 1:
+        (a,) = names
+        return lambda key: {a: key[0]}
+    if len(names) == 2:
+        a, b = names
+        return lambda key: {a: key[0], b: key[1]}
+    return lambda key: dict(zip(names, key, strict=True))
 
 
 def _decider(spec: RuleSpec, planners: tuple[Planner, ...]) -> Decider:

@@ -122,7 +122,7 @@ class RuleEngine:
 
     def _stateful(self, rule: Rule, event: Event, now: float) -> Decision | None:
         spec = rule.spec
-        state = self._state[rule.name]
+        state = self._state[spec.name]
         key = rule.group_key(event)
         if spec.unless is not None:
             seen = state.unless_seen.get(key)
@@ -137,30 +137,30 @@ class RuleEngine:
             if now - since < spec.for_ or key in state.fired_hold:
                 return None
             state.fired_hold.add(key)
-        elif spec.count > 1 or spec.distinct:
-            assert spec.window is not None
+        elif rule.counted:
             window = state.window.get(key)
             if window is None:
                 window = deque()
                 self.groups_evicted += _bounded_set(state.window, key, window, self._max_groups)
-            window.append((now, tuple(event.get(f) for f in spec.distinct)))
-            horizon = now - spec.window
-            while window and window[0][0] < horizon:
+            window.append((now, rule.distinct_values(event)))
+            horizon = now - spec.window  # type: ignore[operator]  # a counted rule has a window
+            while window[0][0] < horizon:
                 window.popleft()
             if len(window) < spec.count:
                 return None
-            for i, need in enumerate(spec.distinct.values()):
-                if len({values[i] for _, values in window if values[i] is not None}) < need:
-                    return None
+            if spec.distinct:
+                for i, need in enumerate(spec.distinct.values()):
+                    if len({values[i] for _, values in window if values[i] is not None}) < need:
+                        return None
             count = len(window)
         if spec.cooldown > 0:
             last = state.last_fired.get(key)
             if last is not None and now - last < spec.cooldown:
                 return None
             self.groups_evicted += _bounded_set(state.last_fired, key, now, self._max_groups)
-        if spec.count > 1 or spec.distinct:
+        if rule.counted:
             state.window.pop(key, None)  # fired: the next firing needs a fresh count
-        return rule.decide(event, dict(zip(spec.group_by, key, strict=True)), count)
+        return rule.decide(event, rule.group_of(key), count)
 
 
 _ANY = object()

@@ -154,6 +154,11 @@ class Template:
         self._parts = _simple_parts(source)
         self._compiled = _ENV.from_string(source)
 
+    @property
+    def static_text(self) -> str | None:
+        """The text of a template without placeholders (it renders as itself); None otherwise."""
+        return self.source if self._static else None
+
     def render(self, context: Mapping[str, Any]) -> str:
         if self._static:
             return self.source
@@ -183,62 +188,73 @@ class Template:
         """A renderer for one rule, compiled at load: ``(event, group, count) -> str``, equal to ``render``
         on the rule's context. ``constants`` are names whose value is fixed for the rule (``rule``,
         ``severity``), ``top_level`` the event's attributes (``node``), ``group_keys`` what ``group``
-        always holds. Simple templates become one ``str.format`` call over the event, its attrs, the count
+        always holds. Simple templates become one generated f-string over the event, its attrs, the count
         and the group; when an attribute they name is absent (it renders ``?``), or the template needs
         anything else, ``slow_context`` builds the full context for ``render``."""
         if self._static:
             text = self.source
             return lambda event, group, count: text
-        fmt, needs = self._format_string(constants, top_level, group_keys)
 
         def slow(event: Any, group: Mapping[str, Any], count: int) -> str:
             return self.render(slow_context(event, group, count))
 
-        if fmt is None:
+        compiled = self._fstring(constants, top_level, group_keys)
+        if compiled is None:
             return slow
-        if not needs:
-            return lambda event, group, count: fmt.format(event, event.attrs, count, group)
+        body, namespace = compiled
+        namespace["slow"] = slow
+        # An f-string is compiled to bytecode once; str.format would parse its format string on every call.
+        # An attribute the event lacks (KeyError) renders ``?`` through the full context instead.
+        source = (
+            "def render(e, g, c):\n"
+            "    try:\n"
+            f"        return f{body!r}\n"
+            "    except KeyError:\n"
+            "        return slow(e, g, c)\n"
+        )
+        exec(compile(source, "<template>", "exec"), namespace)  # generated from the parts, see _fstring
+        return namespace["render"]  # type: ignore[no-any-return]
 
-        def fast(event: Any, group: Mapping[str, Any], count: int) -> str:
-            attrs = event.attrs
-            if attrs.keys() >= needs:
-                return fmt.format(event, attrs, count, group)
-            return slow(event, group, count)
-
-        return fast
-
-    def _format_string(
+    def _fstring(
         self, constants: Mapping[str, str], top_level: frozenset[str], group_keys: frozenset[str]
-    ) -> tuple[str | None, frozenset[str]]:
-        """The template as a format string over ``(event, attrs, count, group)`` and the attrs it needs;
-        None when a placeholder is not one of: a constant, ``count``, ``group.<key>``, a field or
-        ``event.<field>`` (the context's precedence: its own names, then top-level fields, then attrs)."""
+    ) -> tuple[str, dict[str, Any]] | None:
+        """The template as the body of an f-string over ``e`` (the event), ``e.attrs[...]``, ``c`` (the
+        count) and ``g`` (the group), with every piece of text and every name bound in the namespace (the
+        source holds none of the rule's text); None when a placeholder is not one of: a constant,
+        ``count``, ``group.<key>``, a field or ``event.<field>`` (the context's precedence: its own names,
+        then top-level fields, then attrs)."""
         if self._parts is None:
-            return None, frozenset()
+            return None
         out: list[str] = []
-        needs: set[str] = set()
+        namespace: dict[str, Any] = {}
+
+        def bound(value: Any) -> str:
+            name = f"v{len(namespace)}"
+            namespace[name] = value
+            return name
+
         for part in self._parts:
             if isinstance(part, str):
-                out.append(part.replace("{", "{{").replace("}", "}}"))
+                out.append(f"{{{bound(part)}}}")
                 continue
             name, sub = part
             if sub is None and name in constants:
-                out.append(constants[name].replace("{", "{{").replace("}", "}}"))
+                out.append(f"{{{bound(constants[name])}}}")
             elif sub is None and name == "count":
-                out.append("{2!s}")
+                out.append("{c!s}")
             elif name == "group" and sub in group_keys:
-                out.append(f"{{3[{sub}]!s}}")
+                out.append(f"{{g[{bound(sub)}]!s}}")
             elif (name == "event" and sub is not None) or (sub is None and name not in _CONTEXT_OWN):
                 field = sub if name == "event" else name
                 assert field is not None
-                if field in top_level:
-                    out.append(f"{{0.{field}!s}}")
+                if field in top_level:  # a fixed set of Event attributes: safe to name in the source
+                    assert field.isidentifier()
+                    out.append(f"{{e.{field}!s}}")
                 else:
-                    out.append(f"{{1[{field}]!s}}")
-                    needs.add(field)
+                    out.append(f"{{e.attrs[{bound(field)}]!s}}")
             else:
-                return None, frozenset()
-        return "".join(out), frozenset(needs)
+                return None
+        return "".join(out), namespace
 
 
 #: ``(event, group, count) -> str``: a template bound to one rule.
