@@ -363,3 +363,80 @@ def test_indexed_engine_decides_exactly_as_trying_every_rule() -> None:
         fired.update(d.rule for d in want)
     assert sum(fired.values()) > 10_000
     assert all(fired[name] > 0 for name in ("g1", "g2", "g3", "g4", "g5", "g6", "u13", "u31")), fired
+
+
+def _reference_operator(op: str, arg: Any, value: Any) -> bool:
+    import re
+
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if op == "in":
+        return value in arg
+    if op == "not_in":
+        return value not in arg
+    if op == "regex":
+        return value is not None and re.search(arg, str(value)) is not None
+    if op == "exists":
+        return (value is not None) == arg
+    if number is None:
+        return False
+    return {"gt": number > arg, "ge": number >= arg, "lt": number < arg, "le": number <= arg}[op]
+
+
+def _reference_match(match: dict[str, Any], e: Event) -> bool:
+    """The documented semantics of a match (docs/rules.md), interpreted: what the generated code must give."""
+
+    for key, cond in match.items():
+        if key == "any":
+            if not any(_reference_match(c, e) for c in cond):
+                return False
+            continue
+        value = e.get(key)
+        if not isinstance(cond, dict):
+            if value != cond:
+                return False
+            continue
+        if not all(_reference_operator(op, arg, value) for op, arg in cond.items()):
+            return False
+    return True
+
+
+def test_generated_matches_agree_with_the_documented_semantics() -> None:
+    import random
+
+    from watchd.rules.match import compile_match
+
+    rng = random.Random(4)
+    values = [None, 0, 1, 13, 79, 2.5, -1, True, False, "13", "gpu-1", "python3", "fallen off", ""]
+    fields = ["xid", "pid", "process", "node", "kind", "flag", "missing"]
+
+    def condition() -> Any:
+        op = rng.choice(["eq", "in", "not_in", "regex", "exists", "gt", "ge", "lt", "le"])
+        if op == "eq":
+            return rng.choice(values)
+        if op in ("in", "not_in"):
+            return {op: rng.sample([v for v in values if v is not None], 3)}
+        if op == "regex":
+            return {op: rng.choice(["^gpu", "13", "off$", "python", "^1", "x|3"])}
+        if op == "exists":
+            return {op: rng.random() < 0.5}
+        return {op: rng.choice([0, 1, 13, 2.5])}
+
+    def match(depth: int = 0) -> dict[str, Any]:
+        m: dict[str, Any] = {f: condition() for f in rng.sample(fields, rng.randint(0, 3))}
+        if depth < 2 and rng.random() < 0.3:
+            m["any"] = [match(depth + 1) for _ in range(rng.randint(1, 3))]
+        return m
+
+    outcomes: Counter[bool] = Counter()
+    for _ in range(400):
+        m = match()
+        compiled = compile_match(m)
+        for _ in range(15):
+            attrs = {f: rng.choice(values) for f in ("xid", "pid", "process", "flag") if rng.random() < 0.8}
+            e = Event(
+                "e1", rng.choice(["gpu-1", "gpu-2"]), "kmsg", rng.choice(["xid", "gpu_health"]), 1.0, attrs
+            )
+            got = compiled(e)
+            assert got is _reference_match(m, e), (m, e)
+            outcomes[got] += 1
+    assert min(outcomes[True], outcomes[False]) > 500, outcomes

@@ -70,22 +70,31 @@ def _number(value: Any) -> float | None:
 _LITERAL = re.compile(r"[A-Za-z0-9 _@:=/,;<>!~%&#-]+")
 
 
-# The hot path: each operator reads its field inline (``e.attrs.get`` for attributes, a C attrgetter for
-# top-level fields) rather than through another function call.
-def _compile_operator(name: str, op: str, arg: Any, path: Path) -> Predicate:
-    attr = None if name in _TOP_LEVEL else name
-    get = getter(name)
+class _Source:
+    """Generated code for one match: an expression over ``e`` (the event) and ``a`` (its attrs). Values from
+    the rule (field names, constants, sets, tests) are bound in the namespace; the source names only those
+    bindings and the fixed top-level fields, never the rule's text."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {}
+
+    def bind(self, value: Any) -> str:
+        name = f"v{len(self.namespace)}"
+        self.namespace[name] = value
+        return name
+
+    def field(self, name: str) -> str:
+        if name in _TOP_LEVEL:
+            return f"e.{name}"
+        return f"a.get({self.bind(name)})"
+
+
+def _operator(src: _Source, name: str, op: str, arg: Any, path: Path) -> str:
+    field = src.field(name)
     if op in ("in", "not_in"):
         if not isinstance(arg, list) or not all(isinstance(a, str | int | float | bool) for a in arg):
             raise MatchError(path, f"'{op}' takes a list of values")
-        options = frozenset(arg)
-        if op == "in":
-            if attr is not None:
-                return lambda e: e.attrs.get(attr) in options
-            return lambda e: get(e) in options
-        if attr is not None:
-            return lambda e: e.attrs.get(attr) not in options
-        return lambda e: get(e) not in options
+        return f"({field} {'in' if op == 'in' else 'not in'} {src.bind(frozenset(arg))})"
     if op == "regex":
         if not isinstance(arg, str):
             raise MatchError(path, "'regex' takes a string")
@@ -93,16 +102,18 @@ def _compile_operator(name: str, op: str, arg: Any, path: Path) -> Predicate:
             pattern = re.compile(arg)
         except re.error as exc:
             raise MatchError(path, f"bad regex {arg!r}: {exc}") from None
-        return _regex(attr, get, arg, pattern)
+        return f"{src.bind(_regex_test(arg, pattern))}({field})"
     if op == "exists":
         if not isinstance(arg, bool):
             raise MatchError(path, "'exists' takes true or false")
-        if attr is not None:
-            return lambda e: (e.attrs.get(attr) is not None) == arg
-        return lambda e: (get(e) is not None) == arg
+        return f"({field} is {'not ' if arg else ''}None)"
     bound = _number(arg)
     if bound is None:
         raise MatchError(path, f"'{op}' takes a number")
+    return f"{src.bind(_numeric_test(op, bound))}({field})"
+
+
+def _numeric_test(op: str, bound: float) -> Callable[[Any], bool]:
     compare: Callable[[float, float], bool] = {
         "gt": float.__gt__,
         "ge": float.__ge__,
@@ -110,8 +121,7 @@ def _compile_operator(name: str, op: str, arg: Any, path: Path) -> Predicate:
         "le": float.__le__,
     }[op]
 
-    def numeric(e: Event) -> bool:
-        value = e.attrs.get(attr) if attr is not None else get(e)
+    def numeric(value: Any) -> bool:
         if value.__class__ is not float and value.__class__ is not int:  # bool and others: the slow check
             value = _number(value)
             if value is None:
@@ -121,12 +131,11 @@ def _compile_operator(name: str, op: str, arg: Any, path: Path) -> Predicate:
     return numeric
 
 
-def _regex(attr: str | None, get: Getter, source: str, pattern: re.Pattern[str]) -> Predicate:
+def _regex_test(source: str, pattern: re.Pattern[str]) -> Callable[[Any], bool]:
     """``regex``: a pattern without metacharacters is a substring test (the same answer, no regex call)."""
     literal = source if _LITERAL.fullmatch(source) else None
 
-    def regex(e: Event) -> bool:
-        value = e.attrs.get(attr) if attr is not None else get(e)
+    def regex(value: Any) -> bool:
         if value is None:
             return False
         text = value if value.__class__ is str else str(value)
@@ -138,79 +147,43 @@ def _regex(attr: str | None, get: Getter, source: str, pattern: re.Pattern[str])
 
 
 def compile_match(match: Mapping[str, Any], path: Path = (), skip: frozenset[str] = frozenset()) -> Predicate:
-    """Compile a match mapping once, at load, into one predicate. Raises MatchError with the path.
+    """Compile a match mapping once, at load, into one predicate: one generated function, the conditions
+    inline (no call per condition on the hot path). Raises MatchError with the path.
 
     ``skip``: keys not to check (the rule index already guarantees them); they are still validated."""
-    checks: list[Predicate] = []
+    src = _Source()
+    expression = _expression(src, match, path, skip)
+    source = f"def match(e):\n    a = e.attrs\n    return {expression}\n"
+    try:
+        code = compile(source, "<match>", "exec")
+    except (RecursionError, MemoryError, SyntaxError):
+        raise MatchError(path, "match nested too deeply") from None
+    exec(code, src.namespace)  # generated, see _Source
+    return src.namespace["match"]  # type: ignore[no-any-return]
+
+
+def _expression(src: _Source, match: Mapping[str, Any], path: Path, skip: frozenset[str]) -> str:
+    checks: list[str] = []
     for key, cond in match.items():
         here = (*path, key)
         if key in skip:
-            compile_match({key: cond}, path)  # validate only
+            _expression(_Source(), {key: cond}, path, frozenset())  # validate only
             continue
         if key == "any":
             if not isinstance(cond, list) or not cond or not all(isinstance(c, dict) for c in cond):
                 raise MatchError(here, "'any' takes a non-empty list of matches")
-            alternatives = [compile_match(c, (*here, i)) for i, c in enumerate(cond)]
-            checks.append(any_of(alternatives))
+            alternatives = [_expression(src, c, (*here, i), frozenset()) for i, c in enumerate(cond)]
+            checks.append(f"({' or '.join(alternatives)})")
         elif isinstance(cond, dict):
             unknown = set(cond) - OPERATORS
             if unknown or not cond:
                 raise MatchError(here, f"unknown operator {sorted(unknown)}; use one of {sorted(OPERATORS)}")
-            checks.extend(_compile_operator(key, op, arg, (*here, op)) for op, arg in cond.items())
+            checks.extend(_operator(src, key, op, arg, (*here, op)) for op, arg in cond.items())
         elif cond is None or isinstance(cond, str | int | float | bool):
-            checks.append(_equals(key, cond))
+            checks.append(f"({src.field(key)} == {src.bind(cond)})")
         else:
             raise MatchError(here, "expected a value or an operator mapping")
-    return all_of(checks)
-
-
-def _equals(name: str, value: Any) -> Predicate:
-    if name not in _TOP_LEVEL:
-        return lambda e: bool(e.attrs.get(name) == value)
-    get = getter(name)
-    return lambda e: bool(get(e) == value)
-
-
-def all_of(checks: list[Predicate]) -> Predicate:
-    """One predicate from several, without a generator per call (this is the hot path)."""
-    if not checks:
-        return lambda e: True
-    if len(checks) == 1:
-        return checks[0]
-    if len(checks) == 2:
-        a, b = checks
-        return lambda e: a(e) and b(e)
-    if len(checks) == 3:
-        a, b, c = checks
-        return lambda e: a(e) and b(e) and c(e)
-
-    def every(e: Event) -> bool:
-        for check in checks:  # noqa: SIM110 - no generator per call on the hot path
-            if not check(e):
-                return False
-        return True
-
-    return every
-
-
-def any_of(checks: list[Predicate]) -> Predicate:
-    """One predicate that holds when one of ``checks`` does, without a generator per call."""
-    if len(checks) == 1:
-        return checks[0]
-    if len(checks) == 2:
-        a, b = checks
-        return lambda e: a(e) or b(e)
-    if len(checks) == 3:
-        a, b, c = checks
-        return lambda e: a(e) or b(e) or c(e)
-
-    def some(e: Event) -> bool:
-        for check in checks:  # noqa: SIM110 - no generator per call on the hot path
-            if check(e):
-                return True
-        return False
-
-    return some
+    return f"({' and '.join(checks)})" if checks else "True"
 
 
 def index_plan(match: Mapping[str, Any]) -> tuple[frozenset[Any] | None, tuple[str, frozenset[Any]] | None]:
