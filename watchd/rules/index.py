@@ -87,9 +87,10 @@ Search = Callable[[str], "re.Match[str] | None"]
 
 
 class Bucket:
-    """Candidates tried together: the plain ones one by one; those sharing a regex field behind one gate."""
+    """Candidates tried together: the plain ones one by one; those sharing a regex field behind one gate.
+    ``collect(event, out)`` is one generated function with every check inline, in the order given."""
 
-    __slots__ = ("gated", "plain")
+    __slots__ = ("collect", "gated", "plain")
 
     def __init__(self, candidates: list[Candidate], gate: bool = True) -> None:
         by_field: dict[str, list[tuple[str, Candidate]]] = {}
@@ -110,15 +111,29 @@ class Bucket:
             gated.append((getter(name), pattern.search, tuple(c for _, c in members)))
         self.plain = tuple(plain)
         self.gated = tuple(gated)
+        self.collect: Callable[[Event, list[Rule]], None] = _collector(self.plain, self.gated)
 
-    def collect(self, event: Event, out: list[Rule]) -> None:
-        for rule, check in self.plain:
-            if check(event):
-                out.append(rule)
-        for get, search, members in self.gated:
-            value = get(event)
-            if value is None or search(value if value.__class__ is str else str(value)) is None:
-                continue
-            for rule, check in members:
-                if check(event):
-                    out.append(rule)
+
+def _collector(
+    plain: tuple[Candidate, ...], gated: tuple[tuple[Getter, Search, tuple[Candidate, ...]], ...]
+) -> Callable[[Event, list[Rule]], None]:
+    """The bucket's checks as one function: no loop, no tuple unpacking per candidate. The source names only
+    values bound in its namespace (rules, predicates, readers, searches)."""
+    namespace: dict[str, Any] = {}
+
+    def bound(value: Any) -> str:
+        name = f"v{len(namespace)}"
+        namespace[name] = value
+        return name
+
+    lines = ["def collect(e, out):", "    add = out.append"]
+    for rule, check in plain:
+        lines.append(f"    if {bound(check)}(e): add({bound(rule)})")
+    for get, search, members in gated:
+        lines.append(f"    x = {bound(get)}(e)")
+        lines.append(
+            f"    if x is not None and {bound(search)}(x if x.__class__ is str else str(x)) is not None:"
+        )
+        lines.extend(f"        if {bound(check)}(e): add({bound(rule)})" for rule, check in members)
+    exec(compile("\n".join(lines) + "\n", "<rule bucket>", "exec"), namespace)  # generated, see above
+    return namespace["collect"]  # type: ignore[no-any-return]

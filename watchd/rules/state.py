@@ -4,6 +4,7 @@ timeline always gives the same decisions (that is what makes ``watchd rules test
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -185,8 +186,7 @@ def _canonical(value: Any) -> str:
     return f"{type(value).__name__}:{value!r}"
 
 
-def _order(rule: Rule) -> int:
-    return rule.order
+_order = operator.attrgetter("order")
 
 
 def _by_kind(rules: list[Rule], unless: bool) -> dict[Any, tuple[Rule, ...]]:
