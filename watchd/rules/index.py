@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from watchd.events import Event
+from watchd.rules.codegen import Namespace
 from watchd.rules.match import Getter, Predicate, getter, index_plan, regex_gates
 from watchd.rules.ruleset import Rule
 
@@ -119,13 +120,7 @@ def _collector(
 ) -> Callable[[Event, list[Rule]], None]:
     """The bucket's checks as one function: no loop, no tuple unpacking per candidate. The source names only
     values bound in its namespace (rules, predicates, readers, searches)."""
-    namespace: dict[str, Any] = {}
-
-    def bound(value: Any) -> str:
-        name = f"v{len(namespace)}"
-        namespace[name] = value
-        return name
-
+    bound = (ns := Namespace()).bind
     lines = ["def collect(e, out):", "    add = out.append"]
     for rule, check in plain:
         lines.append(f"    if {bound(check)}(e): add({bound(rule)})")
@@ -135,5 +130,4 @@ def _collector(
             f"    if x is not None and {bound(search)}(x if x.__class__ is str else str(x)) is not None:"
         )
         lines.extend(f"        if {bound(check)}(e): add({bound(rule)})" for rule, check in members)
-    exec(compile("\n".join(lines) + "\n", "<rule bucket>", "exec"), namespace)  # generated, see above
-    return namespace["collect"]  # type: ignore[no-any-return]
+    return ns.define("\n".join(lines) + "\n", "collect", "<rule bucket>")  # type: ignore[no-any-return]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from watchd.events import Event
+from watchd.rules.codegen import Namespace
 
 OPERATORS = frozenset({"in", "not_in", "regex", "gt", "ge", "lt", "le", "exists"})
 
@@ -42,22 +43,11 @@ def getter(name: str) -> Getter:
 
 
 def tuple_getter(names: Sequence[str]) -> Callable[[Event], tuple[Any, ...]]:
-    """The values of ``names`` as a tuple (a group key): one generated expression, no call per field.
-
-    The source holds only ``e.<field>`` for the fixed top-level fields and ``a.get(kN)`` with the
-    attribute names bound as values, never text from a rule."""
-    namespace: dict[str, Any] = {}
-    parts = []
-    for i, name in enumerate(names):
-        if name in _TOP_LEVEL:
-            parts.append(f"e.{name}")
-        else:
-            namespace[f"k{i}"] = name
-            parts.append(f"a.get(k{i})")
+    """The values of ``names`` as a tuple (a group key): one generated expression, no call per field."""
+    src = _Source()
+    parts = [src.field(name) for name in names]
     body = f"({', '.join(parts)},)" if parts else "()"
-    source = f"def key(e):\n    a = e.attrs\n    return {body}\n"
-    exec(compile(source, "<group key>", "exec"), namespace)  # generated from the fixed parts above
-    return namespace["key"]  # type: ignore[no-any-return]
+    return src.ns.define(f"def key(e):\n    a = e.attrs\n    return {body}\n", "key", "<group key>")  # type: ignore[no-any-return]
 
 
 def _number(value: Any) -> float | None:
@@ -71,17 +61,11 @@ _LITERAL = re.compile(r"[A-Za-z0-9 _@:=/,;<>!~%&#-]+")
 
 
 class _Source:
-    """Generated code for one match: an expression over ``e`` (the event) and ``a`` (its attrs). Values from
-    the rule (field names, constants, sets, tests) are bound in the namespace; the source names only those
-    bindings and the fixed top-level fields, never the rule's text."""
+    """Generated code over ``e`` (the event) and ``a`` (its attrs); see watchd/rules/codegen.py."""
 
     def __init__(self) -> None:
-        self.namespace: dict[str, Any] = {}
-
-    def bind(self, value: Any) -> str:
-        name = f"v{len(self.namespace)}"
-        self.namespace[name] = value
-        return name
+        self.ns = Namespace()
+        self.bind = self.ns.bind
 
     def field(self, name: str) -> str:
         if name in _TOP_LEVEL:
@@ -155,11 +139,9 @@ def compile_match(match: Mapping[str, Any], path: Path = (), skip: frozenset[str
     expression = _expression(src, match, path, skip)
     source = f"def match(e):\n    a = e.attrs\n    return {expression}\n"
     try:
-        code = compile(source, "<match>", "exec")
+        return src.ns.define(source, "match", "<match>")  # type: ignore[no-any-return]
     except (RecursionError, MemoryError, SyntaxError):
         raise MatchError(path, "match nested too deeply") from None
-    exec(code, src.namespace)  # generated, see _Source
-    return src.namespace["match"]  # type: ignore[no-any-return]
 
 
 def _expression(src: _Source, match: Mapping[str, Any], path: Path, skip: frozenset[str]) -> str:

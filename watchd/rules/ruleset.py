@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from watchd.events import Event, Scalar
+from watchd.rules.codegen import Namespace
 from watchd.rules.match import Predicate, tuple_getter
 from watchd.rules.model import ActionKind, Mode, RateLimit, RuleSpec
 from watchd.rules.template import Template
@@ -157,12 +158,8 @@ def _planner(
     def slow_context(event: Event, group: Mapping[str, Scalar], count: int) -> Context:
         return Context(rule, event, group, count)
 
-    namespace: dict[str, Any] = {"new": tuple.__new__, "PlannedAction": PlannedAction, "kind": kind}
-
-    def bound(value: Any) -> str:
-        name = f"v{len(namespace)}"
-        namespace[name] = value
-        return name
+    ns = Namespace(new=tuple.__new__, PlannedAction=PlannedAction, kind=kind)
+    bound = ns.bind
 
     def display(params: Mapping[str, Any]) -> str:
         items = []
@@ -179,8 +176,7 @@ def _planner(
         return "{" + ", ".join(items) + "}"
 
     source = f"def planned(e, g, c):\n    return new(PlannedAction, (kind, e.node, {display(templates)}))\n"
-    exec(compile(source, f"<planner {rule.name}>", "exec"), namespace)  # generated, see above
-    return namespace["planned"]  # type: ignore[no-any-return]
+    return ns.define(source, "planned", f"<planner {rule.name}>")  # type: ignore[no-any-return]
 
 
 def _group_builder(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], dict[str, Scalar]]:

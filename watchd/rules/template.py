@@ -14,6 +14,8 @@ from typing import Any
 from jinja2 import TemplateSyntaxError, Undefined, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from watchd.rules.codegen import Namespace
+
 #: Fields any event may carry, and what every template may name besides them.
 COMMON_FIELDS = frozenset({"id", "node", "source", "kind", "time"})
 CONTEXT_NAMES = frozenset({"event", "node", "job", "rule", "count", "group", "severity"})
@@ -201,8 +203,7 @@ class Template:
         compiled = self._fstring(constants, top_level, group_keys)
         if compiled is None:
             return slow
-        body, namespace = compiled
-        namespace["slow"] = slow
+        body, ns = compiled
         # An f-string is compiled to bytecode once; str.format would parse its format string on every call.
         # An attribute the event lacks (KeyError) renders ``?`` through the full context instead.
         source = (
@@ -210,14 +211,13 @@ class Template:
             "    try:\n"
             f"        return f{body!r}\n"
             "    except KeyError:\n"
-            "        return slow(e, g, c)\n"
+            f"        return {ns.bind(slow)}(e, g, c)\n"
         )
-        exec(compile(source, "<template>", "exec"), namespace)  # generated from the parts, see _fstring
-        return namespace["render"]  # type: ignore[no-any-return]
+        return ns.define(source, "render", "<template>")  # type: ignore[no-any-return]
 
     def _fstring(
         self, constants: Mapping[str, str], top_level: frozenset[str], group_keys: frozenset[str]
-    ) -> tuple[str, dict[str, Any]] | None:
+    ) -> tuple[str, Namespace] | None:
         """The template as the body of an f-string over ``e`` (the event), ``e.attrs[...]``, ``c`` (the
         count) and ``g`` (the group), with every piece of text and every name bound in the namespace (the
         source holds none of the rule's text); None when a placeholder is not one of: a constant,
@@ -226,12 +226,8 @@ class Template:
         if self._parts is None:
             return None
         out: list[str] = []
-        namespace: dict[str, Any] = {}
-
-        def bound(value: Any) -> str:
-            name = f"v{len(namespace)}"
-            namespace[name] = value
-            return name
+        ns = Namespace()
+        bound = ns.bind
 
         for part in self._parts:
             if isinstance(part, str):
@@ -254,7 +250,7 @@ class Template:
                     out.append(f"{{e.attrs[{bound(field)}]!s}}")
             else:
                 return None
-        return "".join(out), namespace
+        return "".join(out), ns
 
 
 #: ``(event, group, count) -> str``: a template bound to one rule.
