@@ -9,7 +9,7 @@ from watchd.errors import ConfigError
 from watchd.events import Event
 from watchd.rules import check_rules, json_schema, load_rules, parse_rule_file
 from watchd.rules.durations import parse_duration
-from watchd.rules.ruleset import Rule
+from watchd.rules.ruleset import Rule, plan
 
 RULES = Path(__file__).parent.parent / "rules"
 
@@ -440,3 +440,25 @@ def test_generated_matches_agree_with_the_documented_semantics() -> None:
             assert got is _reference_match(m, e), (m, e)
             outcomes[got] += 1
     assert min(outcomes[True], outcomes[False]) > 500, outcomes
+
+
+def test_generated_code_never_runs_text_from_a_rule() -> None:
+    """Rule text that would be code if pasted into the generated source stays data: a field name that
+    closes the expression matches nothing, template text with quotes and braces renders as itself."""
+    hostile = "x') or True or ('"
+    (rule,) = rules_of(
+        {
+            "name": "h",
+            "match": {
+                "kind": "xid",
+                hostile: 1,
+                "any": [{"message": {"regex": "'''\\); 1/0 #"}}, {hostile: 2}],
+            },
+            "actions": [{"log": {"message": "\"\"\"'{x} {{ node }} {__import__('os')}\\"}}],
+        }
+    )
+    assert not rule.matches(xid(79))
+    event = xid(79, node="gpu-3", **{hostile: 1, "message": "a '''); 1/0 # b"})
+    assert rule.matches(event)
+    [action] = plan(rule, event).actions
+    assert action.params["message"] == "\"\"\"'{x} gpu-3 {__import__('os')}\\"
