@@ -36,6 +36,7 @@ from watchd.logs import get_logger
 from watchd.rules import RuleEngine, RuleSet, load_rules
 
 _log = get_logger("watchd.engine")
+_PROCESS_RUN = 500  # events evaluated per wake-up of the processing task, at most
 
 
 def scheduler_from_config(config: EngineConfig) -> Scheduler | None:
@@ -399,12 +400,23 @@ class Engine:
         observe = self.correlator.observe
         while True:
             event, received_at = await queue.get()
-            try:
-                observe(event)
-                for decision in self.evaluator.evaluate(event):
-                    self.metrics.rule_matches.labels(decision.rule).inc()
-                    self.executor.submit(decision, received_at)
-            except Exception:
-                _log.exception("evaluation_failed", event_id=event.id, node=event.node)
-            queue.task_done()
+            # then what else is queued, up to a bound: one wake-up and one gauge update per run, not per
+            # event; after a full run, sleep(0) lets ingest and the detectors in.
+            run = 0
+            while True:
+                try:
+                    observe(event)
+                    for decision in self.evaluator.evaluate(event):
+                        self.metrics.rule_matches.labels(decision.rule).inc()
+                        self.executor.submit(decision, received_at)
+                except Exception:
+                    _log.exception("evaluation_failed", event_id=event.id, node=event.node)
+                queue.task_done()
+                run += 1
+                if run == _PROCESS_RUN or queue.empty():
+                    break
+                event, received_at = queue.get_nowait()
+            self.metrics.queue_depth.set(queue.qsize())
+            if run == _PROCESS_RUN:
+                await asyncio.sleep(0)
             self.metrics.queue_depth.set(queue.qsize())

@@ -143,12 +143,17 @@ def make_app(
             return _reject(503, "engine queue full, retry later", metrics, "busy")
         arrived = clock.monotonic()
         wall = clock.now()
+        received: dict[tuple[str, str], int] = {}  # counted per (source, kind), not per event
+        observe_age = metrics.event_age.observe
         for event in fresh:
-            metrics.events_received.labels(
-                _label(event.source.split(":", 1)[0], SOURCES), _label(event.kind, KINDS)
-            ).inc()
-            metrics.event_age.observe(max(0.0, wall - event.time))
+            key = (event.source, event.kind)
+            received[key] = received.get(key, 0) + 1
+            observe_age(max(0.0, wall - event.time))
             queue.put_nowait((event, arrived))
+        for (source, kind), n in received.items():
+            metrics.events_received.labels(_label(source.split(":", 1)[0], SOURCES), _label(kind, KINDS)).inc(
+                n
+            )
         duplicates = len(events) - len(fresh)
         if duplicates:
             metrics.events_duplicate.inc(duplicates)
