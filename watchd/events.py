@@ -35,7 +35,7 @@ class Event:
 
     def get(self, name: str) -> Any:
         """A field by name: top-level fields first, then ``attrs``; None when absent."""
-        if name in _TOP_LEVEL:
+        if name in TOP_LEVEL_FIELDS:
             return getattr(self, name)
         return self.attrs.get(name)
 
@@ -50,7 +50,8 @@ class Event:
         }
 
 
-_TOP_LEVEL = frozenset({"id", "node", "source", "kind", "time"})
+#: The fields every event has; the rest live in ``attrs``.
+TOP_LEVEL_FIELDS = frozenset({"id", "node", "source", "kind", "time"})
 
 
 def batch_to_wire(node: str, events: list[Event]) -> dict[str, Any]:

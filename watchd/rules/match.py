@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from watchd.events import Event
+from watchd.events import TOP_LEVEL_FIELDS, Event
 from watchd.rules.codegen import Namespace
 
 OPERATORS = frozenset({"in", "not_in", "regex", "gt", "ge", "lt", "le", "exists"})
@@ -32,7 +32,7 @@ class MatchError(ValueError):
 Predicate = Callable[[Event], bool]
 Getter = Callable[[Event], Any]
 
-_TOP_LEVEL = frozenset({"id", "node", "source", "kind", "time"})
+_TOP_LEVEL = TOP_LEVEL_FIELDS
 
 
 def getter(name: str) -> Getter:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from watchd.events import Event, Scalar
+from watchd.events import TOP_LEVEL_FIELDS, Event, Scalar
 from watchd.rules.codegen import Namespace
 from watchd.rules.match import Predicate, tuple_getter
 from watchd.rules.model import ActionKind, Mode, RateLimit, RuleSpec
@@ -131,7 +131,7 @@ class Context(Mapping[str, Any]):
         return len(self.fields()) + 5
 
 
-_TOP_LEVEL = frozenset({"id", "node", "source", "kind", "time"})
+_TOP_LEVEL = TOP_LEVEL_FIELDS
 
 
 def context(rule: Rule, event: Event, group: Mapping[str, Scalar], count: int) -> Context:
