@@ -419,4 +419,3 @@ class Engine:
             self.metrics.queue_depth.set(queue.qsize())
             if run == _PROCESS_RUN:
                 await asyncio.sleep(0)
-            self.metrics.queue_depth.set(queue.qsize())

@@ -151,9 +151,8 @@ def make_app(
             observe_age(max(0.0, wall - event.time))
             queue.put_nowait((event, arrived))
         for (source, kind), n in received.items():
-            metrics.events_received.labels(_label(source.split(":", 1)[0], SOURCES), _label(kind, KINDS)).inc(
-                n
-            )
+            labels = (_label(source.split(":", 1)[0], SOURCES), _label(kind, KINDS))
+            metrics.events_received.labels(*labels).inc(n)
         duplicates = len(events) - len(fresh)
         if duplicates:
             metrics.events_duplicate.inc(duplicates)

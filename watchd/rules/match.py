@@ -32,12 +32,10 @@ class MatchError(ValueError):
 Predicate = Callable[[Event], bool]
 Getter = Callable[[Event], Any]
 
-_TOP_LEVEL = TOP_LEVEL_FIELDS
-
 
 def getter(name: str) -> Getter:
     """A field reader compiled once: an attribute for the top-level fields, a dict lookup otherwise."""
-    if name in _TOP_LEVEL:
+    if name in TOP_LEVEL_FIELDS:
         return operator.attrgetter(name)
     return lambda e: e.attrs.get(name)
 
@@ -68,7 +66,7 @@ class _Source:
         self.bind = self.ns.bind
 
     def field(self, name: str) -> str:
-        if name in _TOP_LEVEL:
+        if name in TOP_LEVEL_FIELDS:
             return f"e.{name}"
         return f"a.get({self.bind(name)})"
 

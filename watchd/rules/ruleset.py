@@ -38,9 +38,9 @@ class Rule:
 
     def __post_init__(self) -> None:
         s = self.spec
-        stateful = (
-            s.count > 1 or bool(s.distinct) or s.for_ is not None or s.unless is not None or s.cooldown > 0
-        )
+        counted = s.count > 1 or bool(s.distinct)
+        stateful = counted or s.for_ is not None or s.unless is not None or s.cooldown > 0
+        object.__setattr__(self, "counted", counted)
         object.__setattr__(self, "stateful", stateful)
         object.__setattr__(self, "group_key", tuple_getter(s.group_by))
         # plan() groups a stateless rule's decision by node alone, a stateful one's by group_by
@@ -50,7 +50,6 @@ class Rule:
         )
         object.__setattr__(self, "planners", planners)
         object.__setattr__(self, "decide", _decider(s, planners))
-        object.__setattr__(self, "counted", s.count > 1 or bool(s.distinct))
         distinct = tuple(s.distinct)
         object.__setattr__(self, "distinct_values", tuple_getter(distinct) if distinct else lambda e: ())
         object.__setattr__(self, "group_of", _group_builder(tuple(s.group_by)))
@@ -117,7 +116,7 @@ class Context(Mapping[str, Any]):
         if name == "group":
             return dict(self._group)
         e = self._event
-        if name in _TOP_LEVEL:
+        if name in TOP_LEVEL_FIELDS:
             return getattr(e, name)
         if name in e.attrs:
             return e.attrs[name]
@@ -129,9 +128,6 @@ class Context(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self.fields()) + 5
-
-
-_TOP_LEVEL = TOP_LEVEL_FIELDS
 
 
 def context(rule: Rule, event: Event, group: Mapping[str, Scalar], count: int) -> Context:
@@ -167,7 +163,7 @@ def _planner(
             if isinstance(value, Template) and value.static_text is not None:
                 items.append(f"{bound(name)}: {bound(value.static_text)}")
             elif isinstance(value, Template):
-                render = value.bind(constants, _TOP_LEVEL, group_keys, slow_context)
+                render = value.bind(constants, TOP_LEVEL_FIELDS, group_keys, slow_context)
                 items.append(f"{bound(name)}: {bound(render)}(e, g, c)")
             elif isinstance(value, dict):
                 items.append(f"{bound(name)}: {display(value)}")

@@ -50,6 +50,8 @@ class RuleEngine:
         self.rules = rules
         self._index: Index = RuleIndex(rules) if indexed else ScanIndex(rules)
         self._indexed = indexed
+        self._unless_rules = _by_kind([r for r in rules if r.unless is not None], unless=True)
+        self._for_rules = _by_kind([r for r in rules if r.spec.for_ is not None], unless=False)
         self._state: dict[str, _RuleState] = {r.name: _RuleState() for r in rules if r.stateful}
         self._kinds: dict[str, _KindPlan] = {}
         self._max_groups = max_groups
@@ -105,21 +107,15 @@ class RuleEngine:
         """What every event of ``kind`` checks besides the index: ``unless`` matches (each distinct one
         once), and the rules with ``for`` whose hold a non-matching event of the kind ends."""
         unless: dict[str, tuple[Predicate, list[tuple[Any, Any]]]] = {}
-        for rule in _for_kind(self._unless_rules(), kind):
+        for rule in _for_kind(self._unless_rules, kind):
             assert rule.unless is not None and rule.spec.unless is not None
             key = _canonical(rule.spec.unless.match) if self._indexed else rule.name
             target = (rule.group_key, self._state[rule.name].unless_seen)
             unless.setdefault(key, (rule.unless, []))[1].append(target)
-        holds = tuple((r, self._state[r.name]) for r in _for_kind(self._for_rules(), kind))
+        holds = tuple((r, self._state[r.name]) for r in _for_kind(self._for_rules, kind))
         plan = _KindPlan(tuple((check, tuple(t)) for check, t in unless.values()), holds)
         self._kinds[kind] = plan
         return plan
-
-    def _unless_rules(self) -> dict[Any, tuple[Rule, ...]]:
-        return _by_kind([r for r in self.rules if r.unless is not None], unless=True)
-
-    def _for_rules(self) -> dict[Any, tuple[Rule, ...]]:
-        return _by_kind([r for r in self.rules if r.spec.for_ is not None], unless=False)
 
     def _stateful(self, rule: Rule, event: Event, now: float) -> Decision | None:
         spec = rule.spec
