@@ -14,39 +14,52 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from watchd.events import Event
-from watchd.rules.codegen import Namespace
-from watchd.rules.match import Getter, Predicate, getter, index_plan, regex_gates
+from watchd.rules.match import (
+    Source,
+    index_guarantees,
+    index_plan,
+    regex_gates,
+)
 from watchd.rules.ruleset import Rule
 
-Candidate = tuple[Rule, Predicate]
+#: A rule in a bucket, and the keys of its match the index already guarantees there (not checked again).
+Candidate = tuple[Rule, frozenset[str]]
+
+
+#: What an index appends for a rule that matches: the rule itself, or what the engine runs for it.
+Found = Callable[[Rule], Any]
 
 
 class Index(Protocol):
-    def matching(self, event: Event, out: list[Rule]) -> None:
-        """Append the rules ``event`` matches to ``out``, in no particular order."""
+    def matching(self, event: Event, out: list[Any]) -> None:
+        """Append what was found for each rule ``event`` matches to ``out``, in no particular order."""
 
 
 class ScanIndex:
     """Every rule, tried with its whole match."""
 
     def __init__(self, rules: Iterable[Rule]) -> None:
-        self._bucket = Bucket([(r, r.matches) for r in rules], gate=False)
+        self._collect = Bucket([(r, frozenset()) for r in rules], gate=False).compiled()
 
-    def matching(self, event: Event, out: list[Rule]) -> None:
-        self._bucket.collect(event, out)
+    def matching(self, event: Event, out: list[Any]) -> None:
+        self._collect(event, out)
 
 
 class RuleIndex:
-    def __init__(self, rules: Iterable[Rule]) -> None:
+    """``found(rule)`` is appended for a matching rule (the rule itself by default). Each event kind the
+    rules name gets one generated function (``source`` gives its body to inline elsewhere); events of any
+    other kind share one, so a stream of made-up kinds costs no memory."""
+
+    def __init__(self, rules: Iterable[Rule], found: Found | None = None) -> None:
         any_kind: list[Candidate] = []
-        unkeyed: dict[Any, list[Candidate]] = {}
-        keyed: dict[Any, dict[str, dict[Any, list[Candidate]]]] = {}
+        unkeyed: dict[str, list[Candidate]] = {}
+        keyed: dict[str, dict[str, dict[Any, list[Candidate]]]] = {}
         for rule in rules:
             kinds, pinned = index_plan(rule.spec.match)
             if kinds is None:
-                any_kind.append((rule, rule.matches))
+                any_kind.append((rule, frozenset()))
                 continue
-            check = rule.residual or rule.matches
+            check = index_guarantees(rule.spec.match)
             for kind in kinds:
                 if pinned is None:
                     unkeyed.setdefault(kind, []).append((rule, check))
@@ -55,45 +68,48 @@ class RuleIndex:
                 table = keyed.setdefault(kind, {}).setdefault(name, {})
                 for value in values:
                     table.setdefault(value, []).append((rule, check))
-        self._other = _KindRules(Bucket(any_kind), ())
-        self._kinds = {
-            kind: _KindRules(
-                Bucket(any_kind + unkeyed.get(kind, [])),
-                tuple(
-                    (getter(name), {value: Bucket(c) for value, c in table.items()})
-                    for name, table in keyed.get(kind, {}).items()
-                ),
+        self.kinds = frozenset({*unkeyed, *keyed})
+        self._fixed = {kind: Bucket(any_kind + unkeyed.get(kind, []), found=found) for kind in self.kinds}
+        self._any = Bucket(any_kind, found=found)
+        self._tables = {
+            kind: tuple(
+                (name, {value: Bucket(c, found=found).compiled() for value, c in table.items()})
+                for name, table in keyed.get(kind, {}).items()
             )
-            for kind in {*unkeyed, *keyed}
+            for kind in self.kinds
         }
+        self._matching = {kind: self._compile(kind) for kind in self.kinds}
+        self._other = self._compile(None)
 
-    def matching(self, event: Event, out: list[Rule]) -> None:
-        rules = self._kinds.get(event.kind, self._other)
-        rules.fixed.collect(event, out)
-        for get, table in rules.tables:
-            bucket = table.get(get(event))
-            if bucket is not None:
-                bucket.collect(event, out)
+    def matching(self, event: Event, out: list[Any]) -> None:
+        self._matching.get(event.kind, self._other)(event, out)
 
+    def source(self, kind: str | None, src: Source) -> list[str]:
+        """Lines (indented one level) that call ``add`` with what was found for each rule an event of
+        ``kind`` (None: a kind no rule names) matches; they read ``e`` and ``a`` (its attrs)."""
+        lines = (self._fixed.get(kind, self._any) if kind is not None else self._any).source(src, "    ")
+        for name, table in self._tables.get(kind, ()) if kind is not None else ():
+            lines.append(f"    b = {src.bind(table)}.get({src.field(name)})")
+            lines.append("    if b is not None: b(e, out)")
+        return lines
 
-class _KindRules:
-    __slots__ = ("fixed", "tables")
-
-    def __init__(self, fixed: Bucket, tables: tuple[tuple[Getter, dict[Any, Bucket]], ...]) -> None:
-        self.fixed = fixed  # tried for every event of the kind
-        self.tables = tables  # (field, value -> bucket): tried when the event's field has the value
+    def _compile(self, kind: str | None) -> Collect:
+        src = Source()
+        lines = ["def matching(e, out):", "    add = out.append", "    a = e.attrs", *self.source(kind, src)]
+        return src.ns.define("\n".join(lines) + "\n", "matching", "<rule index>")  # type: ignore[no-any-return]
 
 
 Search = Callable[[str], "re.Match[str] | None"]
+Collect = Callable[[Event, list[Any]], None]
 
 
 class Bucket:
     """Candidates tried together: the plain ones one by one; those sharing a regex field behind one gate.
-    ``collect(event, out)`` is one generated function with every check inline, in the order given."""
+    ``source`` gives the checks as generated lines, ``compiled`` as one function ``(event, out)``."""
 
-    __slots__ = ("collect", "gated", "plain")
+    __slots__ = ("found", "gated", "plain")
 
-    def __init__(self, candidates: list[Candidate], gate: bool = True) -> None:
+    def __init__(self, candidates: list[Candidate], gate: bool = True, found: Found | None = None) -> None:
         by_field: dict[str, list[tuple[str, Candidate]]] = {}
         plain: list[Candidate] = []
         for candidate in candidates:
@@ -103,31 +119,39 @@ class Bucket:
                 by_field.setdefault(name, []).append((source, candidate))
             else:
                 plain.append(candidate)
-        gated: list[tuple[Getter, Search, tuple[Candidate, ...]]] = []
+        gated: list[tuple[str, Search, tuple[Candidate, ...]]] = []
         for name, members in by_field.items():
             if len(members) == 1:  # a gate would only repeat the rule's own regex
                 plain.append(members[0][1])
                 continue
             pattern = re.compile("|".join(f"(?:{source})" for source, _ in members))
-            gated.append((getter(name), pattern.search, tuple(c for _, c in members)))
+            gated.append((name, pattern.search, tuple(c for _, c in members)))
         self.plain = tuple(plain)
         self.gated = tuple(gated)
-        self.collect: Callable[[Event, list[Rule]], None] = _collector(self.plain, self.gated)
+        self.found = found
 
+    def compiled(self) -> Collect:
+        src = Source()
+        lines = ["def collect(e, out):", "    add = out.append", "    a = e.attrs", *self.source(src, "    ")]
+        return src.ns.define("\n".join(lines) + "\n", "collect", "<rule bucket>")  # type: ignore[no-any-return]
 
-def _collector(
-    plain: tuple[Candidate, ...], gated: tuple[tuple[Getter, Search, tuple[Candidate, ...]], ...]
-) -> Callable[[Event, list[Rule]], None]:
-    """The bucket's checks as one function: no loop, no tuple unpacking per candidate. The source names only
-    values bound in its namespace (rules, predicates, readers, searches)."""
-    bound = (ns := Namespace()).bind
-    lines = ["def collect(e, out):", "    add = out.append"]
-    for rule, check in plain:
-        lines.append(f"    if {bound(check)}(e): add({bound(rule)})")
-    for get, search, members in gated:
-        lines.append(f"    x = {bound(get)}(e)")
-        lines.append(
-            f"    if x is not None and {bound(search)}(x if x.__class__ is str else str(x)) is not None:"
-        )
-        lines.extend(f"        if {bound(check)}(e): add({bound(rule)})" for rule, check in members)
-    return ns.define("\n".join(lines) + "\n", "collect", "<rule bucket>")  # type: ignore[no-any-return]
+    def source(self, src: Source, indent: str) -> list[str]:
+        """The checks as lines over ``e``, ``a`` and ``add``: each rule's match inline (less what the index
+        guarantees; a deeply nested one called instead), no loop, no call per candidate. They name only
+        values bound in ``src``."""
+        bound = src.bind
+
+        def check(rule: Rule, skip: frozenset[str], indent: str) -> str:
+            result = bound(rule if self.found is None else self.found(rule))
+            condition = src.condition(rule.spec.match, rule.matches, skip)
+            if condition == "True":
+                return f"{indent}add({result})"
+            return f"{indent}if {condition}: add({result})"
+
+        lines = [check(rule, skip, indent) for rule, skip in self.plain]
+        for name, search, members in self.gated:
+            lines.append(f"{indent}x = {src.field(name)}")
+            text = "x if x.__class__ is str else str(x)"
+            lines.append(f"{indent}if x is not None and {bound(search)}({text}) is not None:")
+            lines.extend(check(rule, skip, indent + "    ") for rule, skip in members)
+        return lines

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from watchd.errors import ConfigError
-from watchd.rules.match import MatchError, compile_match, index_plan, match_kinds
+from watchd.rules.match import MatchError, compile_match, match_kinds
 from watchd.rules.model import ACTION_NAMES, RuleSpec
 from watchd.rules.positions import YamlPath, YamlPositions, load_with_position
 from watchd.rules.ruleset import Rule
@@ -101,11 +101,6 @@ def parse_rule_file(text: str, source: str, first_order: int = 0) -> tuple[list[
             continue
         try:
             matches = compile_match(spec.match)
-            kinds, pinned = index_plan(spec.match)
-            guaranteed = frozenset(
-                ({"kind"} if kinds is not None else set()) | ({pinned[0]} if pinned else set())
-            )
-            residual = compile_match(spec.match, skip=guaranteed)
         except MatchError as exc:
             problems.append(problem((*at, "match", *exc.path), f"{label}: match: {exc}"))
             continue
@@ -149,7 +144,6 @@ def parse_rule_file(text: str, source: str, first_order: int = 0) -> tuple[list[
                 unless,
                 tuple(templates),
                 order=first_order + len(rules),
-                residual=residual,
             )
         )
     return rules, problems

@@ -42,10 +42,8 @@ def getter(name: str) -> Getter:
 
 def tuple_getter(names: Sequence[str]) -> Callable[[Event], tuple[Any, ...]]:
     """The values of ``names`` as a tuple (a group key): one generated expression, no call per field."""
-    src = _Source()
-    parts = [src.field(name) for name in names]
-    body = f"({', '.join(parts)},)" if parts else "()"
-    return src.ns.define(f"def key(e):\n    a = e.attrs\n    return {body}\n", "key", "<group key>")  # type: ignore[no-any-return]
+    src = Source()
+    return src.ns.define(f"def key(e):\n    a = e.attrs\n    return {src.key(names)}\n", "key", "<group key>")  # type: ignore[no-any-return]
 
 
 def _number(value: Any) -> float | None:
@@ -58,20 +56,38 @@ def _number(value: Any) -> float | None:
 _LITERAL = re.compile(r"[A-Za-z0-9 _@:=/,;<>!~%&#-]+")
 
 
-class _Source:
+class Source:
     """Generated code over ``e`` (the event) and ``a`` (its attrs); see watchd/rules/codegen.py."""
 
-    def __init__(self) -> None:
-        self.ns = Namespace()
+    def __init__(self, ns: Namespace | None = None) -> None:
+        self.ns = ns if ns is not None else Namespace()
         self.bind = self.ns.bind
 
     def field(self, name: str) -> str:
+        """A field's value (None when absent): ``e.<field>`` for the top-level ones, else ``a.get(...)``."""
         if name in TOP_LEVEL_FIELDS:
             return f"e.{name}"
         return f"a.get({self.bind(name)})"
 
+    def key(self, names: Sequence[str]) -> str:
+        """The values of ``names`` as a tuple (a group key)."""
+        return f"({', '.join(self.field(name) for name in names)},)" if names else "()"
 
-def _operator(src: _Source, name: str, op: str, arg: Any, path: Path) -> str:
+    def condition(
+        self, match: Mapping[str, Any], predicate: Predicate, skip: frozenset[str] = frozenset()
+    ) -> str:
+        """A valid match (``predicate`` is its compiled form) as an expression, less the keys in ``skip``; a
+        deeply nested one as a call of ``predicate`` (a function holding many must still compile)."""
+        if match_depth(match) > _INLINE_DEPTH:
+            return f"{self.bind(predicate)}(e)"
+        return _expression(self, match, (), skip)
+
+
+#: Matches nested deeper than this are called, not inlined (the compiler's recursion limit).
+_INLINE_DEPTH = 20
+
+
+def _operator(src: Source, name: str, op: str, arg: Any, path: Path) -> str:
     field = src.field(name)
     if op in ("in", "not_in"):
         if not isinstance(arg, list) or not all(isinstance(a, str | int | float | bool) for a in arg):
@@ -128,13 +144,11 @@ def _regex_test(source: str, pattern: re.Pattern[str]) -> Callable[[Any], bool]:
     return regex
 
 
-def compile_match(match: Mapping[str, Any], path: Path = (), skip: frozenset[str] = frozenset()) -> Predicate:
+def compile_match(match: Mapping[str, Any], path: Path = ()) -> Predicate:
     """Compile a match mapping once, at load, into one predicate: one generated function, the conditions
-    inline (no call per condition on the hot path). Raises MatchError with the path.
-
-    ``skip``: keys not to check (the rule index already guarantees them); they are still validated."""
-    src = _Source()
-    expression = _expression(src, match, path, skip)
+    inline (no call per condition on the hot path). Raises MatchError with the path."""
+    src = Source()
+    expression = _expression(src, match, path, frozenset())
     source = f"def match(e):\n    a = e.attrs\n    return {expression}\n"
     try:
         return src.ns.define(source, "match", "<match>")  # type: ignore[no-any-return]
@@ -142,12 +156,12 @@ def compile_match(match: Mapping[str, Any], path: Path = (), skip: frozenset[str
         raise MatchError(path, "match nested too deeply") from None
 
 
-def _expression(src: _Source, match: Mapping[str, Any], path: Path, skip: frozenset[str]) -> str:
+def _expression(src: Source, match: Mapping[str, Any], path: Path, skip: frozenset[str]) -> str:
     checks: list[str] = []
     for key, cond in match.items():
         here = (*path, key)
         if key in skip:
-            _expression(_Source(), {key: cond}, path, frozenset())  # validate only
+            _expression(Source(), {key: cond}, path, frozenset())  # validate only
             continue
         if key == "any":
             if not isinstance(cond, list) or not cond or not all(isinstance(c, dict) for c in cond):
@@ -164,6 +178,21 @@ def _expression(src: _Source, match: Mapping[str, Any], path: Path, skip: frozen
         else:
             raise MatchError(here, "expected a value or an operator mapping")
     return f"({' and '.join(checks)})" if checks else "True"
+
+
+def match_depth(value: Any) -> int:
+    """How deeply a match's mappings and lists nest (a scalar: 0)."""
+    if isinstance(value, Mapping):
+        return 1 + max((match_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list | tuple):
+        return 1 + max((match_depth(v) for v in value), default=0)
+    return 0
+
+
+def index_guarantees(match: Mapping[str, Any]) -> frozenset[str]:
+    """The keys of a match that the rule index guarantees for the rules it finds (see ``index_plan``)."""
+    kinds, pinned = index_plan(match)
+    return frozenset(({"kind"} if kinds is not None else set()) | ({pinned[0]} if pinned else set()))
 
 
 def index_plan(match: Mapping[str, Any]) -> tuple[frozenset[Any] | None, tuple[str, frozenset[Any]] | None]:

@@ -26,7 +26,6 @@ class Rule:
     unless: Predicate | None
     templates: tuple[Mapping[str, Any], ...]  # per action: param -> Template, or nested mapping of them
     order: int = 0
-    residual: Predicate | None = None  # ``matches`` less what the rule index guarantees (None: matches)
     # Derived at construction (not compared): what evaluation runs per event.
     stateful: bool = field(init=False, compare=False)
     group_key: Callable[[Event], tuple[Any, ...]] = field(init=False, compare=False)
@@ -154,25 +153,56 @@ def _planner(
     def slow_context(event: Event, group: Mapping[str, Scalar], count: int) -> Context:
         return Context(rule, event, group, count)
 
-    ns = Namespace(new=tuple.__new__, PlannedAction=PlannedAction, kind=kind)
+    ns = Namespace(new=tuple.__new__, PlannedAction=PlannedAction)
+
+    def rendered(template: Template) -> str:
+        if template.static_text is not None:
+            return ns.bind(template.static_text)
+        return f"{ns.bind(template.bind(constants, TOP_LEVEL_FIELDS, group_keys, slow_context))}(e, g, c)"
+
+    source = f"def planned(e, g, c):\n    return {_action_source(ns, kind, templates, rendered)}\n"
+    return ns.define(source, "planned", f"<planner {rule.name}>")  # type: ignore[no-any-return]
+
+
+def actions_source(rule: Rule, ns: Namespace) -> str:
+    """The rule's actions for one event as one expression over ``e``, ``g`` and ``c`` for a caller's
+    generated code (``new`` and ``PlannedAction`` bound in ``ns``), every simple template an f-string in
+    it: it raises KeyError where an attribute a template names is absent, and the caller then asks
+    ``rule.planners`` (which render that as ``?``)."""
+    constants = {"rule": rule.name, "severity": rule.spec.severity}
+    group_keys = frozenset(rule.spec.group_by) if rule.stateful else frozenset({"node"})
+
+    def rendered(template: Template) -> str:
+        inline = template.inline(constants, TOP_LEVEL_FIELDS, group_keys, ns)
+        if inline is not None:
+            return inline
+        slow = template.bind(constants, TOP_LEVEL_FIELDS, group_keys, lambda e, g, c: Context(rule, e, g, c))
+        return f"{ns.bind(slow)}(e, g, c)"
+
+    parts = [
+        _action_source(ns, a.kind, t, rendered)
+        for a, t in zip(rule.spec.actions, rule.templates, strict=True)
+    ]
+    return f"({', '.join(parts)},)" if parts else "()"
+
+
+def _action_source(
+    ns: Namespace, kind: ActionKind, templates: Mapping[str, Any], rendered: Callable[[Template], str]
+) -> str:
     bound = ns.bind
 
     def display(params: Mapping[str, Any]) -> str:
         items = []
         for name, value in params.items():
-            if isinstance(value, Template) and value.static_text is not None:
-                items.append(f"{bound(name)}: {bound(value.static_text)}")
-            elif isinstance(value, Template):
-                render = value.bind(constants, TOP_LEVEL_FIELDS, group_keys, slow_context)
-                items.append(f"{bound(name)}: {bound(render)}(e, g, c)")
+            if isinstance(value, Template):
+                items.append(f"{bound(name)}: {rendered(value)}")
             elif isinstance(value, dict):
                 items.append(f"{bound(name)}: {display(value)}")
             else:
                 items.append(f"{bound(name)}: {bound(value)}")
         return "{" + ", ".join(items) + "}"
 
-    source = f"def planned(e, g, c):\n    return new(PlannedAction, (kind, e.node, {display(templates)}))\n"
-    return ns.define(source, "planned", f"<planner {rule.name}>")  # type: ignore[no-any-return]
+    return f"new(PlannedAction, ({bound(kind)}, e.node, {display(templates)}))"
 
 
 def _group_builder(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], dict[str, Scalar]]:

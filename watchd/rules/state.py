@@ -6,28 +6,18 @@ from __future__ import annotations
 
 import operator
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from watchd.events import Event, Scalar
-from watchd.rules.index import Index, RuleIndex, ScanIndex
+from watchd.rules.evaluator import GroupKey, KindRules, RuleState, compile_evaluator, compile_kind
+from watchd.rules.index import RuleIndex, ScanIndex
 from watchd.rules.match import Predicate, match_kinds
 from watchd.rules.ruleset import Decision, Rule
 
-GroupKey = tuple[Any, ...]
-
 #: Groups kept per rule; beyond it the least recently seen group is forgotten (and counted).
 MAX_GROUPS = 100_000
-
-
-@dataclass(slots=True)
-class _RuleState:
-    window: dict[GroupKey, deque[tuple[float, tuple[Any, ...]]]] = field(default_factory=dict)
-    held_since: dict[GroupKey, float] = field(default_factory=dict)
-    fired_hold: set[GroupKey] = field(default_factory=set)
-    unless_seen: dict[GroupKey, tuple[float, str]] = field(default_factory=dict)
-    last_fired: dict[GroupKey, float] = field(default_factory=dict)
 
 
 def _bounded_set(table: dict[GroupKey, Any], key: GroupKey, value: Any, limit: int) -> int:
@@ -41,48 +31,96 @@ def _bounded_set(table: dict[GroupKey, Any], key: GroupKey, value: Any, limit: i
 
 
 class RuleEngine:
-    """``indexed=False`` tries every rule and every ``unless`` on its own, with its whole match: the reference
-    the index and the shared ``unless`` checks must agree with."""
+    """Evaluates events against ``rules``. Each event kind the rules name gets one generated function
+    (watchd/rules/evaluator.py): its ``unless`` sightings, the rule index's checks and the rules with
+    ``for`` inline, then each matching rule's own generated evaluation, over this engine's state.
+
+    ``indexed=False`` is the reference the compiled path must agree with: it tries every rule and every
+    ``unless`` on its own, with its whole match, and interprets each rule's steps from its spec."""
+
+    evaluate: Callable[[Event], list[Decision]]
+    """Every decision an event triggers, in rule-file order."""
 
     def __init__(
         self, rules: tuple[Rule, ...], max_groups: int = MAX_GROUPS, *, indexed: bool = True
     ) -> None:
         self.rules = rules
-        self._index: Index = RuleIndex(rules) if indexed else ScanIndex(rules)
-        self._indexed = indexed
+        self._state: dict[str, RuleState] = {r.name: RuleState() for r in rules if r.stateful}
         self._unless_rules = _by_kind([r for r in rules if r.unless is not None], unless=True)
         self._for_rules = _by_kind([r for r in rules if r.spec.for_ is not None], unless=False)
-        self._state: dict[str, _RuleState] = {r.name: _RuleState() for r in rules if r.stateful}
-        self._kinds: dict[str, _KindPlan] = {}
         self._max_groups = max_groups
         self.groups_evicted = 0
+        if indexed:
+            self._compile()
+        else:
+            self._scan = ScanIndex(rules)
+            self._plans: dict[str, _KindPlan] = {}
+            self.evaluate = self._evaluate_reference
 
     def carry_state_from(self, old: RuleEngine) -> None:
         """After a reload: rules whose definition did not change keep their windows and cooldowns."""
         before = {r.name: r.spec for r in old.rules}
         for rule in self.rules:
-            if rule.name in self._state and before.get(rule.name) == rule.spec and rule.name in old._state:
-                self._state[rule.name] = old._state[rule.name]
-        self._kinds.clear()  # they hold the states replaced above
+            mine, theirs = self._state.get(rule.name), old._state.get(rule.name)
+            if mine is not None and theirs is not None and before.get(rule.name) == rule.spec:
+                mine.take(theirs)
 
     @property
     def tracked_groups(self) -> int:
         return sum(len(s.window) + len(s.held_since) + len(s.last_fired) for s in self._state.values())
 
-    def evaluate(self, event: Event) -> list[Decision]:
-        """Every decision this event triggers, in rule-file order."""
-        kind = self._kinds.get(event.kind) or self._plan_kind(event.kind)
+    def _evict(self, table: dict[GroupKey, Any]) -> None:
+        del table[next(iter(table))]
+        self.groups_evicted += 1
+
+    def _compile(self) -> None:
+        rules, state = self.rules, self._state
+        evaluators = {
+            r.name: compile_evaluator(r, state.get(r.name), self._evict, self._max_groups) for r in rules
+        }
+        # a rule with ``for`` is checked for every event of its kind (one that does not match ends a hold)
+        index = RuleIndex([r for r in rules if r.spec.for_ is None], found=lambda r: evaluators[r.name])
+        order = {evaluators[r.name]: r.order for r in rules}
+
+        def plan(kind: str | None) -> Callable[[Event], list[Decision]]:
+            return compile_kind(
+                KindRules(
+                    kind,
+                    index,
+                    tuple(
+                        tuple((r, state[r.name]) for r in group)
+                        for group in _unless_groups(
+                            _for_kind(self._unless_rules, kind), state, canonical=True
+                        )
+                    ),
+                    tuple((r, evaluators[r.name], state[r.name]) for r in _for_kind(self._for_rules, kind)),
+                ),
+                order,
+                self._evict,
+                self._max_groups,
+            )
+
+        named = index.kinds | {k for k in (*self._unless_rules, *self._for_rules) if isinstance(k, str)}
+        kinds = {kind: plan(kind) for kind in named}
+        other = plan(None)  # a kind no rule names: one function for all of them
+
+        def evaluate(event: Event) -> list[Decision]:
+            return kinds.get(event.kind, other)(event)
+
+        self.evaluate = evaluate
+
+    def _evaluate_reference(self, event: Event) -> list[Decision]:
+        plan = self._plans.get(event.kind) or self._plan_reference(event.kind)
         now = event.time
-        for unless, targets in kind.unless:
+        for unless, targets in plan.unless:
             if unless(event):
                 for group_key, seen in targets:
                     self.groups_evicted += _bounded_set(
                         seen, group_key(event), (now, event.id), self._max_groups
                     )
         fired: list[Rule] = []
-        self._index.matching(event, fired)
-        if len(fired) > 1:
-            fired.sort(key=_order)
+        self._scan.matching(event, fired)
+        fired.sort(key=_order)
         decisions: list[Decision] = []
         for rule in fired:
             if not rule.stateful:
@@ -91,30 +129,22 @@ class RuleEngine:
             decision = self._stateful(rule, event, now)
             if decision is not None:
                 decisions.append(decision)
-        if kind.holds:
-            self._end_holds(kind.holds, {id(r) for r in fired}, event)
+        matched = {id(r) for r in fired}
+        for rule in plan.for_rules:
+            if id(rule) not in matched:  # an event of the rule's kind that no longer matches ends a hold
+                key = rule.group_key(event)
+                self._state[rule.name].held_since.pop(key, None)
+                self._state[rule.name].fired_hold.discard(key)
         return decisions
 
-    @staticmethod
-    def _end_holds(holds: tuple[tuple[Rule, _RuleState], ...], fired: set[int], event: Event) -> None:
-        for rule, state in holds:  # an event of the rule's kind that no longer matches ends a hold
-            if id(rule) not in fired:
-                key = rule.group_key(event)
-                state.held_since.pop(key, None)
-                state.fired_hold.discard(key)
-
-    def _plan_kind(self, kind: str) -> _KindPlan:
-        """What every event of ``kind`` checks besides the index: ``unless`` matches (each distinct one
-        once), and the rules with ``for`` whose hold a non-matching event of the kind ends."""
-        unless: dict[str, tuple[Predicate, list[tuple[Any, Any]]]] = {}
-        for rule in _for_kind(self._unless_rules, kind):
-            assert rule.unless is not None and rule.spec.unless is not None
-            key = _canonical(rule.spec.unless.match) if self._indexed else rule.name
-            target = (rule.group_key, self._state[rule.name].unless_seen)
-            unless.setdefault(key, (rule.unless, []))[1].append(target)
-        holds = tuple((r, self._state[r.name]) for r in _for_kind(self._for_rules, kind))
-        plan = _KindPlan(tuple((check, tuple(t)) for check, t in unless.values()), holds)
-        self._kinds[kind] = plan
+    def _plan_reference(self, kind: str) -> _KindPlan:
+        unless = _unless_groups(_for_kind(self._unless_rules, kind), self._state, canonical=False)
+        checks = tuple(
+            (rules[0].unless, tuple((r.group_key, self._state[r.name].unless_seen) for r in rules))
+            for rules in unless
+        )
+        plan = _KindPlan(checks, _for_kind(self._for_rules, kind))  # type: ignore[arg-type]
+        self._plans[kind] = plan
         return plan
 
     def _stateful(self, rule: Rule, event: Event, now: float) -> Decision | None:
@@ -165,8 +195,24 @@ _ANY = object()
 
 @dataclass(frozen=True, slots=True)
 class _KindPlan:
-    unless: tuple[tuple[Predicate, tuple[tuple[Any, Any], ...]], ...]  # (match, ((group key, seen), ...))
-    holds: tuple[tuple[Rule, _RuleState], ...]
+    """The reference path's per-kind lists: ``unless`` checks with (group key, sightings) per rule, and
+    the rules with ``for``."""
+
+    unless: tuple[tuple[Predicate, tuple[tuple[Callable[[Event], GroupKey], dict[GroupKey, Any]], ...]], ...]
+    for_rules: tuple[Rule, ...]
+
+
+def _unless_groups(
+    rules: tuple[Rule, ...], state: Mapping[str, RuleState], canonical: bool
+) -> tuple[tuple[Rule, ...], ...]:
+    """Rules with ``unless`` grouped by their ``unless`` match: one group per distinct match (by content
+    when ``canonical``, else one per rule); each match is checked once per event."""
+    groups: dict[str, list[Rule]] = {}
+    for rule in rules:
+        assert rule.spec.unless is not None and rule.name in state
+        key = _canonical(rule.spec.unless.match) if canonical else rule.name
+        groups.setdefault(key, []).append(rule)
+    return tuple(tuple(g) for g in groups.values())
 
 
 def _canonical(value: Any) -> str:
@@ -195,7 +241,7 @@ def _by_kind(rules: list[Rule], unless: bool) -> dict[Any, tuple[Rule, ...]]:
     return {k: tuple(v) for k, v in table.items()}
 
 
-def _for_kind(table: Mapping[Any, tuple[Rule, ...]], kind: str) -> tuple[Rule, ...]:
+def _for_kind(table: Mapping[Any, tuple[Rule, ...]], kind: str | None) -> tuple[Rule, ...]:
     if not table:
         return ()
     return table.get(kind, ()) + table.get(_ANY, ())

@@ -200,33 +200,36 @@ class Template:
         def slow(event: Any, group: Mapping[str, Any], count: int) -> str:
             return self.render(slow_context(event, group, count))
 
-        compiled = self._fstring(constants, top_level, group_keys)
-        if compiled is None:
+        ns = Namespace()
+        body = self._fstring(constants, top_level, group_keys, ns)
+        if body is None:
             return slow
-        body, ns = compiled
         # An f-string is compiled to bytecode once; str.format would parse its format string on every call.
         # An attribute the event lacks (KeyError) renders ``?`` through the full context instead.
         source = (
             "def render(e, g, c):\n"
             "    try:\n"
-            f"        return f{body!r}\n"
+            f"        return {body}\n"
             "    except KeyError:\n"
             f"        return {ns.bind(slow)}(e, g, c)\n"
         )
         return ns.define(source, "render", "<template>")  # type: ignore[no-any-return]
 
     def _fstring(
-        self, constants: Mapping[str, str], top_level: frozenset[str], group_keys: frozenset[str]
-    ) -> tuple[str, Namespace] | None:
-        """The template as the body of an f-string over ``e`` (the event), ``e.attrs[...]``, ``c`` (the
-        count) and ``g`` (the group), with every piece of text and every name bound in the namespace (the
-        source holds none of the rule's text); None when a placeholder is not one of: a constant,
-        ``count``, ``group.<key>``, a field or ``event.<field>`` (the context's precedence: its own names,
-        then top-level fields, then attrs)."""
+        self,
+        constants: Mapping[str, str],
+        top_level: frozenset[str],
+        group_keys: frozenset[str],
+        ns: Namespace,
+    ) -> str | None:
+        """The template as an f-string expression over ``e`` (the event), ``e.attrs[...]``, ``c`` (the
+        count) and ``g`` (the group), with every piece of text and every name bound in ``ns`` (the source
+        holds none of the rule's text); it raises KeyError for an attribute the event lacks. None when a
+        placeholder is not one of: a constant, ``count``, ``group.<key>``, a field or ``event.<field>``
+        (the context's precedence: its own names, then top-level fields, then attrs)."""
         if self._parts is None:
             return None
         out: list[str] = []
-        ns = Namespace()
         bound = ns.bind
 
         for part in self._parts:
@@ -250,7 +253,21 @@ class Template:
                     out.append(f"{{e.attrs[{bound(field)}]!s}}")
             else:
                 return None
-        return "".join(out), ns
+        return f"f{''.join(out)!r}"
+
+    def inline(
+        self,
+        constants: Mapping[str, str],
+        top_level: frozenset[str],
+        group_keys: frozenset[str],
+        ns: Namespace,
+    ) -> str | None:
+        """What ``bind`` compiles, as an expression to place in a caller's generated code over ``e``, ``g``
+        and ``c`` (names bound in ``ns``); it raises KeyError where ``bind``'s renderer falls back. None
+        when the template is not that simple."""
+        if self._static:
+            return ns.bind(self.source)
+        return self._fstring(constants, top_level, group_keys, ns)
 
 
 #: ``(event, group, count) -> str``: a template bound to one rule.
