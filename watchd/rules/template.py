@@ -201,7 +201,7 @@ class Template:
             return self.render(slow_context(event, group, count))
 
         ns = Namespace()
-        body = self._fstring(constants, top_level, group_keys, ns)
+        body = self.inline(constants, top_level, group_keys, ns)
         if body is None:
             return slow
         # An f-string is compiled to bytecode once; str.format would parse its format string on every call.
@@ -215,7 +215,7 @@ class Template:
         )
         return ns.define(source, "render", "<template>")  # type: ignore[no-any-return]
 
-    def _fstring(
+    def inline(
         self,
         constants: Mapping[str, str],
         top_level: frozenset[str],
@@ -226,7 +226,10 @@ class Template:
         count) and ``g`` (the group), with every piece of text and every name bound in ``ns`` (the source
         holds none of the rule's text); it raises KeyError for an attribute the event lacks. None when a
         placeholder is not one of: a constant, ``count``, ``group.<key>``, a field or ``event.<field>``
-        (the context's precedence: its own names, then top-level fields, then attrs)."""
+        (the context's precedence: its own names, then top-level fields, then attrs). What ``bind`` compiles,
+        for a caller's generated code too."""
+        if self._static:
+            return ns.bind(self.source)
         if self._parts is None:
             return None
         out: list[str] = []
@@ -254,20 +257,6 @@ class Template:
             else:
                 return None
         return f"f{''.join(out)!r}"
-
-    def inline(
-        self,
-        constants: Mapping[str, str],
-        top_level: frozenset[str],
-        group_keys: frozenset[str],
-        ns: Namespace,
-    ) -> str | None:
-        """What ``bind`` compiles, as an expression to place in a caller's generated code over ``e``, ``g``
-        and ``c`` (names bound in ``ns``); it raises KeyError where ``bind``'s renderer falls back. None
-        when the template is not that simple."""
-        if self._static:
-            return ns.bind(self.source)
-        return self._fstring(constants, top_level, group_keys, ns)
 
 
 #: ``(event, group, count) -> str``: a template bound to one rule.
