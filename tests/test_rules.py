@@ -327,9 +327,10 @@ def test_compiled_planners_decide_exactly_as_the_reference_rendering() -> None:
 
 
 def test_indexed_engine_decides_exactly_as_trying_every_rule() -> None:
-    """The index (kind, pinned field, regex gates) and the shared ``unless`` checks change nothing: pack plus
-    synthetic rules (indexed, regex-gated, stateful, unless) over a varied stream give the same decisions
-    as an engine that tries every rule and every ``unless`` with its whole match."""
+    """The index (kind, pinned field, regex gates), the shared ``unless`` checks and the shared sightings
+    tables change nothing: pack plus synthetic rules (indexed, regex-gated, stateful, unless) over a varied
+    stream give the same decisions as an engine that tries every rule and every ``unless`` with its whole
+    match, each rule with its own tables."""
     from benchmarks.common import make_events, synthetic_rules_yaml
     from watchd.rules import RuleEngine, load_rules, parse_rule_file
 
@@ -353,6 +354,20 @@ def test_indexed_engine_decides_exactly_as_trying_every_rule() -> None:
             }
             for a, b in ((13, 31), (31, 13))
         ),
+        *(  # one unless match (u31's too): s31 and s43 share u31's sightings, s63 (by GPU) has its own
+            {
+                "name": f"s{a}",
+                "match": {"kind": "xid", "xid": a},
+                "group_by": group_by,
+                "unless": {"match": {"kind": "xid", "xid": 13}, "within": within},
+                "actions": ["log"],
+            }
+            for a, group_by, within in (
+                (31, ["node"], "10m"),
+                (43, ["node"], "1s"),
+                (63, ["node", "pci_bus_id"], "1s"),
+            )
+        ),
     )
     rules = (*pack.rules, *synthetic, *(replace(r, order=10_000 + i) for i, r in enumerate(extra)))
     indexed, every = RuleEngine(rules), RuleEngine(rules, indexed=False)
@@ -362,7 +377,8 @@ def test_indexed_engine_decides_exactly_as_trying_every_rule() -> None:
         assert indexed.evaluate(event) == want, event
         fired.update(d.rule for d in want)
     assert sum(fired.values()) > 10_000
-    assert all(fired[name] > 0 for name in ("g1", "g2", "g3", "g4", "g5", "g6", "u13", "u31")), fired
+    names = ("g1", "g2", "g3", "g4", "g5", "g6", "u13", "u31", "s31", "s43", "s63")
+    assert all(fired[name] > 0 for name in names), fired
 
 
 def _reference_operator(op: str, arg: Any, value: Any) -> bool:

@@ -142,7 +142,11 @@ def compile_kind(
         first = group[0][0]
         assert first.spec.unless is not None and first.unless is not None
         add(f"    if {src.condition(first.spec.unless.match, first.unless)}:")
+        recorded: set[int] = set()
         for rule, state in group:
+            if id(state.unless_seen) in recorded:  # a table rules share (state.py): recorded once
+                continue
+            recorded.add(id(state.unless_seen))
             seen = bind(state.unless_seen)
             add(f"        k = {src.key(rule.spec.group_by)}")
             add(f"        {seen}.pop(k, None)")

@@ -51,6 +51,7 @@ class RuleEngine:
         self._max_groups = max_groups
         self.groups_evicted = 0
         if indexed:
+            _share_sightings(rules, self._state)
             self._compile()
         else:
             self._scan = ScanIndex(rules)
@@ -200,6 +201,16 @@ class _KindPlan:
 
     unless: tuple[tuple[Predicate, tuple[tuple[Callable[[Event], GroupKey], dict[GroupKey, Any]], ...]], ...]
     for_rules: tuple[Rule, ...]
+
+
+def _share_sightings(rules: tuple[Rule, ...], state: Mapping[str, RuleState]) -> None:
+    """Rules with equal ``unless`` matches and equal ``group_by`` would record the very same sightings:
+    they share one table, so an event records it once rather than once per rule."""
+    tables: dict[tuple[str, tuple[str, ...]], dict[GroupKey, tuple[float, str]]] = {}
+    for rule in rules:
+        if rule.spec.unless is not None:
+            key = (_canonical(rule.spec.unless.match), tuple(rule.spec.group_by))
+            state[rule.name].unless_seen = tables.setdefault(key, state[rule.name].unless_seen)
 
 
 def _unless_groups(
