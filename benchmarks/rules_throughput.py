@@ -121,6 +121,7 @@ def measure_groups(ruleset: RuleSet, gpus: int, chunk: int, repeat: int) -> Row:
     best, decisions = float("inf"), 0
     for i in range(1, repeat + 1):
         part = rest[i * chunk : (i + 1) * chunk]
+        gc.collect()
         t0 = time.perf_counter()
         got = run(part)
         if (took := time.perf_counter() - t0) < best:
