@@ -15,6 +15,10 @@ from watchd.engine.runner import Engine
 GOOD = "rules:\n  - {name: first, match: {kind: xid}, actions: [log]}\n"
 BETTER = "rules:\n  - {name: second, match: {kind: xid}, actions: [log]}\n"
 BROKEN = "rules:\n  - {name: third, match: {xid: {regex: '('}}, actions: [log]}\n"
+# found by Jinja's compiler, not its parser
+UNKNOWN_FILTER = (
+    "rules:\n  - {name: fourth, match: {kind: xid}, actions: [{log: {message: '{{ xid | nofilter }}'}}]}\n"
+)
 
 
 def bump(path: Path, text: str) -> None:
@@ -40,6 +44,34 @@ async def test_file_change_reloads_and_a_broken_file_keeps_the_old_rules(tmp_pat
         assert engine.rules.names == ["first"]
         bump(rules, BETTER)
         await eventually(lambda: ok._value.get() == 1, what="reload")
+        assert engine.rules.names == ["second"]
+        bump(rules, UNKNOWN_FILTER)
+        await eventually(lambda: ok._value.get() == 0, what="failed reload (unknown filter)")
+        assert engine.rules.names == ["second"]
+        bump(rules, GOOD)  # the watcher outlived both failures
+        await eventually(lambda: ok._value.get() == 1, what="reload after the unknown filter")
+        assert engine.rules.names == ["first"]
+
+
+async def test_a_rules_folder_removed_and_restored_is_reloaded_not_a_crash(tmp_path: Path) -> None:
+    folder = tmp_path / "rules.d"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(GOOD)
+    config = EngineConfig(
+        listen=Listen(port=0),
+        rules=[folder],
+        reload=ReloadConfig(poll_interval_s=0.05),
+        slurm={"enabled": False},
+    )
+    async with Engine(config) as engine:
+        ok = engine.metrics.rules_reload_ok
+        moved = tmp_path / "moved"
+        folder.rename(moved)
+        await eventually(lambda: ok._value.get() == 0, what="failed reload (folder gone)")
+        assert engine.rules.names == ["first"]
+        moved.rename(folder)
+        bump(folder / "a.yaml", BETTER)
+        await eventually(lambda: ok._value.get() == 1, what="reload once the folder is back")
         assert engine.rules.names == ["second"]
 
 

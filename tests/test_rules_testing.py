@@ -293,13 +293,15 @@ def test_check_ok_and_problems(tmp_path: Path) -> None:
     (tmp_path / "more.yaml").write_text(
         "rules:\n  - {name: a, match: {x: {regex: '('}}, actions: [log]}\n"
         "  - {name: b, match: {}, actions: [zap]}\n"
+        "  - {name: c, match: {}, actions: [{log: {message: '{{ xid | nofilter }}'}}]}\n"
     )
     out = io.StringIO()
     assert run_check([tmp_path], out) == 1
     lines = out.getvalue().splitlines()
     assert lines[0].startswith(f"{tmp_path / 'more.yaml'}:2:") and "bad regex" in lines[0]
     assert lines[1].startswith(f"{tmp_path / 'more.yaml'}:3:") and "unknown action 'zap'" in lines[1]
-    assert lines[2] == f"2 problems in {tmp_path}"
+    assert lines[2].startswith(f"{tmp_path / 'more.yaml'}:4:") and "No filter named 'nofilter'" in lines[2]
+    assert lines[3] == f"3 problems in {tmp_path}"
 
 
 def test_check_embedded_defaults_and_missing_file(tmp_path: Path) -> None:

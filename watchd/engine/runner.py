@@ -95,6 +95,9 @@ def open_store(config: EngineConfig) -> Store:
     return Store.open(path)
 
 
+_RULE_SUFFIXES = (".yaml", ".yml")
+
+
 class Engine:
     def __init__(
         self,
@@ -170,12 +173,16 @@ class Engine:
         self._rule_mtimes = self._mtimes()
         try:
             new = load_rules(self.config.rules)
+            evaluator = new.engine()
+            evaluator.carry_state_from(self.evaluator)
         except ConfigError as exc:
             _log.error("rules_reload_failed", error=str(exc))
             self.metrics.rules_reload_ok.set(0)
             return False
-        evaluator = new.engine()
-        evaluator.carry_state_from(self.evaluator)
+        except Exception as exc:  # a loader bug must not take the old rules (or the watcher) with it
+            _log.exception("rules_reload_failed", error=f"{type(exc).__name__}: {exc}")
+            self.metrics.rules_reload_ok.set(0)
+            return False
         self.rules, self.evaluator = new, evaluator
         self.metrics.rules_loaded.set(len(new.rules))
         self.metrics.rules_reload_ok.set(1)
@@ -186,7 +193,11 @@ class Engine:
     def _mtimes(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for path in self.config.rules:
-            files = [p for p in path.iterdir() if p.suffix in (".yaml", ".yml")] if path.is_dir() else [path]
+            try:  # a folder removed or renamed, or a file mid-rename: it reads as changed, not as a crash
+                files = [p for p in path.iterdir() if p.suffix in _RULE_SUFFIXES] if path.is_dir() else [path]
+            except OSError:
+                out[str(path)] = -1.0
+                continue
             for f in files:
                 with contextlib.suppress(OSError):
                     out[str(f)] = f.stat().st_mtime

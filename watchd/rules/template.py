@@ -147,14 +147,13 @@ class Template:
 
     def __init__(self, source: str) -> None:
         self.source = source
-        try:
-            ast = _ENV.parse(source)
-        except TemplateSyntaxError as exc:
+        try:  # an unknown filter or test is found by the compiler, not the parser: both inside
+            self.names = frozenset(meta.find_undeclared_variables(_ENV.parse(source)))
+            self._compiled = _ENV.from_string(source)
+        except TemplateSyntaxError as exc:  # TemplateAssertionError (unknown filter) included
             raise TemplateError(f"template {source!r}: {exc.message}") from None
-        self.names = frozenset(meta.find_undeclared_variables(ast))
         self._static = "{{" not in source and "{%" not in source
         self._parts = _simple_parts(source)
-        self._compiled = _ENV.from_string(source)
 
     @property
     def static_text(self) -> str | None:
