@@ -110,6 +110,51 @@ async def test_repeat_within_cooldown_is_deduplicated_and_later_allowed() -> Non
     assert outcomes(audit)[-2][2] == "already_drained"
 
 
+async def test_a_node_resumed_within_the_cooldown_is_drained_again_on_its_next_fault() -> None:
+    """De-duplication holds while the node is still drained; once an operator (or the scheduler) returns
+    it to service, a new fault drains it and requeues its new job. A flood on a drained node costs one
+    state read per 10 s, not one per event."""
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1"])
+    fake.add_job("10", ["gpu-1"], requeue=True)
+    executor, audit, clock = make(fake)
+    rules = rule_engine()
+
+    async def fault(eid: str) -> None:
+        for d in rules.evaluate(xid_event("gpu-1", event_id=eid, t=clock.now())):
+            executor.submit(d, 0.0)
+        await executor.drain_in_flight(5)
+
+    async with executor:
+        await fault("a")
+        for i in range(20):  # the flood on the drained node: de-duplicated, one state read
+            clock.advance(0.1)
+            await fault(f"flood-{i}")
+        assert len(fake.calls_of("drain")) == 1
+        assert len(fake.calls_of("node_states")) == 2  # the drain's own read, then one recheck
+        assert (await fake.resume("gpu-1")).outcome == "resumed"  # the operator, straight to the scheduler
+        fake.add_job("11", ["gpu-1"], requeue=True)
+        clock.advance(300)
+        await fault("b")
+    assert outcomes(audit)[-2:] == [("drain", "gpu-1", "drained"), ("requeue", "gpu-1", "requeued")]
+    assert fake.nodes["gpu-1"].drained and fake.jobs["11"].state == "pending"
+
+
+async def test_a_deduplicated_drain_in_dry_run_reads_no_state() -> None:
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1"])
+    executor, audit, clock = make(fake, mode="dry-run")
+    rules = rule_engine()
+    async with executor:
+        for eid in ("a", "b", "c"):
+            clock.advance(20)
+            for d in rules.evaluate(xid_event("gpu-1", event_id=eid, t=clock.now())):
+                executor.submit(d, 0.0)
+            await executor.drain_in_flight(5)
+    assert [o for a, _, o in outcomes(audit) if a == "drain"] == ["dry_run", "deduplicated", "deduplicated"]
+    assert fake.calls_of("node_states") == []
+
+
 async def test_failed_drain_is_reported_and_retried_on_next_event() -> None:
     fake = FakeScheduler()
     fake.add_nodes(["gpu-1"])

@@ -27,6 +27,7 @@ from watchd.adapters.base import (
     RequeueResult,
     Scheduler,
     SchedulerError,
+    describe,
     drain_reason,
     plan_drain,
 )
@@ -44,6 +45,7 @@ Mode = Literal["dry-run", "enforce"]
 
 _log = get_logger("watchd.executor")
 _DRAINED_BY_US = ("drained", "already_drained", "dry_run")
+_RECHECK_S = 10.0  # seconds between reads of a de-duplicated drain's node state
 BREAKER_ALERT = "WatchdBlastRadiusBreakerOpen"
 
 
@@ -206,6 +208,7 @@ class ActionExecutor:
         self._feedback = feedback
         self._generator_url = generator_url
         self._alert_expiry: dict[str, asyncio.TimerHandle] = {}
+        self._rechecked: dict[str, float] = {}  # node -> when its drained state was last read (dedup)
 
     async def __aenter__(self) -> ActionExecutor:
         if self._batcher is not None:
@@ -331,13 +334,29 @@ class ActionExecutor:
         rule = decision.rule if decision is not None else "operator"
         event_id = decision.event.id if decision is not None else f"held-{held_id}"
         params = _scalars(action.params)
-        if not self.store.begin_action(
-            key, action.kind, action.node, rule, event_id, params, now, cooldown_until=now + self._cooldown
+        mode = mode or self.effective_mode(decision)
+
+        def begin() -> bool:
+            return self.store.begin_action(
+                key,
+                action.kind,
+                action.node,
+                rule,
+                event_id,
+                params,
+                now,
+                cooldown_until=now + self._cooldown,
+            )
+
+        if not begin() and not (
+            action.kind == "drain"
+            and mode == "enforce"
+            and await self._drain_undone(action.node, now)
+            and begin()
         ):
             return Outcome(
                 "deduplicated", f"{action.kind} of {action.node} already decided within the cooldown"
             )
-        mode = mode or self.effective_mode(decision)
         gate: SafetyGate | None = None
         if action.kind in DISRUPTIVE:
             # Every disruptive action is counted in the breaker window; only decisions are also checked
@@ -357,6 +376,29 @@ class ActionExecutor:
             key, result.outcome, result.detail, self._clock.now(), cooldown_until=now if failed else None
         )
         return result
+
+    async def _drain_undone(self, node: str, now: float) -> bool:
+        """Whether watchd's last drain of ``node`` (finished, within the cooldown) has been undone since: an
+        operator or the scheduler returned the node to service. Then a new fault drains it again (and may
+        requeue again) rather than being de-duplicated. The node's state is read at most every
+        ``_RECHECK_S`` (a flood of events for a drained node must not become a flood of state reads)."""
+        if self._scheduler is None or now - self._rechecked.get(node, -_RECHECK_S) < _RECHECK_S:
+            return False
+        last = self.store.intents(f"drain:{node}", limit=1)
+        if not last or last[0].finished_at is None or last[0].outcome not in ("drained", "already_drained"):
+            return False
+        self._rechecked[node] = now
+        try:
+            state = (await self._scheduler.node_states([node])).get(node)
+        except SchedulerError as exc:
+            _log.warning("drain_recheck_failed", node=node, error=str(exc))
+            return False
+        if state is None or state.drained:
+            return False
+        _log.info("drain_undone", node=node, state=describe(state))
+        self.store.clear_cooldown(f"drain:{node}")
+        self.store.clear_cooldown(f"requeue:{node}")
+        return True
 
     async def _gated(self, action: PlannedAction, gate: SafetyGate | None, mode: Mode) -> Outcome:
         """Carry out one action past its safety gate; ``held`` when the gate says no."""
