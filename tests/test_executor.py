@@ -1,3 +1,4 @@
+import asyncio
 from typing import Any
 
 import pytest
@@ -390,8 +391,13 @@ async def test_webhook_action_posts_the_decision() -> None:
         received.append(await request.json())
         return web.json_response({})
 
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(1)
+        return web.json_response({})
+
     app = web.Application()
     app.router.add_post("/hook", hook)
+    app.router.add_post("/slow", slow)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -404,15 +410,17 @@ rules:
     match: {{kind: xid}}
     actions:
       - webhook: {{url: "http://127.0.0.1:{port}/hook", headers: {{X-Token: abc}}}}
+      - webhook: {{url: "http://127.0.0.1:{port}/slow", timeout_s: 0.2, retries: 0}}
 """
     try:
-        async with WebhookSender() as sender:
+        async with WebhookSender() as sender:  # its own timeout is 5 s: the rule's 0.2 s must win
             executor, audit, _ = make(None, webhooks=sender)
             async with executor:
                 await decide(executor, rule_engine(rules), xid_event("gpu-5", 79))
     finally:
         await runner.cleanup()
-    assert [(a.action, a.outcome) for a in audit.entries] == [("webhook", "delivered")]
+    assert [(a.action, a.outcome) for a in audit.entries] == [("webhook", "delivered"), ("webhook", "failed")]
+    assert "1 attempt(s) timed out after 0.2s" in audit.entries[1].detail
     (payload,) = received
     assert payload["rule"] == "notify" and payload["node"] == "gpu-5" and payload["labels"] == {"team": "sre"}
     assert payload["event"]["attrs"]["xid"] == 79

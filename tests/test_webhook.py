@@ -117,6 +117,14 @@ async def test_timeout_is_retried_then_fails(server: Server, sender: WebhookSend
     assert res.elapsed == pytest.approx(elapsed, abs=0.1)
 
 
+async def test_a_call_s_timeout_overrides_the_sender_s(server: Server, sender: WebhookSender) -> None:
+    server.script["slow3"] = ["hang"]
+    t = time.monotonic()
+    res = await sender.post(f"{server.url}/slow3", {"a": 1}, max_attempts=1, timeout=0.1)
+    assert (res.outcome, res.attempts) == ("failed", 1)
+    assert res.error == "timed out after 0.1s" and time.monotonic() - t < 0.28  # the sender's is 0.3 s
+
+
 async def test_timeout_then_success(server: Server, sender: WebhookSender) -> None:
     server.script["slow2"] = ["hang"]
     res = await sender.post(f"{server.url}/slow2", {"a": 1})

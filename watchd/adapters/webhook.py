@@ -20,7 +20,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -117,10 +117,14 @@ class WebhookSender:
         headers: Mapping[str, str] | None = None,
         *,
         max_attempts: int | None = None,
+        timeout: float | None = None,
     ) -> WebhookResult:
-        """POST ``payload`` as JSON to ``url``; retry transient failures. ``max_attempts`` overrides the
-        sender's for this call (1 = no retry)."""
+        """POST ``payload`` as JSON to ``url``; retry transient failures. ``max_attempts`` (1 = no retry)
+        and ``timeout`` (seconds per attempt) override the sender's for this call."""
         attempts_allowed = max(1, max_attempts if max_attempts is not None else self.max_attempts)
+        per_attempt = self.timeout if timeout is None else timeout
+        # only when given: aiohttp reads an explicit timeout=None as "no timeout at all"
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
         body = json.dumps(payload, separators=(",", ":")).encode()
         session = self._ensure_session()
         loop = asyncio.get_running_loop()
@@ -133,7 +137,7 @@ class WebhookSender:
             attempt += 1
             retry_after: float | None = None
             try:
-                async with session.post(url, data=body, headers=headers) as resp:
+                async with session.post(url, data=body, headers=headers, **extra) as resp:
                     status = resp.status
                     if 200 <= status < 300:
                         await resp.read()
@@ -146,7 +150,7 @@ class WebhookSender:
                         return WebhookResult(shown, "rejected", status, attempt, error, loop.time() - started)
                     retry_after = _retry_after(resp.headers.get("Retry-After"))
             except TimeoutError:
-                status, error = None, f"timed out after {self.timeout:g}s"
+                status, error = None, f"timed out after {per_attempt:g}s"
             except aiohttp.ClientError as exc:
                 status, error = None, f"{type(exc).__name__}: {exc}"
             if attempt >= attempts_allowed:

@@ -648,6 +648,7 @@ class ActionExecutor:
             payload,
             headers=params.get("headers") or None,
             max_attempts=int(params.get("retries", 3)) + 1,
+            timeout=float(params.get("timeout_s", 5)),
         )
         return Outcome(
             result.outcome, f"HTTP {result.status} after {result.attempts} attempt(s) {result.error}".strip()
