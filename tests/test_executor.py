@@ -122,7 +122,7 @@ async def test_a_node_resumed_within_the_cooldown_is_drained_again_on_its_next_f
     rules = rule_engine()
 
     async def fault(eid: str) -> None:
-        for d in rules.evaluate(xid_event("gpu-1", event_id=eid, t=clock.now())):
+        for d in rules.evaluate(xid_event("gpu-1", event_id=eid)):
             executor.submit(d, 0.0)
         await executor.drain_in_flight(5)
 
@@ -149,7 +149,7 @@ async def test_a_deduplicated_drain_in_dry_run_reads_no_state() -> None:
     async with executor:
         for eid in ("a", "b", "c"):
             clock.advance(20)
-            for d in rules.evaluate(xid_event("gpu-1", event_id=eid, t=clock.now())):
+            for d in rules.evaluate(xid_event("gpu-1", event_id=eid)):
                 executor.submit(d, 0.0)
             await executor.drain_in_flight(5)
     assert [o for a, _, o in outcomes(audit) if a == "drain"] == ["dry_run", "deduplicated", "deduplicated"]

@@ -219,3 +219,34 @@ def test_restamping_keeps_the_nodes_time_and_leaves_sane_events_alone() -> None:
     ahead = replace(xid_event(event_id="a"), time=now + 3600)
     [fixed] = restamp_future([ahead], now, EngineMetrics())
     assert fixed.time == now and fixed.attrs["node_time"] == now + 3600 and fixed.id == "a"
+
+
+async def test_the_same_application_xid_in_two_jobs_on_one_gpu_drains_it(engine: Engine) -> None:
+    """Kernel Xid lines carry no job: the engine takes it from the GPU's summaries, so the pack's
+    app-xid-repeated rule (3 times in 24 h across at least 2 jobs) fires on what agents really send."""
+    import time
+
+    from watchd.events import Event
+
+    def summary(job: str, t: float) -> Event:
+        attrs = {"gpu": 0, "pci_bus_id": "00000000:3B:00.0", "uuid": "GPU-0", "model": "H100", "job": job}
+        return Event(id=f"s-{job}", node="gpu-1", source="nvml", kind="gpu_summary", time=t, attrs=attrs)  # type: ignore[arg-type]
+
+    def app_xid(n: int) -> Event:
+        e = xid_event(
+            "gpu-1", 13, event_id=f"x{n}", meaning="Graphics Engine Exception", bucket="RESTART_APP"
+        )
+        assert "job" not in e.attrs
+        return e
+
+    now = time.time()
+    for body in (
+        batch(summary("1001", now), app_xid(1), app_xid(2)),
+        batch(summary("1002", now + 5), app_xid(3)),
+    ):
+        assert (await post(engine, body))[0] == 200
+    await eventually(
+        lambda: any(a.rule == "app-xid-repeated" and a.action == "drain" for a in engine.audit.entries),
+        what="app-xid-repeated drain",
+    )
+    assert engine.scheduler.nodes["gpu-1"].drained  # type: ignore[union-attr]

@@ -284,3 +284,32 @@ def test_prune_and_forget_node_drop_rank_reports() -> None:
     assert topo.jobs(40.0)["a"].nodes == ("n2",)
     topo.forget_node("n2")
     assert topo.jobs(40.0) == {}
+
+
+# --------------------------------------------------------------------------- jobs on GPU faults
+
+
+def test_gpu_faults_get_the_job_the_summaries_last_saw_on_their_gpu() -> None:
+    """Kernel Xid lines name a PCI address and NVML conditions a GPU index, never the job: the engine adds
+    the job the agents' summaries last reported on that GPU (within the TTL), so rules can count jobs."""
+    from watchd.detect.correlator import Correlator
+    from watchd.events import Event
+
+    def event(kind: str, t: float, **attrs: object) -> Event:
+        return Event(id=f"{kind}-{t}", node="n1", source="test", kind=kind, time=t, attrs=attrs)  # type: ignore[arg-type]
+
+    c = Correlator(topology=JobTopology(member_ttl_s=60))
+    c.observe(event("gpu_summary", 100, gpu=2, pci_bus_id="00000000:3B:00.0", job="slurm:7"))
+    c.observe(event("gpu_summary", 100, gpu=3, pci_bus_id="0000:3c:00.0"))  # no job on GPU 3
+    xid = c.with_job(event("xid", 110, xid=13, pci_bus_id="0000:3b:00.0"))  # the kernel's short form
+    assert xid.attrs == {"xid": 13, "pci_bus_id": "0000:3b:00.0", "job": "slurm:7"}
+    assert c.with_job(event("gpu_health", 110, gpu=2, condition="dbe")).attrs["job"] == "slurm:7"
+    for unchanged in (
+        event("xid", 110, xid=13, pci_bus_id="0000:3c:00.0"),  # a GPU without a job
+        event("xid", 110, xid=13, pci_bus_id="0000:99:00.0"),  # a GPU no summary named
+        event("xid", 110, xid=13, pci_bus_id="0000:3b:00.0", job="slurm:8"),  # the event says
+        event("xid", 161, xid=13, pci_bus_id="0000:3b:00.0"),  # the last summary is older than the TTL
+        event("xid", 110, xid=79),  # no GPU named
+        event("heartbeat", 110, gpu=2),  # not a GPU fault
+    ):
+        assert c.with_job(unchanged) is unchanged, unchanged

@@ -10,7 +10,7 @@ one is a new finding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from watchd.detect.finding import Finding
 from watchd.detect.fleet import FleetState
@@ -65,6 +65,9 @@ def job_clocks(
     return out
 
 
+_GPU_FAULT_KINDS = frozenset({"xid", "gpu_health"})
+
+
 class Correlator:
     def __init__(self, config: DetectorsConfig | None = None, topology: JobTopology | None = None) -> None:
         self.config = config or DetectorsConfig()
@@ -80,6 +83,18 @@ class Correlator:
 
     def observe(self, event: Event) -> None:
         self.fleet.observe(event)
+
+    def with_job(self, event: Event) -> Event:
+        """A GPU fault as the rules see it: with ``job`` (the job running on that GPU, from the agents'
+        summaries) when the event does not say; unchanged otherwise. Kernel Xid lines and NVML health
+        conditions name a GPU but not the job, which rules like "the same Xid on one GPU across 2 jobs"
+        need."""
+        if event.kind not in _GPU_FAULT_KINDS or event.attrs.get("job") is not None:
+            return event
+        job = self.fleet.job_on_gpu(event)
+        if job is None:
+            return event
+        return replace(event, attrs={**event.attrs, "job": job})
 
     def run(self, now: float) -> list[Finding]:
         jobs = self.topology.jobs(now)

@@ -296,6 +296,14 @@ class FleetState:
 
     # -------------------------------------------------------------------------------- queries
 
+    def job_on_gpu(self, e: Event) -> str | None:
+        """The job the agents last saw on the GPU ``e`` names (its ``gpu`` index, else its ``pci_bus_id``),
+        within the topology's member TTL of ``e``'s time; None when unknown."""
+        gpu = e.attrs.get("gpu")
+        if not isinstance(gpu, int) or isinstance(gpu, bool):
+            gpu = self._gpu_of_pci(e.node, e.attrs.get("pci_bus_id"))
+        return None if gpu is None else self.topology.job_of(e.node, gpu, e.time)
+
     def hardware_events(self, node: str, since: float) -> list[HardwareEvent]:
         return [h for h in self.hardware.get(node, ()) if h.time >= since]
 

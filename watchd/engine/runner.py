@@ -408,7 +408,7 @@ class Engine:
 
     async def _process(self) -> None:
         queue = self.queue
-        observe = self.correlator.observe
+        observe, with_job = self.correlator.observe, self.correlator.with_job
         while True:
             event, received_at = await queue.get()
             # then what else is queued, up to a bound: one wake-up and one gauge update per run, not per
@@ -417,7 +417,7 @@ class Engine:
             while True:
                 try:
                     observe(event)
-                    for decision in self.evaluator.evaluate(event):
+                    for decision in self.evaluator.evaluate(with_job(event)):
                         self.metrics.rule_matches.labels(decision.rule).inc()
                         self.executor.submit(decision, received_at)
                 except Exception:
