@@ -175,14 +175,55 @@ def test_json_schema_describes_rules() -> None:
     )
 
 
+def test_json_schema_accepts_the_shipped_rules_and_refuses_what_the_loader_refuses() -> None:
+    """What an editor checks against ``watchd rules schema`` agrees with the loader: every shipped rule
+    file (and the benchmark's synthetic rules, which use every operator) is valid; typical mistakes are
+    not."""
+    import jsonschema
+    import yaml
+
+    from benchmarks.common import synthetic_rules_yaml
+
+    validator = jsonschema.Draft202012Validator(json_schema())
+    root = Path(__file__).resolve().parent.parent
+    files = sorted((root / "rules").glob("*.yaml"))  # links to the embedded defaults (watchd/data/rules)
+    assert len(files) >= 5
+    docs = [yaml.safe_load(f.read_text()) for f in files] + [yaml.safe_load(synthetic_rules_yaml(300))]
+    for doc in docs:
+        errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
+        assert not errors, errors
+
+    def rule(**fields: object) -> dict[str, object]:
+        return {"rules": [{"name": "r", "match": {"kind": "xid"}, "actions": ["log"], **fields}]}
+
+    bad = [
+        rule(window="5 minutes", count=2),
+        rule(cooldown=-1),
+        rule(match={"xid": {"between": [1, 2]}}),  # no such operator
+        rule(match={"xid": {"gt": "ten"}}),
+        rule(match={"any": {"xid": 79}}),  # any takes a list
+        rule(actions=["reboot"]),
+        rule(actions=[{"drain": {}, "log": {}}]),  # one action per item
+        rule(actions=[{"drain": {"reson": "typo"}}]),
+        rule(unless={"match": {"xid": {"exists": "yes"}}, "within": "10s"}),
+        rule(severity="page"),
+    ]
+    for doc in bad:
+        assert not validator.is_valid(doc), doc
+        assert parse_rule_file(yaml.safe_dump(doc), "<bad>")[1], doc  # the loader refuses each of them too
+
+
 # ------------------------------------------------------------------------------------ stateful evaluation
 
 
 def run(rules: tuple[Rule, ...], *events: Event) -> list[tuple[float, str, str]]:
+    """What the generated evaluators decide, checked against the interpreted reference on the way."""
     from watchd.rules import RuleEngine
 
-    engine = RuleEngine(rules)
-    return [(d.event.time, d.rule, d.event.node) for e in events for d in engine.evaluate(e)]
+    engines = RuleEngine(rules), RuleEngine(rules, indexed=False)
+    got = [[(d.event.time, d.rule, d.event.node) for e in events for d in x.evaluate(e)] for x in engines]
+    assert got[0] == got[1], f"generated {got[0]} != reference {got[1]}"
+    return got[0]
 
 
 def test_count_within_window_across_distinct_jobs_per_gpu() -> None:
@@ -241,6 +282,13 @@ def test_for_fires_once_when_held_and_resets_on_a_non_matching_event() -> None:
     assert run(rules, *held) == [(300, "hot", "gpu-1")]
     broken = [temp(0, 95), temp(120, 95), temp(180, 70), temp(240, 95), temp(480, 95), temp(540, 95)]
     assert run(rules, *broken) == [(540, "hot", "gpu-1")]
+    # a group not seen matching for over 5 minutes starts over (a lost clear, blips far apart), and may
+    # fire again after its new hold
+    assert run(rules, temp(0, 95), temp(86_400, 95)) == []
+    stale = [temp(0, 95), temp(200, 95), temp(501, 95), temp(700, 95), temp(801, 95)]
+    assert run(rules, *stale) == [(801, "hot", "gpu-1")]
+    again = [*held, temp(901, 95), temp(1000, 95), temp(1201, 95)]
+    assert run(rules, *again) == [(300, "hot", "gpu-1"), (1201, "hot", "gpu-1")]
 
 
 def test_cooldown_per_group() -> None:

@@ -21,6 +21,9 @@ from watchd.rules.match import Source
 from watchd.rules.ruleset import Decision, PlannedAction, Rule, actions_source
 
 GroupKey = tuple[Any, ...]
+#: A ``for`` hold ends when its group has not matched for this long (a lost clear, an agent gone quiet):
+#: conditions are re-reported every 30 s while they hold.
+FOR_STALE_S = 300.0
 Evaluator = Callable[[Event], "Decision | None"]
 #: Drops the least recently inserted entry of a table that grew past its bound (and counts it).
 Evict = Callable[[dict[GroupKey, Any]], None]
@@ -32,7 +35,7 @@ class RuleState:
     state by filling them (``take``), never by replacing them."""
 
     window: dict[GroupKey, deque[tuple[float, tuple[Any, ...]]]] = field(default_factory=dict)
-    held_since: dict[GroupKey, float] = field(default_factory=dict)
+    held_since: dict[GroupKey, list[float]] = field(default_factory=dict)  # [since, last seen]
     fired_hold: set[GroupKey] = field(default_factory=set)
     unless_seen: dict[GroupKey, tuple[float, str]] = field(default_factory=dict)
     last_fired: dict[GroupKey, float] = field(default_factory=dict)
@@ -70,11 +73,16 @@ def compile_evaluator(rule: Rule, state: RuleState | None, evict: Evict, max_gro
         body("    c = 1")
         if spec.for_ is not None:
             held, fired = bind(state.held_since), bind(state.fired_hold)
-            body(f"    since = {held}.get(key)")
-            body("    if since is None:")
-            body(f"        since = {held}[key] = now")
+            body(f"    h = {held}.get(key)")
+            body("    if h is None:")
+            body(f"        h = {held}[key] = [now, now]")
             body(f"        if len({held}) > {limit}: evict({held})")
-            body(f"    if now - since < {bind(spec.for_)} or key in {fired}:")
+            body(f"    elif now - h[1] > {bind(FOR_STALE_S)}:  # not seen for too long: a new hold")
+            body("        h[0] = h[1] = now")
+            body(f"        {fired}.discard(key)")
+            body("    else:")
+            body("        h[1] = now")
+            body(f"    if now - h[0] < {bind(spec.for_)} or key in {fired}:")
             body("        return None")
             body(f"    {fired}.add(key)")
         elif rule.counted:

@@ -161,9 +161,46 @@ class RuleFile(_Strict):
     rules: list[RuleSpec]
 
 
+_SCALAR: dict[str, Any] = {"type": ["string", "number", "boolean", "null"]}
+_NUMBER: dict[str, Any] = {"type": "number"}
+#: A match as docs/rules.md describes it (the models keep it a plain mapping: compile_match checks it).
+_MATCH_DEFS: dict[str, Any] = {
+    "Match": {
+        "type": "object",
+        "description": "field: value or {operator: argument}; all must hold; any: [..] is OR",
+        "properties": {"any": {"type": "array", "items": {"$ref": "#/$defs/Match"}, "minItems": 1}},
+        "additionalProperties": {"anyOf": [_SCALAR, {"$ref": "#/$defs/Condition"}]},
+    },
+    "Condition": {
+        "type": "object",
+        "minProperties": 1,
+        "additionalProperties": False,
+        "properties": {
+            "in": {"type": "array", "items": _SCALAR},
+            "not_in": {"type": "array", "items": _SCALAR},
+            "regex": {"type": "string"},
+            "exists": {"type": "boolean"},
+            "gt": _NUMBER,
+            "ge": _NUMBER,
+            "lt": _NUMBER,
+            "le": _NUMBER,
+        },
+    },
+}
+
+
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of a rule file, for editors (``watchd rules schema``)."""
+    """The JSON Schema of a rule file, for editors (``watchd rules schema``): the models' schema with the
+    match language and the action shorthands (``- requeue``) the models accept through validators."""
     schema = RuleFile.model_json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "watchd rule file"
+    defs = schema["$defs"]
+    defs.update(_MATCH_DEFS)
+    rule = defs["RuleSpec"]["properties"]
+    rule["match"] = {"$ref": "#/$defs/Match"}
+    defs["UnlessSpec"]["properties"]["match"] = {"$ref": "#/$defs/Match"}
+    shorthand = {"enum": list(ACTION_NAMES), "description": "an action with its defaults"}
+    rule["actions"]["items"] = {"anyOf": [rule["actions"]["items"], shorthand]}
+    defs["ActionSpec"].update(minProperties=1, maxProperties=1)
     return schema

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchd.events import Event, Scalar
-from watchd.rules.evaluator import GroupKey, KindRules, RuleState, compile_evaluator, compile_kind
+from watchd.rules.evaluator import (
+    FOR_STALE_S,
+    GroupKey,
+    KindRules,
+    RuleState,
+    compile_evaluator,
+    compile_kind,
+)
 from watchd.rules.index import RuleIndex, ScanIndex
 from watchd.rules.match import Predicate, match_kinds
 from watchd.rules.ruleset import Decision, Rule
@@ -158,11 +165,15 @@ class RuleEngine:
                 return None
         count = 1
         if spec.for_ is not None:
-            since = state.held_since.get(key)
-            if since is None:
-                since = now
-                self.groups_evicted += _bounded_set(state.held_since, key, now, self._max_groups)
-            if now - since < spec.for_ or key in state.fired_hold:
+            held = state.held_since.get(key)
+            if held is None:
+                held = [now, now]
+                self.groups_evicted += _bounded_set(state.held_since, key, held, self._max_groups)
+            elif now - held[1] > FOR_STALE_S:  # not seen for too long: a new hold
+                held[0] = now
+                state.fired_hold.discard(key)
+            held[1] = now
+            if now - held[0] < spec.for_ or key in state.fired_hold:
                 return None
             state.fired_hold.add(key)
         elif rule.counted:
