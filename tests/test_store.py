@@ -51,7 +51,7 @@ def begin(s: Store, key: str = "drain:gpu-1", at: float = 100.0, cooldown_until:
 def test_open_sets_wal_normal_and_the_schema(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     with Store.open(path) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 1
+        assert s.schema_version() == SCHEMA_VERSION == 2
         assert s._live().execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
         assert s._live().execute("PRAGMA busy_timeout").fetchone()[0] == 5000
     raw = sqlite3.connect(path)
@@ -63,11 +63,35 @@ def test_migrates_an_empty_file(tmp_path: Path) -> None:
     path = tmp_path / "empty.db"
     path.touch()
     with Store.open(path) as s:
-        assert s.schema_version() == 1
+        assert s.schema_version() == 2
         s.set_meta("k", "v")
     with Store.open(path) as s:  # a second open migrates nothing and keeps the data
-        assert s.schema_version() == 1
+        assert s.schema_version() == 2
         assert s.get_meta("k") == "v"
+
+
+def test_a_version_1_database_is_migrated_and_keeps_its_data(tmp_path: Path) -> None:
+    from watchd.engine.store import MIGRATIONS
+
+    path = tmp_path / "v1.db"
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY)")
+    for statement in MIGRATIONS[0]:
+        raw.execute(statement)
+    raw.execute("INSERT INTO schema_version (version) VALUES (1)")
+    raw.execute("INSERT INTO meta (key, value) VALUES ('k', 'v1')")
+    raw.commit()
+    raw.close()
+    with Store.open(path) as s:
+        assert s.schema_version() == 2 and s.get_meta("k") == "v1" and s.rule_state() == {}
+
+
+def test_rule_state_is_replaced_as_a_whole(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s.db") as s:
+        s.save_rule_state({"a": ("fp-a", '{"last": []}'), "b": ("fp-b", "{}")}, 100.0)
+        s.save_rule_state({"b": ("fp-b2", '{"x": 1}')}, 110.0)
+    with Store.open(tmp_path / "s.db") as s:
+        assert s.rule_state() == {"b": ("fp-b2", '{"x": 1}')}
 
 
 def test_closed_store_raises_and_close_is_idempotent(tmp_path: Path) -> None:

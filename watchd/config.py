@@ -158,6 +158,7 @@ class SafetyConfig(_Strict):
 class StateConfig(_Strict):
     path: Path | None = None  # None: in memory (not durable; the shipped config sets a file)
     audit_retention_days: Annotated[float, Field(gt=0)] = 90.0
+    rules_snapshot_s: Seconds = 10.0  # how often what the rules remember is saved (and at shutdown)
 
 
 class AlertmanagerConfig(_Strict):

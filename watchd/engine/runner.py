@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import time
 from collections import deque
@@ -98,6 +99,10 @@ def open_store(config: EngineConfig) -> Store:
 _RULE_SUFFIXES = (".yaml", ".yml")
 
 
+def _encode_snapshot(snapshot: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, str]]:
+    return {rule: (fp, json.dumps(data, separators=(",", ":"))) for rule, (fp, data) in snapshot.items()}
+
+
 class Engine:
     def __init__(
         self,
@@ -128,6 +133,8 @@ class Engine:
         self.findings: deque[Finding] = deque(maxlen=200)
         self._jobs_refreshed_at = -1e18
         self.store = open_store(config)
+        self._rule_state_saved = bool(self.store.rule_state())  # a saved state must be replaced, even by none
+        self._restore_rule_state()
         self.queue: asyncio.Queue[Accepted] = asyncio.Queue(maxsize=config.ingest.queue_size)
         self.seen = SeenIds(self.clock, config.ingest.dedup_window_s, config.ingest.dedup_max_ids)
         self.alerts = (
@@ -189,6 +196,34 @@ class Engine:
         self.metrics.rules_reload_time.set(self.clock.now())
         _log.info("rules_reloaded", rules=len(new.rules))
         return True
+
+    def _restore_rule_state(self) -> None:
+        """What the rules remembered when the engine last saved it (a restart, clean or not, neither resets
+        a count window nor a cooldown). A state that cannot be used is logged and left out, never fatal."""
+        saved: dict[str, tuple[str, Any]] = {}
+        for rule, (fp, text) in self.store.rule_state().items():
+            try:
+                saved[rule] = (fp, json.loads(text))
+            except ValueError as exc:
+                saved[rule] = (fp, f"unreadable: {exc}")  # restore() reports it as malformed
+        restored, skipped = self.evaluator.restore(saved)
+        for reason in skipped:
+            _log.warning("rule_state_not_restored", reason=reason)
+        if saved:
+            _log.info("rule_state_restored", rules=len(restored), skipped=len(skipped))
+
+    async def _save_rule_state(self) -> None:
+        snapshot = self.evaluator.snapshot()  # a copy, here: evaluation may go on while it is encoded
+        if snapshot or self._rule_state_saved:
+            encoded = await asyncio.to_thread(_encode_snapshot, snapshot)
+            self.store.save_rule_state(encoded, self.clock.now())
+            self._rule_state_saved = bool(snapshot)
+
+    def _save_rule_state_now(self) -> None:
+        try:
+            self.store.save_rule_state(_encode_snapshot(self.evaluator.snapshot()), self.clock.now())
+        except Exception:  # shutdown goes on: the last periodic snapshot is what the next start gets
+            _log.exception("rule_state_save_failed")
 
     def _mtimes(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -283,6 +318,7 @@ class Engine:
         await stack.__aenter__()
         try:
             stack.callback(self.store.close)
+            stack.callback(self._save_rule_state_now)  # after the processor stopped, before the close
             aclose = getattr(self.scheduler, "aclose", None)
             if aclose is not None:
                 stack.push_async_callback(aclose)  # runs late: after the executor and processor stopped
@@ -297,6 +333,7 @@ class Engine:
             self._spawn(self._process(), "engine-processor")
             self._spawn(self._every(self.config.safety.pools_refresh_s, self._refresh_pools), "pools")
             self._spawn(self._every(3600.0, self._prune), "prune")
+            self._spawn(self._every(self.config.state.rules_snapshot_s, self._save_rule_state), "rule-state")
             await self._refresh_jobs()
             self._spawn(self._every(self.config.jobs.refresh_s, self._refresh_jobs), "jobs")
             self._spawn(self._every(self.config.detectors.interval_s, self._detect), "detectors")

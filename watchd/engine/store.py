@@ -4,7 +4,9 @@ neither repeats nor forgets an action nor resets the safety breaker.
 What it holds: the audit trail; the action intents (a write-ahead log of decisions: an intent is written
 before the scheduler is touched and finished after, so :meth:`Store.unfinished_actions` lists exactly what a
 crash interrupted); cooldowns per action key (``"drain:gpu-7"``); the breaker window (which nodes of a pool
-were disrupted when); the actions held for a human; and a small key/value ``meta`` table.
+were disrupted when); the actions held for a human; what the rules remember (count windows, ``for`` holds,
+``unless`` sightings, rule cooldowns: a snapshot, saved every few seconds and at shutdown); and a small
+key/value ``meta`` table.
 
 Durability: the journal is WAL with ``synchronous=NORMAL``. A committed call survives a crash of the process
 (``kill -9``, OOM kill, a segfault): its pages are in the WAL file, in the kernel's cache, before the call
@@ -106,6 +108,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX held_status ON held (status, id)",
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    ),
+    (  # 2: what the rules remember (windows, holds, sightings, cooldowns), one JSON document per rule
+        """CREATE TABLE rule_state (
+            rule TEXT PRIMARY KEY,
+            fingerprint TEXT NOT NULL,
+            state TEXT NOT NULL,
+            saved_at REAL NOT NULL
+        ) WITHOUT ROWID""",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -500,6 +510,23 @@ class Store:
     def prune_cooldowns(self, now: float) -> int:
         """Delete cooldowns that ended at or before ``now``."""
         return self._delete("pruning cooldowns", "DELETE FROM cooldowns WHERE until <= ?", (now,))
+
+    # ------------------------------------------------------------------------------------ rule state
+
+    def save_rule_state(self, states: Mapping[str, tuple[str, str]], saved_at: float) -> None:
+        """Replace the saved rule state with ``states`` (rule -> (fingerprint, JSON)), in one transaction:
+        a crash leaves the previous snapshot or this one, never a mix."""
+        rows = [(rule, fp, text, saved_at) for rule, (fp, text) in states.items()]
+        with self._write("saving the rule state") as conn:
+            conn.execute("DELETE FROM rule_state")
+            conn.executemany(
+                "INSERT INTO rule_state (rule, fingerprint, state, saved_at) VALUES (?, ?, ?, ?)", rows
+            )
+
+    def rule_state(self) -> dict[str, tuple[str, str]]:
+        """The saved rule state: rule -> (fingerprint, JSON)."""
+        rows = self._all("reading the rule state", "SELECT rule, fingerprint, state FROM rule_state")
+        return {str(r[0]): (str(r[1]), str(r[2])) for r in rows}
 
     # ------------------------------------------------------------------------------------ breaker window
 

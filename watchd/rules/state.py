@@ -21,6 +21,7 @@ from watchd.rules.evaluator import (
 )
 from watchd.rules.index import RuleIndex, ScanIndex
 from watchd.rules.match import Predicate, match_kinds
+from watchd.rules.persist import fingerprint, is_empty, state_from_data, state_to_data
 from watchd.rules.ruleset import Decision, Rule
 
 #: Groups kept per rule; beyond it the least recently seen group is forgotten (and counted).
@@ -56,6 +57,8 @@ class RuleEngine:
         self._unless_rules = _by_kind([r for r in rules if r.unless is not None], unless=True)
         self._for_rules = _by_kind([r for r in rules if r.spec.for_ is not None], unless=False)
         self._max_groups = max_groups
+        self._fingerprints: dict[str, str] = {}
+        self._by_name = {r.name: r for r in rules}
         self.groups_evicted = 0
         if indexed:
             _share_sightings(rules, self._state)
@@ -72,6 +75,43 @@ class RuleEngine:
             mine, theirs = self._state.get(rule.name), old._state.get(rule.name)
             if mine is not None and theirs is not None and before.get(rule.name) == rule.spec:
                 mine.take(theirs)
+
+    def snapshot(self) -> dict[str, tuple[str, dict[str, list[Any]]]]:
+        """What each stateful rule remembers, as plain data with its rule's fingerprint (rules that
+        remember nothing are left out): a copy, safe to encode elsewhere while evaluation goes on."""
+        return {
+            name: (self._fingerprint(name), state_to_data(state))
+            for name, state in self._state.items()
+            if not is_empty(state)
+        }
+
+    def _fingerprint(self, name: str) -> str:
+        fp = self._fingerprints.get(name)
+        if fp is None:
+            fp = self._fingerprints[name] = fingerprint(self._by_name[name])
+        return fp
+
+    def restore(self, saved: Mapping[str, tuple[str, Any]]) -> tuple[list[str], list[str]]:
+        """Fill the tables of each rule whose definition is the one ``saved`` was taken under. Returns the
+        rules restored and, as ``rule: reason``, the saved states left out (rule gone or changed, or
+        unreadable)."""
+        restored, skipped = [], []
+        for rule in self.rules:
+            mine, entry = self._state.get(rule.name), saved.get(rule.name)
+            if mine is None or entry is None:
+                continue
+            if entry[0] != self._fingerprint(rule.name):
+                skipped.append(f"{rule.name}: the rule changed since it was saved")
+                continue
+            try:
+                mine.take(state_from_data(entry[1]))
+            except ValueError as exc:
+                skipped.append(f"{rule.name}: {exc}")
+                continue
+            restored.append(rule.name)
+        gone = sorted(set(saved) - set(self._state))
+        skipped += [f"{name}: no such stateful rule now" for name in gone]
+        return restored, skipped
 
     @property
     def tracked_groups(self) -> int:
