@@ -309,6 +309,9 @@ async def test_discarded_held_action_never_runs() -> None:
         (held,) = executor.store.held()
         assert executor.discard(held.id, "bob").outcome == "discarded"
         assert (await executor.release(held.id, "bob")).outcome == "not_held"
+        last = executor.store.recent_audit(1)[0]  # the durable trail says who discarded what
+        assert (last.action, last.node, last.outcome) == ("drain", held.node, "discarded")
+        assert "discarded by bob" in last.detail
     assert not fake.nodes[held.node].drained
 
 
@@ -442,6 +445,8 @@ async def test_a_released_drain_counts_and_its_requeue_runs() -> None:
         assert held.node == "n2" and fake.jobs["7"].state == "running"
         result = await executor.release(held.id, "alice")
         assert result.outcome == "drained" and "then requeue: requeued" in result.detail
+        last = executor.store.recent_audit(1)[0]
+        assert (last.node, last.outcome) == ("n2", "drained") and last.detail.startswith("released by alice")
         assert fake.jobs["7"].state == "pending"
         clock.advance(60)
         await decide(executor, engine, xid_event("n3", event_id="e3"))  # three taken out: the window is full

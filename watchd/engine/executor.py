@@ -277,8 +277,7 @@ class ActionExecutor:
             duration_s=round(elapsed, 6),
             params=_scalars(action.params),
         )
-        self._audit.record(entry)
-        self.store.append_audit(entry)
+        self._audit_entry(entry)
         if self._feedback is not None and decision.event.kind != "watchd_action":
             self._feedback(
                 Event(
@@ -522,7 +521,7 @@ class ActionExecutor:
         self.store.finish_action(
             key, result.outcome, detail, self._clock.now(), cooldown_until=now if failed else None
         )
-        self._audit.record(
+        self._audit_entry(
             AuditRecord(
                 time=self._clock.now(),
                 rule=rule,
@@ -552,7 +551,7 @@ class ActionExecutor:
             result = Outcome(
                 result.outcome, f"{result.detail}; then requeue: {requeued.outcome} {requeued.detail}"
             )
-        self._audit.record(
+        self._audit_entry(
             AuditRecord(
                 time=self._clock.now(),
                 rule=held.rule,
@@ -571,7 +570,27 @@ class ActionExecutor:
         held = self.store.discard(held_id, by, self._clock.now())
         if held is None:
             return Outcome("not_held", f"no held action #{held_id}")
-        return Outcome("discarded", f"{held.kind} of {held.node} discarded by {by}")
+        result = Outcome("discarded", f"{held.kind} of {held.node} discarded by {by}")
+        self._audit_entry(
+            AuditRecord(
+                time=self._clock.now(),
+                rule=held.rule,
+                event_id=f"held-{held_id}",
+                node=held.node,
+                action=held.kind,
+                mode=self.mode,
+                outcome=result.outcome,
+                detail=result.detail,
+                params=held.params,
+            )
+        )
+        return result
+
+    def _audit_entry(self, entry: AuditRecord) -> None:
+        """Every audit record goes to the durable trail (the status API and the CLI read it after a restart)
+        and to the in-memory one (the log line, the tests)."""
+        self._audit.record(entry)
+        self.store.append_audit(entry)
 
     # ------------------------------------------------------------------------------------------ alerts
 

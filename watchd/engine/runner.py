@@ -309,7 +309,7 @@ class Engine:
         return {"outcome": result.outcome, "detail": result.detail}
 
     def recent_actions(self, limit: int) -> list[dict[str, Any]]:
-        return [a.to_dict() for a in self.audit.recent(limit)]
+        return [a.to_dict() for a in self.store.recent_audit(limit)]
 
     # ---------------------------------------------------------------------------------------- lifecycle
 
