@@ -95,6 +95,10 @@ def test_burst_beyond_the_breaker_is_held_listed_and_alerted(
             [*cli, "list", "--url", engine.url], capture_output=True, text=True, check=True
         )
         assert listing.stdout.count("blast-radius breaker") == 10
+        assert (
+            listing.stdout.count("evidence: xid at ") == 10
+            and "xid=79 pci_bus_id=0000:3b:00.0" in listing.stdout
+        )
         status = subprocess.run(
             [*watchd_command(), "status", "--url", engine.url], capture_output=True, text=True, check=True
         )

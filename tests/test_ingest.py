@@ -250,3 +250,35 @@ async def test_the_same_application_xid_in_two_jobs_on_one_gpu_drains_it(engine:
         what="app-xid-repeated drain",
     )
     assert engine.scheduler.nodes["gpu-1"].drained  # type: ignore[union-attr]
+
+
+async def test_status_lists_nodes_recent_actions_and_prints_them(engine: Engine) -> None:
+    import io
+    import time
+
+    from watchd.control import run_status
+    from watchd.events import Event
+
+    now = time.time()
+    summary = Event(
+        id="s1",
+        node="gpu-2",
+        source="nvml",
+        kind="gpu_summary",
+        time=now,
+        attrs={"gpu": 0, "pci_bus_id": "0000:3b:00.0", "uuid": "GPU-0", "model": "H100", "job": "42"},
+    )
+    assert (await post(engine, json.dumps(batch_to_wire("gpu-2", [summary]))))[0] == 200
+    assert (await post(engine, batch(xid_event("gpu-1", 79, bucket="RESTART_BM"))))[0] == 200
+    await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="drain and requeue")
+    nodes = {n["node"]: n for n in engine.status()["nodes"]}
+    assert nodes["gpu-2"]["gpus"] == 1 and nodes["gpu-2"]["jobs"] == ["slurm:42"]
+    assert nodes["gpu-2"]["recent_faults"] == 0 and nodes["gpu-2"]["last_action"] is None
+    assert nodes["gpu-1"]["recent_faults"] == 1 and nodes["gpu-1"]["last_fault"].startswith("xid 79")
+    assert nodes["gpu-1"]["last_action"]["action"] in ("drain", "requeue")
+    out = io.StringIO()
+    assert await asyncio.to_thread(run_status, f"http://127.0.0.1:{engine.port}", False, out) == 0
+    text = out.getvalue()
+    assert "nodes: 2 reporting; 1 with faults (24 h), lost GPUs or held actions:" in text
+    assert "gpu-1            0 GPUs, jobs -, 1 faults (last: xid 79" in text
+    assert "recent actions (last " in text and " drain    gpu-1            drained" in text

@@ -71,12 +71,34 @@ def run_status(url: str, as_json: bool, out: TextIO) -> int:
             file=out,
         )
     _print_held(status["held"], out)
+    nodes = status.get("nodes", [])
+    troubled = [n for n in nodes if n["recent_faults"] or n["lost_gpus"] or n["held"]]
+    print(
+        f"\nnodes: {len(nodes)} reporting; {len(troubled)} with faults (24 h), lost GPUs or held actions:",
+        file=out,
+    )
+    for n in troubled[:20]:
+        lost = f", lost GPUs {n['lost_gpus']}" if n["lost_gpus"] else ""
+        held = f", {n['held']} held" if n["held"] else ""
+        print(
+            f"  {n['node']:<16} {n['gpus']} GPUs, jobs {', '.join(n['jobs']) or '-'}, "
+            f"{n['recent_faults']} faults (last: {n['last_fault'] or '-'}){lost}{held}",
+            file=out,
+        )
     print(f"\nincidents ({len(status['incidents'])} nodes):", file=out)
     for incident in status["incidents"]:
         last = incident["actions"][-1]
         print(
             f"  {incident['node']:<16} {last['action']} {last['outcome']} by {last['rule']} "
             f"at {_when(last['time'])}: {last['detail']}",
+            file=out,
+        )
+    recent = status.get("recent_actions", [])[-10:]
+    print(f"\nrecent actions (last {len(recent)}):", file=out)
+    for a in recent:
+        print(
+            f"  {_when(a['time'])} {a['action']:<8} {a['node']:<16} {a['outcome']:<14} {a['rule']}: "
+            f"{a['detail']}",
             file=out,
         )
     if status.get("alerts"):
@@ -92,6 +114,21 @@ def _print_held(held: list[dict[str, Any]], out: TextIO) -> None:
             file=out,
         )
         print(f"         {h['reason']}", file=out)
+        if evidence := _evidence(h.get("event") or {}):
+            print(f"         evidence: {evidence}", file=out)
+
+
+def _evidence(event: dict[str, Any]) -> str:
+    """The event a held action was decided on, in one line: its kind and the fields that say what broke."""
+    if not event:
+        return ""
+    attrs = event.get("attrs") or {}
+    shown = [f"{k}={attrs[k]}" for k in _EVIDENCE_FIELDS if attrs.get(k) not in (None, "")]
+    when = f" at {_when(event['time'])}" if isinstance(event.get("time"), int | float) else ""
+    return f"{event.get('kind', '?')}{when} " + " ".join(shown)
+
+
+_EVIDENCE_FIELDS = ("xid", "pci_bus_id", "gpu", "condition", "value", "meaning", "evidence", "job")
 
 
 def run_actions(

@@ -11,6 +11,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from watchd.events import Event
 from watchd.gpu.jobs import parse_job_label
@@ -303,6 +304,29 @@ class FleetState:
         if not isinstance(gpu, int) or isinstance(gpu, bool):
             gpu = self._gpu_of_pci(e.node, e.attrs.get("pci_bus_id"))
         return None if gpu is None else self.topology.job_of(e.node, gpu, e.time)
+
+    def nodes(self, now: float, recent_s: float = 86400.0) -> list[dict[str, Any]]:
+        """Each node the agents report on, as the status API shows it: its GPUs, their jobs, when it last
+        reported, GPUs NVML called lost, and its GPU faults of the last ``recent_s``."""
+        by_node: dict[str, list[GpuTrack]] = {}
+        for (node, _), track in self.gpus.items():
+            by_node.setdefault(node, []).append(track)
+        out = []
+        for node in sorted({*by_node, *self.hardware}):
+            tracks = sorted(by_node.get(node, []), key=lambda t: t.gpu)
+            faults = [h for h in self.hardware.get(node, ()) if h.time >= now - recent_s]
+            out.append(
+                {
+                    "node": node,
+                    "gpus": len(tracks),
+                    "jobs": sorted({t.job for t in tracks if t.job is not None}),
+                    "last_report": max((t.last_seen for t in tracks), default=None),
+                    "lost_gpus": sorted(g for (n, g) in self.lost if n == node),
+                    "recent_faults": len(faults),
+                    "last_fault": faults[-1].what if faults else None,
+                }
+            )
+        return out
 
     def hardware_events(self, node: str, since: float) -> list[HardwareEvent]:
         return [h for h in self.hardware.get(node, ()) if h.time >= since]

@@ -275,15 +275,22 @@ class Engine:
             if a["action"] in ("drain", "requeue", "alert") and a["outcome"] not in ("deduplicated",):
                 node = incidents.setdefault(a["node"], {"node": a["node"], "actions": []})
                 node["actions"].append({k: a[k] for k in ("time", "rule", "action", "outcome", "detail")})
+        held = [dataclasses.asdict(h) for h in self.store.held()]
+        nodes = self.correlator.fleet.nodes(now)
+        for node in nodes:
+            incident = incidents.get(node["node"])
+            node["last_action"] = incident["actions"][-1] if incident else None
+            node["held"] = sum(1 for h in held if h["node"] == node["node"])
         return {
             "mode": self.executor.mode,
             "pid": os.getpid(),
+            "nodes": nodes,
             "rules": self.rules.names,
             "queue_depth": self.queue.qsize(),
             "scheduler": self.scheduler.name if self.scheduler is not None else None,
             "incidents": list(incidents.values()),
             "recent_actions": recent[-50:],
-            "held": [dataclasses.asdict(h) for h in self.store.held()],
+            "held": held,
             "jobs": self.correlator.last_cycle_jobs,
             "findings": [f.to_event().to_wire() for f in list(self.findings)[-50:]],
             "breaker": breaker,
