@@ -11,6 +11,7 @@ from watchd.engine.audit import MemoryAudit
 from watchd.engine.executor import ActionExecutor, Mode, Pools
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.safety import BreakerLimits
+from watchd.events import Event
 from watchd.rules import RuleEngine, parse_rule_file
 
 RULES = """
@@ -139,6 +140,37 @@ async def test_a_node_resumed_within_the_cooldown_is_drained_again_on_its_next_f
         await fault("b")
     assert outcomes(audit)[-2:] == [("drain", "gpu-1", "drained"), ("requeue", "gpu-1", "requeued")]
     assert fake.nodes["gpu-1"].drained and fake.jobs["11"].state == "pending"
+
+
+async def test_a_replacing_drain_follows_the_drain_it_replaces_and_is_not_counted_again() -> None:
+    """The lemon rule fires right after the drain that made the node a lemon, within that drain's cooldown:
+    it still sets its reason, and the breaker (one node here) does not count the node twice."""
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1", "gpu-2"])
+    executor, audit, _ = make(fake, limits=BreakerLimits(max_fraction=1.0, max_nodes=1))
+    rules = rule_engine(
+        RULES
+        + """
+  - name: lemon
+    match: {kind: lemon}
+    actions:
+      - drain: {reason: "lemon node", replace_reason: true}
+"""
+    )
+
+    def lemon(node: str, eid: str) -> Event:
+        return Event(id=eid, node=node, source="watchd", kind="lemon", time=0.0, attrs={})
+
+    async with executor:
+        await decide(executor, rules, xid_event("gpu-1", event_id="a"))
+        await decide(executor, rules, lemon("gpu-1", "l1"))
+        assert fake.nodes["gpu-1"].reason == "watchd: lemon node"
+        assert [o for a, n, o in outcomes(audit) if a == "drain"] == ["drained", "drained"]
+        assert "replacing 'watchd: Xid 79" in audit.entries[-1].detail
+        await decide(executor, rules, lemon("gpu-1", "l2"))  # the same reason again: de-duplicated
+        await decide(executor, rules, lemon("gpu-2", "l3"))  # not drained: a new drain, and the breaker's 2nd
+    assert [o for a, n, o in outcomes(audit) if a == "drain"][2:] == ["deduplicated", "held"]
+    assert not fake.nodes["gpu-2"].drained
 
 
 async def test_a_deduplicated_drain_in_dry_run_reads_no_state() -> None:

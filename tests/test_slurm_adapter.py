@@ -84,6 +84,31 @@ async def test_drain_twice_is_already_drained(cluster: SlurmCluster, sched: Slur
 
 
 @slurm
+async def test_a_replacing_drain_changes_watchd_s_reason_and_only_watchd_s(
+    cluster: SlurmCluster, sched: SlurmScheduler
+) -> None:
+    """The lemon rule's drain: through the executor's batcher, on the real cluster, a node watchd drained
+    gets the new reason; a node an admin drained is left alone even so."""
+    from watchd.engine.executor import DrainBatcher
+
+    assert (await sched.drain({"gpu-2": "watchd: xid 48"}))["gpu-2"].outcome == "drained"
+    cluster.drain("gpu-3", "maintenance")
+    batcher = DrainBatcher(sched)
+    batcher.start()
+    try:
+        lemon = "lemon node: implicated twice in 28 days"
+        replaced = await batcher.drain("gpu-2", lemon, replace=True)
+        untouched = await batcher.drain("gpu-3", lemon, replace=True)
+        plain = await batcher.drain("gpu-2", "watchd: another fault")
+    finally:
+        await batcher.stop()
+    assert replaced.outcome == "drained" and "replacing 'watchd: xid 48'" in replaced.detail
+    assert cluster.node_state("gpu-2") == "IDLE+DRAIN" and cluster.reason("gpu-2") == f"watchd: {lemon}"
+    assert untouched.outcome == "skipped" and cluster.reason("gpu-3") == "maintenance"
+    assert plain.outcome == "already_drained" and cluster.reason("gpu-2") == f"watchd: {lemon}"
+
+
+@slurm
 async def test_admin_drained_node_is_never_touched(cluster: SlurmCluster, sched: SlurmScheduler) -> None:
     cluster.drain("gpu-3", "maintenance")
     before = cluster.node("gpu-3")["Reason"]

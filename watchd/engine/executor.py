@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from watchd.adapters.base import (
     SchedulerError,
     describe,
     drain_reason,
+    drained_by_watchd,
     plan_drain,
 )
 from watchd.adapters.webhook import WebhookSender
@@ -97,8 +99,8 @@ class DrainBatcher:
 
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
-        self._pending: dict[str, tuple[str, Gate | None, list[asyncio.Future[DrainResult]]]] = {}
-        self._inflight: dict[str, tuple[str, Gate | None, list[asyncio.Future[DrainResult]]]] = {}
+        self._pending: dict[str, _DrainRequest] = {}
+        self._inflight: dict[str, _DrainRequest] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -110,17 +112,24 @@ class DrainBatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for _, _, futures in [*self._inflight.values(), *self._pending.values()]:
-            for fut in futures:
+        for request in [*self._inflight.values(), *self._pending.values()]:
+            for fut in request.futures:
                 if not fut.done():
                     fut.set_result(DrainResult("", "failed", "engine shutting down"))
 
-    async def drain(self, node: str, reason: str, gate: Gate | None = None) -> DrainResult:
+    async def drain(
+        self, node: str, reason: str, gate: Gate | None = None, replace: bool = False
+    ) -> DrainResult:
+        """``replace``: when watchd has already drained the node for another reason, this reason replaces
+        that one (not a new disruption: no gate). Otherwise a node already drained by watchd is left as is."""
         fut: asyncio.Future[DrainResult] = asyncio.get_running_loop().create_future()
-        if node in self._pending:
-            self._pending[node][2].append(fut)
+        pending = self._pending.get(node)
+        if pending is None:
+            self._pending[node] = _DrainRequest(reason, gate, replace, [fut])
         else:
-            self._pending[node] = (reason, gate, [fut])
+            pending.futures.append(fut)
+            if replace:  # coalesced with a plain drain: the replacing reason is the one that stays
+                pending.reason, pending.replace = reason, True
         self._wakeup.set()
         return await fut
 
@@ -132,38 +141,60 @@ class DrainBatcher:
             if not batch:
                 continue
             self._inflight = batch
-            reasons = {node: reason for node, (reason, _, _) in batch.items()}
+            reasons = {node: r.reason for node, r in batch.items()}
             try:
-                results = await self._round(reasons, {n: gate for n, (_, gate, _) in batch.items()})
+                results = await self._round(
+                    reasons, {n: r.gate for n, r in batch.items()}, {n for n, r in batch.items() if r.replace}
+                )
             except SchedulerError as exc:
                 results = {n: DrainResult(n, "failed", str(exc)) for n in reasons}
             except Exception as exc:  # an adapter bug must not stop every later drain
                 _log.exception("drain_round_crashed", nodes=len(reasons))
                 results = {n: DrainResult(n, "failed", f"internal error: {exc!r}") for n in reasons}
             self._inflight = {}
-            for node, (_, _, futures) in batch.items():
+            for node, request in batch.items():
                 result = results.get(node) or DrainResult(node, "failed", "scheduler returned no result")
-                for fut in futures:
+                for fut in request.futures:
                     if not fut.done():
                         fut.set_result(result)
 
     async def _round(
-        self, reasons: dict[str, str], gates: Mapping[str, Gate | None]
+        self, reasons: dict[str, str], gates: Mapping[str, Gate | None], replace: set[str]
     ) -> dict[str, DrainResult]:
         states = await self._scheduler.node_states(list(reasons))
-        settled, groups = plan_drain(reasons, states)
+        # a node to re-drain with a replacing reason is planned as if not drained: every adapter then sets
+        # the new reason (scontrol update on a drained node changes its reason) through its usual path
+        replaced: dict[str, str] = {}
+        planned = dict(states)
+        for node in replace:
+            st = states.get(node)
+            if st is not None and drained_by_watchd(st) and st.reason != drain_reason(reasons[node]):
+                replaced[node] = st.reason or ""
+                planned[node] = dataclasses.replace(st, flags=st.flags - {"DRAIN"})
+        settled, groups = plan_drain(reasons, planned)
         results: dict[str, DrainResult] = dict(settled)
         allowed: dict[str, str] = {}
         for node in (n for names in groups.values() for n in names):
-            gate = gates.get(node)
+            gate = gates.get(node) if node not in replaced else None  # no new disruption: not counted
             verdict = gate() if gate is not None else Verdict(True)
             if verdict.allowed:
                 allowed[node] = reasons[node]
             else:
                 results[node] = DrainResult(node, "held", verdict.reason)
         if allowed:
-            results.update(await self._scheduler.drain(allowed, states))
+            results.update(await self._scheduler.drain(allowed, planned))
+        for node, was in replaced.items():
+            if results[node].outcome == "drained":
+                results[node] = DrainResult(node, "drained", f"{results[node].detail} (replacing {was!r})")
         return results
+
+
+@dataclass(slots=True)
+class _DrainRequest:
+    reason: str
+    gate: Gate | None
+    replace: bool
+    futures: list[asyncio.Future[DrainResult]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +359,9 @@ class ActionExecutor:
         requeue_follows: bool = False,
         mode: Mode | None = None,
     ) -> Outcome:
-        key = f"{action.kind}:{action.node}"
+        # a drain that replaces watchd's reason has its own key: the drain it follows must not swallow it
+        replacing = action.kind == "drain" and bool(action.params.get("replace_reason"))
+        key = f"drain-reason:{action.node}" if replacing else f"{action.kind}:{action.node}"
         now = self._clock.now()
         rule = decision.rule if decision is not None else "operator"
         event_id = decision.event.id if decision is not None else f"held-{held_id}"
@@ -484,7 +517,11 @@ class ActionExecutor:
         start = self._clock.monotonic()
         try:
             if action.kind == "drain":
-                result = await self._batcher.drain(action.node, str(action.params.get("reason", "")), gate)
+                reason, replace = (
+                    str(action.params.get("reason", "")),
+                    bool(action.params.get("replace_reason")),
+                )
+                result = await self._batcher.drain(action.node, reason, gate, replace)
                 out = Outcome(result.outcome, result.detail)
             elif action.kind == "requeue":
                 out = _requeue_outcome(await self._scheduler.requeue_jobs_on(action.node))

@@ -21,6 +21,10 @@ class DrainParams(_Strict):
     """Take the node out of service (Slurm: State=DRAIN with the reason, prefixed ``watchd:``)."""
 
     reason: str = Field("{{ kind }} on {{ node }}", description="template; shown by sinfo -R")
+    replace_reason: bool = Field(
+        False,
+        description="a node watchd already drained for another reason gets this one instead (lemon nodes)",
+    )
 
 
 class ResumeParams(_Strict):
