@@ -80,6 +80,7 @@ class IngestConfig(_Strict):
     dedup_window_s: Seconds = 3600.0
     dedup_max_ids: Annotated[int, Field(ge=1000)] = 1_000_000
     queue_size: Annotated[int, Field(ge=1)] = 100_000
+    ack_timeout_s: Seconds = 5.0  # a reply waits at most this long for its batch to be evaluated
 
 
 class SlurmConfig(_Strict):

@@ -33,6 +33,11 @@ class EngineMetrics:
             ["source"],
             registry=r,
         )
+        self.ingest_ack_timeouts = Counter(
+            "watchd_ingest_ack_timeouts_total",
+            "Ingest replies sent before their batch was evaluated (ingest.ack_timeout_s passed: a backlog).",
+            registry=r,
+        )
         self.ingest_rejected = Counter(
             "watchd_ingest_rejected",
             "Ingest requests refused, by reason.",

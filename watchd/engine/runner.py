@@ -136,6 +136,7 @@ class Engine:
         self._rule_state_saved = bool(self.store.rule_state())  # a saved state must be replaced, even by none
         self._restore_rule_state()
         self.queue: asyncio.Queue[Accepted] = asyncio.Queue(maxsize=config.ingest.queue_size)
+        self._acks: dict[int, asyncio.Future[None]] = {}  # id(queued event) -> its batch's reply waits
         self.seen = SeenIds(self.clock, config.ingest.dedup_window_s, config.ingest.dedup_max_ids)
         self.alerts = (
             AlertmanagerNotifier(
@@ -315,6 +316,12 @@ class Engine:
         result = self.executor.discard(held_id, by)
         return {"outcome": result.outcome, "detail": result.detail}
 
+    def evaluated(self, event: Event) -> asyncio.Future[None]:
+        fut = self._acks.get(id(event))  # the queue holds the event: its id is not reused meanwhile
+        if fut is None:
+            fut = self._acks[id(event)] = asyncio.get_running_loop().create_future()
+        return fut
+
     def recent_actions(self, limit: int) -> list[dict[str, Any]]:
         return [a.to_dict() for a in self.store.recent_audit(limit)]
 
@@ -357,6 +364,7 @@ class Engine:
                 max_body_bytes=self.config.ingest.max_body_bytes,
                 max_events=self.config.ingest.max_events_per_batch,
                 control=self,
+                ack_timeout_s=self.config.ingest.ack_timeout_s,
             )
             listen = self.config.listen
             self.port = await stack.enter_async_context(serve(app, listen.host, listen.port))
@@ -453,6 +461,7 @@ class Engine:
     async def _process(self) -> None:
         queue = self.queue
         observe, with_job = self.correlator.observe, self.correlator.with_job
+        acks = self._acks
         while True:
             event, received_at = await queue.get()
             # then what else is queued, up to a bound: one wake-up and one gauge update per run, not per
@@ -466,6 +475,8 @@ class Engine:
                         self.executor.submit(decision, received_at)
                 except Exception:
                     _log.exception("evaluation_failed", event_id=event.id, node=event.node)
+                if acks and (fut := acks.pop(id(event), None)) is not None and not fut.done():
+                    fut.set_result(None)
                 queue.task_done()
                 run += 1
                 if run == _PROCESS_RUN or queue.empty():

@@ -68,6 +68,10 @@ class Control(Protocol):
 
     def discard(self, held_id: int, by: str) -> dict[str, str]: ...
 
+    def evaluated(self, event: Event) -> asyncio.Future[None]:
+        """Done once ``event`` (queued) has been evaluated and its decisions handed to the executor."""
+        ...
+
 
 def _reject(status: int, reason: str, metrics: EngineMetrics, label: str) -> web.Response:
     metrics.ingest_rejected.labels(label).inc()
@@ -84,6 +88,7 @@ def make_app(
     max_body_bytes: int,
     max_events: int,
     control: Control,
+    ack_timeout_s: float = 5.0,
 ) -> web.Application:
     expected = f"Bearer {token}".encode() if token is not None else None
 
@@ -157,6 +162,13 @@ def make_app(
         if duplicates:
             metrics.events_duplicate.inc(duplicates)
         metrics.queue_depth.set(queue.qsize())
+        if fresh:
+            # The reply waits until the batch is evaluated: an engine killed before it leaves the batch
+            # with the agent, which sends it again; bounded, so a backlog slows agents, never stalls them.
+            try:
+                await asyncio.wait_for(control.evaluated(fresh[-1]), ack_timeout_s)
+            except TimeoutError:
+                metrics.ingest_ack_timeouts.inc()
         reply: dict[str, Any] = {"accepted": len(fresh), "duplicates": duplicates}
         if wire.invalid:
             reply["invalid"] = [{"index": i, "error": error} for i, error in wire.invalid]
