@@ -160,6 +160,38 @@ def test_templates_render_fields_and_refuse_internals() -> None:
     assert "int" not in reason  # the sandbox gave nothing of the class away
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ xid.__class__.__mro__ }}",
+        "{{ ''.__class__.__subclasses__() }}",
+        "{% for c in [].__class__.__base__.__subclasses__() %}{{ c }}{% endfor %}",
+        "{{ (node ~ '') .__class__ }}",
+        "{{ 'x' * 10**9 }}",  # a gigabyte per render
+        "{{ [node] * 1000000 }}",
+        "{{ 9 ** 999999 }}",
+    ],
+)
+def test_jinja_templates_refuse_escapes_and_huge_values(source: str) -> None:
+    """Templates that need Jinja itself (not the fast path): internals are refused (an error text, or
+    ``?`` for an unsafe attribute) and values a template could blow up are bounded; never a raise, never a
+    leak."""
+    from watchd.rules.template import Template
+
+    text = Template(source).render({"xid": 79, "node": "gpu-7"})
+    assert text == "?" or (text.startswith("<template error: ") and len(text) < 200), text
+    assert "<class" not in text and "built-in" not in text, text
+
+
+def test_jinja_templates_still_compute_small_things() -> None:
+    from watchd.rules.template import Template
+
+    ctx = {"xid": 79, "node": "gpu-7", "value": 95.456}
+    assert Template("{{ node | upper }} {{ '-' * 3 }} {{ value | round(1) }} {{ 2 ** 10 }}").render(ctx) == (
+        "GPU-7 --- 95.5 1024"
+    )
+
+
 def test_durations() -> None:
     assert parse_duration("1h30m") == 5400 and parse_duration("28d") == 28 * 86400 and parse_duration(5) == 5
     for bad in ("5 minutes", "", "-1s", True):

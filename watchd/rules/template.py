@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jinja2 import TemplateSyntaxError, Undefined, meta
+from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from watchd.rules.codegen import Namespace
@@ -111,7 +112,29 @@ class _Undefined(Undefined):
         return "?"
 
 
-_ENV = ImmutableSandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=False)
+#: The most a template may build with ``*`` or ``**`` (characters, items, digits of a power).
+MAX_TEMPLATE_OUTPUT = 10_000
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, plus bounds on the two operators that can build huge values from small ones
+    (``{{ 'x' * 10**9 }}`` would take a gigabyte of the engine's memory on every render)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**":
+            if isinstance(right, int | float) and abs(right) > 100:
+                raise SecurityError(f"power {right!r} is too large for a template")
+            return left**right
+        for size, count in ((left, right), (right, left)):
+            sized = isinstance(size, str | list | tuple) and isinstance(count, int)
+            if sized and len(size) * count > MAX_TEMPLATE_OUTPUT:
+                raise SecurityError(f"a template may build at most {MAX_TEMPLATE_OUTPUT} items")
+        return left * right
+
+
+_ENV = _BoundedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=False)
 _ENV.globals.clear()  # no range(), lipsum(), cycler(): a template formats fields, nothing more
 
 
