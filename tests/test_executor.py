@@ -327,6 +327,30 @@ async def test_a_node_already_drained_by_someone_else_neither_counts_nor_is_held
     assert executor.store.held() == []
 
 
+async def test_the_breaker_alert_pages_while_anything_is_held_and_resolves_when_nothing_is() -> None:
+    from watchd.adapters.alerts import FakeAlertSink
+    from watchd.engine.executor import Pools
+
+    fake = pool_of(20)
+    alerts = FakeAlertSink()
+    limits = BreakerLimits(max_fraction=0.10, max_nodes=50, window_s=0.05)  # 2 nodes; a 50 ms window
+    executor, _, _ = make(fake, limits=limits, alerts=alerts, pools=Pools.from_members(await fake.pools()))
+    async with executor:
+        await decide(
+            executor, rule_engine(SAFETY_RULES), *(xid_event(f"n{i}", event_id=f"e{i}") for i in range(4))
+        )
+        first, second = executor.store.held()
+        await asyncio.sleep(0.3)  # the window passed several times: still paging, two are held
+        assert "breaker/gpu" in alerts.firing
+        executor.discard(first.id, "bob")
+        await asyncio.sleep(0.1)
+        assert "breaker/gpu" in alerts.firing  # one is still held
+        executor.discard(second.id, "bob")
+        await executor.drain_in_flight(1)
+        await asyncio.sleep(0.01)
+        assert "breaker/gpu" not in alerts.firing and "breaker/gpu" in alerts.resolved
+
+
 async def test_discarded_held_action_never_runs() -> None:
     from watchd.engine.executor import Pools
 

@@ -588,6 +588,7 @@ class ActionExecutor:
             result = Outcome(
                 result.outcome, f"{result.detail}; then requeue: {requeued.outcome} {requeued.detail}"
             )
+        self._breaker_cleared(held.pool)
         self._audit_entry(
             AuditRecord(
                 time=self._clock.now(),
@@ -608,6 +609,7 @@ class ActionExecutor:
         if held is None:
             return Outcome("not_held", f"no held action #{held_id}")
         result = Outcome("discarded", f"{held.kind} of {held.node} discarded by {by}")
+        self._breaker_cleared(held.pool)
         self._audit_entry(
             AuditRecord(
                 time=self._clock.now(),
@@ -657,19 +659,34 @@ class ActionExecutor:
         self._expire_alert(key, float(params.get("resolve_after") or 3600.0))
         return Outcome("fired", f"{alert.name} {key}")
 
-    def _expire_alert(self, key: str, after: float) -> None:
+    def _expire_alert(self, key: str, after: float, holds: Callable[[], bool] | None = None) -> None:
+        """Resolve ``key`` ``after`` seconds from now; while ``holds()`` says the condition is still there,
+        look again every ``min(after, 60)`` seconds instead."""
         old = self._alert_expiry.pop(key, None)
         if old is not None:
             old.cancel()
         alerts = self._alerts
         if alerts is None:
             return
+        loop = asyncio.get_running_loop()
 
         def resolve() -> None:
+            if holds is not None and holds():
+                self._alert_expiry[key] = loop.call_later(min(after, 60.0), resolve)
+                return
             self._alert_expiry.pop(key, None)
             self._spawn(alerts.resolve(key))
 
-        self._alert_expiry[key] = asyncio.get_running_loop().call_later(after, resolve)
+        self._alert_expiry[key] = loop.call_later(after, resolve)
+
+    def _holding(self, pool: str) -> bool:
+        return any(h.pool == pool for h in self.store.held())
+
+    def _breaker_cleared(self, pool: str) -> None:
+        """After a release or discard: the breaker alert of a pool with nothing held left resolves now."""
+        key = f"breaker/{pool}"
+        if key in self._alert_expiry and not self._holding(pool):
+            self._expire_alert(key, 0.0)
 
     async def _breaker_alert(self, reason: str, action: PlannedAction, pool: str) -> None:
         if self._alerts is None:
@@ -684,7 +701,8 @@ class ActionExecutor:
         )
         key = f"breaker/{pool}"
         await self._alerts.fire(key, alert)
-        self._expire_alert(key, self.limits.window_s)
+        # it pages while anything of the pool is held, not only while the window is full
+        self._expire_alert(key, self.limits.window_s, lambda: self._holding(pool))
 
     async def _webhook(self, decision: Decision, action: PlannedAction) -> Outcome:
         if self._webhooks is None:
