@@ -72,3 +72,47 @@ async def test_alert_fires_is_kept_and_resolves(alertmanager: AlertmanagerProces
         )
         assert resolved > resolved_before
         assert [a.outcome for a in engine.audit.entries if a.action == "alert"] == ["fired"]
+
+
+async def test_a_restarted_engine_keeps_its_alerts_firing(
+    alertmanager: AlertmanagerProcess, tmp_path: Path
+) -> None:
+    """The firing alerts are in the state database: after a restart they are re-sent (their pages do not
+    expire while the engine is back and the fault is still there) and resolve on their original schedule."""
+    import time
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        RULES.replace("resolve_after: 3s", "resolve_after: 6s").replace("EngineAlertTest", "RestartAlertTest")
+    )
+    config = EngineConfig(
+        listen=Listen(port=0),
+        rules=[rules],
+        mode="enforce",
+        slurm={"enabled": False},
+        state={"path": str(tmp_path / "state.db")},
+        alertmanager=AlertmanagerConfig(urls=[alertmanager.url], resend_interval_s=1),
+    )
+    async with Engine(config) as engine:
+        body = json.dumps(batch_to_wire("gpu-8", [xid_event("gpu-8", event_id="am-restart")]))
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"http://127.0.0.1:{engine.port}{INGEST_PATH}", data=body) as r,
+        ):
+            assert r.status == 200
+        await eventually(
+            lambda: alertmanager.alert("RestartAlertTest") is not None, what="alert in Alertmanager"
+        )
+        fired_at = time.monotonic()
+    async with Engine(config) as engine:  # a new process would do the same: nothing is carried in memory
+        assert engine.alerts is not None and len(engine.alerts.firing_keys) == 1
+        first_ends = alertmanager.alert("RestartAlertTest")["endsAt"]  # type: ignore[index]
+        await eventually(
+            lambda: (alertmanager.alert("RestartAlertTest") or {}).get("endsAt") != first_ends,
+            what="the restarted engine re-sending the alert",
+        )
+        await eventually(
+            lambda: alertmanager.alert("RestartAlertTest") is None, timeout=15, what="resolution"
+        )
+        assert time.monotonic() - fired_at >= 5.0  # on its schedule: 6 s after it fired, not at the restart
+        assert engine.alerts.firing_keys == [] and engine.store.firing_alerts() == []

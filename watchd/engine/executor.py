@@ -38,7 +38,7 @@ from watchd.clock import Clock
 from watchd.engine.audit import AuditRecord, AuditSink
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.safety import BreakerLimits, Verdict, breaker_verdict, rate_verdict
-from watchd.engine.store import HeldAction, Store
+from watchd.engine.store import HeldAction, Store, StoreError
 from watchd.events import Event, stable_id
 from watchd.logs import get_logger
 from watchd.rules import DISRUPTIVE, Decision, PlannedAction
@@ -245,6 +245,7 @@ class ActionExecutor:
         if self._batcher is not None:
             self._batcher.start()
         self._redrive_unfinished()
+        await self.refire_alerts()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -655,9 +656,45 @@ class ActionExecutor:
             if self._generator_url
             else "",
         )
-        await self._alerts.fire(key, alert)
-        self._expire_alert(key, float(params.get("resolve_after") or 3600.0))
+        await self._fire(key, alert, float(params.get("resolve_after") or 3600.0))
         return Outcome("fired", f"{alert.name} {key}")
+
+    async def _fire(self, key: str, alert: Alert, resolve_after: float) -> None:
+        """Fire (or refresh) ``key`` and record it, so that a restarted engine fires it again."""
+        assert self._alerts is not None
+        await self._alerts.fire(key, alert)
+        record = {
+            "labels": alert.labels,
+            "annotations": alert.annotations,
+            "generator_url": alert.generator_url,
+        }
+        try:
+            self.store.set_firing_alert(key, record, self._clock.now() + resolve_after)
+        except StoreError:
+            _log.exception("firing_alert_not_recorded", key=key)
+        pool = key.removeprefix("breaker/") if key.startswith("breaker/") else None
+        self._expire_alert(key, resolve_after, None if pool is None else lambda: self._holding(pool))
+
+    async def refire_alerts(self) -> None:
+        """At start: the alerts firing when the engine stopped fire again with what was left of their time
+        (and a breaker alert for as long as its pool has actions held); those whose time ran out meanwhile
+        are forgotten (Alertmanager ends them itself when their endsAt passes)."""
+        if self._alerts is None:
+            return
+        now = self._clock.now()
+        for key, record, resolve_at in self.store.firing_alerts():
+            if resolve_at <= now and not (key.startswith("breaker/") and self._holding(key[8:])):
+                self.store.clear_firing_alert(key)
+                continue
+            try:
+                alert = Alert(
+                    record["labels"], record.get("annotations") or {}, record.get("generator_url", "")
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                _log.warning("firing_alert_unreadable", key=key, error=str(exc))
+                self.store.clear_firing_alert(key)
+                continue
+            await self._fire(key, alert, max(resolve_at - now, 1.0))
 
     def _expire_alert(self, key: str, after: float, holds: Callable[[], bool] | None = None) -> None:
         """Resolve ``key`` ``after`` seconds from now; while ``holds()`` says the condition is still there,
@@ -675,6 +712,8 @@ class ActionExecutor:
                 self._alert_expiry[key] = loop.call_later(min(after, 60.0), resolve)
                 return
             self._alert_expiry.pop(key, None)
+            with contextlib.suppress(StoreError):
+                self.store.clear_firing_alert(key)
             self._spawn(alerts.resolve(key))
 
         self._alert_expiry[key] = loop.call_later(after, resolve)
@@ -699,10 +738,8 @@ class ActionExecutor:
                 "Review with `watchd actions list`, then release or discard.",
             },
         )
-        key = f"breaker/{pool}"
-        await self._alerts.fire(key, alert)
         # it pages while anything of the pool is held, not only while the window is full
-        self._expire_alert(key, self.limits.window_s, lambda: self._holding(pool))
+        await self._fire(f"breaker/{pool}", alert, self.limits.window_s)
 
     async def _webhook(self, decision: Decision, action: PlannedAction) -> Outcome:
         if self._webhooks is None:

@@ -5,8 +5,8 @@ What it holds: the audit trail; the action intents (a write-ahead log of decisio
 before the scheduler is touched and finished after, so :meth:`Store.unfinished_actions` lists exactly what a
 crash interrupted); cooldowns per action key (``"drain:gpu-7"``); the breaker window (which nodes of a pool
 were disrupted when); the actions held for a human; what the rules remember (count windows, ``for`` holds,
-``unless`` sightings, rule cooldowns: a snapshot, saved every few seconds and at shutdown); and a small
-key/value ``meta`` table.
+``unless`` sightings, rule cooldowns: a snapshot, saved every few seconds and at shutdown); the alerts
+firing; and a small key/value ``meta`` table.
 
 Durability: the journal is WAL with ``synchronous=NORMAL``. A committed call survives a crash of the process
 (``kill -9``, OOM kill, a segfault): its pages are in the WAL file, in the kernel's cache, before the call
@@ -115,6 +115,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             fingerprint TEXT NOT NULL,
             state TEXT NOT NULL,
             saved_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+        # the alerts watchd has firing, so a restart re-fires them instead of letting the pages expire
+        """CREATE TABLE firing_alerts (
+            key TEXT PRIMARY KEY,
+            alert TEXT NOT NULL,
+            resolve_at REAL NOT NULL
         ) WITHOUT ROWID""",
     ),
 )
@@ -527,6 +533,27 @@ class Store:
         """The saved rule state: rule -> (fingerprint, JSON)."""
         rows = self._all("reading the rule state", "SELECT rule, fingerprint, state FROM rule_state")
         return {str(r[0]): (str(r[1]), str(r[2])) for r in rows}
+
+    # ------------------------------------------------------------------------------------ firing alerts
+
+    def set_firing_alert(self, key: str, alert: Mapping[str, Any], resolve_at: float) -> None:
+        with self._write(f"recording the firing alert {key}") as conn:
+            conn.execute(
+                "INSERT INTO firing_alerts (key, alert, resolve_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET alert = excluded.alert, resolve_at = excluded.resolve_at",
+                (key, _dump(alert), resolve_at),
+            )
+
+    def clear_firing_alert(self, key: str) -> None:
+        self._delete(f"clearing the firing alert {key}", "DELETE FROM firing_alerts WHERE key = ?", (key,))
+
+    def firing_alerts(self) -> list[tuple[str, dict[str, Any], float]]:
+        """(key, alert as recorded, when it is to resolve), oldest resolution first."""
+        rows = self._all(
+            "reading the firing alerts",
+            "SELECT key, alert, resolve_at FROM firing_alerts ORDER BY resolve_at",
+        )
+        return [(str(r[0]), json.loads(r[1]), float(r[2])) for r in rows]
 
     # ------------------------------------------------------------------------------------ breaker window
 
