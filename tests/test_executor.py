@@ -173,6 +173,38 @@ async def test_a_replacing_drain_follows_the_drain_it_replaces_and_is_not_counte
     assert not fake.nodes["gpu-2"].drained
 
 
+async def test_a_requeue_that_names_a_job_requeues_only_that_job() -> None:
+    """The job of a finding: one job requeued of the two on the node; another job's requeue on the same
+    node is its own action (not de-duplicated by the first); an event without a job requeues nothing."""
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1"])
+    fake.add_job("41", ["gpu-1"], requeue=True)
+    fake.add_job("42", ["gpu-1"], requeue=True)
+    executor, audit, _ = make(fake)
+    rules = rule_engine(
+        """
+rules:
+  - name: hang
+    match: {kind: nccl_hang}
+    actions:
+      - requeue: {job: "{{ job }}"}
+"""
+    )
+
+    def hang(eid: str, **attrs: Any) -> Event:
+        return Event(id=eid, node="gpu-1", source="detector", kind="nccl_hang", time=0.0, attrs=attrs)
+
+    async with executor:
+        await decide(executor, rules, hang("h1", job="slurm:42"))
+        assert fake.jobs["42"].state == "pending" and fake.jobs["41"].state == "running"
+        await decide(executor, rules, hang("h2", job="41"), hang("h3"))
+    assert [(a.outcome, a.detail) for a in audit.entries] == [
+        ("requeued", "requeued 42"),
+        ("requeued", "requeued 41"),
+        ("skipped", "the requeue names a job, and the event does not say which"),
+    ]
+
+
 async def test_a_deduplicated_drain_in_dry_run_reads_no_state() -> None:
     fake = FakeScheduler()
     fake.add_nodes(["gpu-1"])

@@ -284,6 +284,15 @@ async def test_requeue_deletes_every_pod_of_each_job(api: KubeApiServer, k8s: Ku
     assert again.requeued == () and not api.writes("nodes")
 
 
+async def test_requeue_of_one_job_leaves_the_others(api: KubeApiServer, k8s: KubernetesScheduler) -> None:
+    _job_pods(api)
+    result = await k8s.requeue_jobs_on("gpu-1", "k8s:ml/llm")  # the job as a finding names it
+    assert result.requeued == ("ml/llm",) and result.not_requeueable == ()
+    left = {name for _, name in api.state.pods}
+    assert not any(n.startswith("llm") for n in left) and any(n.startswith("bert") for n in left)
+    assert (await k8s.requeue_jobs_on("gpu-1", "research/gpt")).requeued == ("research/gpt",)
+
+
 async def test_requeue_annotate_only(api: KubeApiServer, k8s: KubernetesScheduler) -> None:
     _job_pods(api)
     k8s.requeue_mode = "annotate"

@@ -194,6 +194,23 @@ async def test_requeue_jobs_on_drained_node(cluster: SlurmCluster, sched: SlurmS
 
 
 @slurm
+async def test_requeue_of_one_job_leaves_the_node_s_others(
+    cluster: SlurmCluster, sched: SlurmScheduler
+) -> None:
+    """A finding names its job: only that one is requeued, by its watchd label or its bare id."""
+    first = cluster.submit("sleep 600", nodes=1, requeue=True, extra_args=["-w", "gpu-3"])
+    second = cluster.submit("sleep 600", nodes=1, requeue=True, extra_args=["-w", "gpu-3"])
+    cluster.wait_job_running(first)
+    cluster.wait_job_running(second)
+    res = await sched.requeue_jobs_on("gpu-3", f"slurm:{first}")
+    assert res.requeued == (first,) and res.not_requeueable == () and res.ok
+    cluster.wait_job_state(first, ["PENDING"], timeout=30)
+    assert cluster.job(second)["JobState"] == "RUNNING"
+    assert (await sched.requeue_jobs_on("gpu-3", "999999")).requeued == ()  # not on the node: nothing
+    assert (await sched.requeue_jobs_on("gpu-3", second)).requeued == (second,)
+
+
+@slurm
 async def test_requeue_on_idle_node_is_empty(cluster: SlurmCluster, sched: SlurmScheduler) -> None:
     res = await sched.requeue_jobs_on("gpu-4")
     assert res.requeued == () and res.not_requeueable == () and res.ok

@@ -104,6 +104,12 @@ def refuse_resume(st: NodeState | None, node: str, prefix: str = WATCHD_REASON_P
     return None
 
 
+def job_selected(job: str | None, *names: str) -> bool:
+    """Whether a job known by ``names`` (its labels, e.g. ``1234`` and ``slurm:1234``) is the ``job`` a
+    requeue is limited to (every job when None)."""
+    return job is None or job in names
+
+
 class SchedulerError(Exception):
     """A scheduler call failed: the command, its exit status and stderr are in the message."""
 
@@ -129,8 +135,9 @@ class Scheduler(Protocol):
         has just read (saves reading them again)."""
         ...
 
-    async def requeue_jobs_on(self, node: str) -> RequeueResult:
-        """Requeue the requeueable jobs running on ``node``; report the others."""
+    async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
+        """Requeue the requeueable jobs running on ``node`` (only ``job`` when given: its id as watchd
+        labels it, ``slurm:1234`` or ``k8s:<namespace>/<name>``, or bare); report the others."""
         ...
 
     async def resume(self, node: str) -> ResumeResult:

@@ -16,6 +16,7 @@ from watchd.adapters.base import (
     RequeueResult,
     ResumeResult,
     SchedulerError,
+    job_selected,
     plan_drain,
     refuse_resume,
 )
@@ -115,25 +116,27 @@ class FakeScheduler:
                 results[n] = DrainResult(n, "drained", reason)
         return {n: results[n] for n in reasons}
 
-    async def requeue_jobs_on(self, node: str) -> RequeueResult:
-        self.calls.append(("requeue_jobs_on", node))
+    async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
+        self.calls.append(("requeue_jobs_on", node if job is None else (node, job)))
         self._check()
         if node not in self.nodes:
             raise SchedulerError(f"squeue -w {node}: exit status 1: Invalid node name {node}")
         requeued: list[str] = []
         not_requeueable: list[str] = []
         failed: dict[str, str] = {}
-        for job in list(self.jobs.values()):
-            if job.state != "running" or node not in job.nodes:
+        for each in list(self.jobs.values()):
+            if each.state != "running" or node not in each.nodes:
                 continue
-            if not job.requeue:
-                not_requeueable.append(job.job_id)
-            elif job.job_id in self.fail_requeue:
-                failed[job.job_id] = f"injected failure requeueing {job.job_id}"
+            if not job_selected(job, each.job_id, f"slurm:{each.job_id}"):
+                continue
+            if not each.requeue:
+                not_requeueable.append(each.job_id)
+            elif each.job_id in self.fail_requeue:
+                failed[each.job_id] = f"injected failure requeueing {each.job_id}"
             else:
-                self._release(job)
-                job.state, job.nodes, job.restarts = "pending", (), job.restarts + 1
-                requeued.append(job.job_id)
+                self._release(each)
+                each.state, each.nodes, each.restarts = "pending", (), each.restarts + 1
+                requeued.append(each.job_id)
         return RequeueResult(node, tuple(requeued), tuple(not_requeueable), failed)
 
     def _release(self, job: FakeJob) -> None:

@@ -43,6 +43,7 @@ from watchd.adapters.base import (
     RequeueResult,
     ResumeResult,
     SchedulerError,
+    job_selected,
     plan_drain,
     refuse_resume,
 )
@@ -429,7 +430,7 @@ class KubernetesScheduler:
                 )
 
     # ------------------------------------------------------------------------------------------ requeue
-    async def requeue_jobs_on(self, node: str) -> RequeueResult:
+    async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
         pods = await self._pods_on(node)
         jobs: dict[JobRef, None] = {}
         not_requeueable: dict[str, None] = {}
@@ -438,8 +439,9 @@ class KubernetesScheduler:
                 continue
             ref = job_of_pod(pod)
             if ref is None:
-                not_requeueable[pod_name(pod)] = None  # a bare pod or a service: nothing would restart it
-            else:
+                if job is None:  # a bare pod or a service: nothing would restart it
+                    not_requeueable[pod_name(pod)] = None
+            elif job_selected(job, ref.id, f"k8s:{ref.id}"):
                 jobs[ref] = None
         results = await asyncio.gather(*(self._requeue(ref, node) for ref in jobs))
         failed = {ref.id: err for ref, err in zip(jobs, results, strict=True) if err is not None}

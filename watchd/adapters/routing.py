@@ -137,12 +137,12 @@ class RoutedScheduler:
             out[n] = DrainResult(n, outcome, detail)
         return out
 
-    async def requeue_jobs_on(self, node: str) -> RequeueResult:
+    async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
         routes = self.routes_of(node)
         if not routes:
             raise SchedulerError(f"no scheduler is configured for node {node}")
         answers = await asyncio.gather(
-            *(r.scheduler.requeue_jobs_on(node) for r in routes), return_exceptions=True
+            *(r.scheduler.requeue_jobs_on(node, job) for r in routes), return_exceptions=True
         )
         requeued: list[str] = []
         not_requeueable: list[str] = []

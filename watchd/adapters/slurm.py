@@ -49,6 +49,7 @@ from watchd.adapters.base import (
     RequeueResult,
     ResumeResult,
     SchedulerError,
+    job_selected,
     plan_drain,
     refuse_resume,
 )
@@ -411,7 +412,7 @@ class SlurmScheduler:
         except (SchedulerError, ValueError) as exc:
             raise JobProviderError(str(exc)) from exc
 
-    async def requeue_jobs_on(self, node: str) -> RequeueResult:
+    async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
         _, out, _ = await self._exec(
             self.squeue,
             "-h",
@@ -429,7 +430,8 @@ class SlurmScheduler:
             if len(fields) < 3 or not fields[0]:
                 continue
             job_id, _state, requeue = fields[:3]
-            (requeueable if requeue == "1" else not_requeueable).append(job_id)
+            if job_selected(job, job_id, f"slurm:{job_id}"):
+                (requeueable if requeue == "1" else not_requeueable).append(job_id)
         if not requeueable:
             return RequeueResult(node, (), tuple(not_requeueable), {})
 

@@ -363,6 +363,8 @@ class ActionExecutor:
         # a drain that replaces watchd's reason has its own key: the drain it follows must not swallow it
         replacing = action.kind == "drain" and bool(action.params.get("replace_reason"))
         key = f"drain-reason:{action.node}" if replacing else f"{action.kind}:{action.node}"
+        if action.kind == "requeue" and (job := _requeue_job(action)) is not None:
+            key = f"requeue:{action.node}:{job}"  # one job's requeue does not stand for the node's others
         now = self._clock.now()
         rule = decision.rule if decision is not None else "operator"
         event_id = decision.event.id if decision is not None else f"held-{held_id}"
@@ -525,7 +527,11 @@ class ActionExecutor:
                 result = await self._batcher.drain(action.node, reason, gate, replace)
                 out = Outcome(result.outcome, result.detail)
             elif action.kind == "requeue":
-                out = _requeue_outcome(await self._scheduler.requeue_jobs_on(action.node))
+                job = _requeue_job(action)
+                if job == _UNKNOWN_JOB:
+                    out = Outcome("skipped", "the requeue names a job, and the event does not say which")
+                else:
+                    out = _requeue_outcome(await self._scheduler.requeue_jobs_on(action.node, job))
             else:
                 resumed = await self._scheduler.resume(action.node)
                 out = Outcome(resumed.outcome, resumed.detail)
@@ -776,7 +782,21 @@ def _describe(action: PlannedAction) -> str:
         return f"would drain {action.node}: {drain_reason(str(action.params.get('reason', '')))}"
     if action.kind == "resume":
         return f"would resume {action.node} (if watchd drained it)"
-    return f"would requeue the jobs on {action.node}"
+    job = _requeue_job(action)
+    return (
+        f"would requeue the jobs on {action.node}"
+        if job is None
+        else f"would requeue job {job} on {action.node}"
+    )
+
+
+_UNKNOWN_JOB = "?"  # what a template renders for a field the event does not carry
+
+
+def _requeue_job(action: PlannedAction) -> str | None:
+    """The one job a requeue is limited to (``job`` param), or None for every job on the node."""
+    job = str(action.params.get("job") or "").strip()
+    return job or None
 
 
 def _requeue_outcome(result: RequeueResult) -> Outcome:

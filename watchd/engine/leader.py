@@ -253,9 +253,9 @@ class LeaderGuard:
         # states read while following may be stale by the time leadership came: read them again
         return await self.inner.drain(reasons, None)
 
-    async def requeue_jobs_on(self, node: str) -> RequeueResult:
+    async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
         await self._lead(f"requeue on {node}")
-        return await self.inner.requeue_jobs_on(node)
+        return await self.inner.requeue_jobs_on(node, job)
 
     async def resume(self, node: str) -> ResumeResult:
         await self._lead(f"resume {node}")

@@ -32,7 +32,12 @@ class ResumeParams(_Strict):
 
 
 class RequeueParams(_Strict):
-    """Requeue the requeueable jobs on the node."""
+    """Requeue the requeueable jobs on the node (only ``job`` when given)."""
+
+    job: str = Field(
+        "",
+        description="template, e.g. '{{ job }}' for a finding: requeue only this job; nothing when unknown",
+    )
 
 
 class AlertParams(_Strict):
