@@ -383,6 +383,35 @@ async def test_the_breaker_alert_pages_while_anything_is_held_and_resolves_when_
         assert "breaker/gpu" not in alerts.firing and "breaker/gpu" in alerts.resolved
 
 
+async def test_two_gpus_of_one_node_page_twice_and_a_repeat_refreshes() -> None:
+    """Alerts are told apart as Alertmanager does, by their labels: a second GPU's Xid on the node is a
+    second page (it used to replace, and so resolve, the first); the same GPU again refreshes its page."""
+    from watchd.adapters.alerts import FakeAlertSink
+
+    alerts = FakeAlertSink()
+    executor, _, _ = make(None, alerts=alerts)
+    rules = rule_engine(
+        """
+rules:
+  - name: xid-alert
+    match: {kind: xid}
+    actions:
+      - alert: {summary: "Xid {{ xid }}", labels: {pci_bus_id: "{{ pci_bus_id }}"}}
+"""
+    )
+    async with executor:
+        await decide(
+            executor,
+            rules,
+            xid_event("gpu-1", event_id="a", pci_bus_id="0000:3b:00.0"),
+            xid_event("gpu-1", event_id="b", pci_bus_id="0000:5d:00.0"),
+            xid_event("gpu-1", event_id="c", pci_bus_id="0000:3b:00.0"),
+        )
+        firing = sorted(a.labels["pci_bus_id"] for a in alerts.firing.values())
+    assert firing == ["0000:3b:00.0", "0000:5d:00.0"] and not alerts.resolved
+    assert [c[0] for c in alerts.calls] == ["fire", "fire", "fire"]
+
+
 async def test_discarded_held_action_never_runs() -> None:
     from watchd.engine.executor import Pools
 

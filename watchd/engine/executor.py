@@ -651,7 +651,6 @@ class ActionExecutor:
             **dict(decision.labels),
             **dict(params.get("labels") or {}),
         }
-        key = f"{decision.rule}/" + "/".join(f"{v}" for v in decision.group.values())
         alert = Alert(
             labels=labels,
             annotations={
@@ -662,8 +661,12 @@ class ActionExecutor:
             if self._generator_url
             else "",
         )
+        # Keyed by the group and the label set, as Alertmanager tells alerts apart: a second GPU's Xid on
+        # the node (another pci_bus_id label) is a second page, not a replacement that resolves the first.
+        group = "/".join(f"{v}" for v in decision.group.values())
+        key = f"{decision.rule}/{group}/" + ",".join(f"{k}={v}" for k, v in sorted(alert.labels.items()))
         await self._fire(key, alert, float(params.get("resolve_after") or 3600.0))
-        return Outcome("fired", f"{alert.name} {key}")
+        return Outcome("fired", f"{alert.name} {decision.rule}/{group}")
 
     async def _fire(self, key: str, alert: Alert, resolve_after: float) -> None:
         """Fire (or refresh) ``key`` and record it, so that a restarted engine fires it again."""
