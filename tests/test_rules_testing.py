@@ -320,3 +320,21 @@ def test_schema_is_json() -> None:
     assert run_schema(out) == 0
     schema = json.loads(out.getvalue())
     assert schema["title"] == "watchd rule file" and "RuleSpec" in schema["$defs"]
+
+
+def test_a_name_taken_by_a_broken_rule_is_a_duplicate_too(tmp_path: Path) -> None:
+    (tmp_path / "r.yaml").write_text(
+        "rules:\n  - {name: a, match: {x: {regex: '('}}, actions: [log]}\n"
+        "  - {name: a, match: {kind: xid}, actions: [log]}\n"
+        "  - {name: b, match: {kind: xid}, actions: [log]}\n"
+        "  - {name: b, match: {kind: xid}, actions: [log]}\n"
+    )
+    out = io.StringIO()
+    assert run_check([tmp_path], out) == 1
+    lines = out.getvalue().splitlines()
+    assert "bad regex" in lines[0]
+    dupes = [x for x in lines if "duplicate rule name" in x]
+    assert dupes == [  # each clash once: b (two valid rules) by the check across files, a here
+        f"{tmp_path / 'r.yaml'}:3:5: duplicate rule name 'a' (first at {tmp_path / 'r.yaml'}:2)",
+        f"{tmp_path / 'r.yaml'}:5:1: duplicate rule name 'b' (first at {tmp_path / 'r.yaml'}:4)",
+    ]

@@ -82,10 +82,13 @@ def parse_rule_file(text: str, source: str, first_order: int = 0) -> tuple[list[
     extra = sorted(set(data) - {"rules"})
     problems = [problem((k,), f"{k}: unknown key", key=True) for k in extra]
     rules: list[Rule] = []
+    named: list[tuple[str, YamlPath]] = []  # every named item, valid or not: a broken rule's name is taken
     for i, item in enumerate(data["rules"]):
         at: YamlPath = ("rules", i)
         name = item.get("name") if isinstance(item, dict) else None
         label = f"rule {name!r}" if isinstance(name, str) else f"rules[{i}]"
+        if isinstance(name, str):
+            named.append((name, at))
         try:
             spec = RuleSpec.model_validate(item)
         except ValidationError as exc:
@@ -146,7 +149,24 @@ def parse_rule_file(text: str, source: str, first_order: int = 0) -> tuple[list[
                 order=first_order + len(rules),
             )
         )
+    problems += _duplicates_with_a_broken_rule(named, {r.source for r in rules}, source, pos)
     return rules, problems
+
+
+def _duplicates_with_a_broken_rule(
+    named: list[tuple[str, YamlPath]], valid: set[str], source: str, pos: YamlPositions
+) -> list[Problem]:
+    """A name used twice in one file where one of the two rules is broken (check_rules reports the pairs of
+    valid rules, across files): fixing the broken one must not be what reveals the clash."""
+    out: list[Problem] = []
+    first: dict[str, str] = {}
+    for name, at in named:
+        line, col = pos.of(at)
+        here = f"{source}:{line}"
+        if name in first and not (first[name] in valid and here in valid):
+            out.append(Problem(source, line, col, f"duplicate rule name {name!r} (first at {first[name]})"))
+        first.setdefault(name, here)
+    return out
 
 
 def _rule_files(path: Path) -> list[Path]:
