@@ -47,6 +47,7 @@ bench: venv deps
 	$(BIN)/python benchmarks/drain_latency.py
 	$(BIN)/python benchmarks/kubernetes_drain.py
 	$(BIN)/python benchmarks/rules_throughput.py
+	$(BIN)/python benchmarks/rule_state.py
 	$(BIN)/python benchmarks/ingest_throughput.py
 	$(BIN)/python benchmarks/agent_cost.py
 	$(BIN)/python benchmarks/heartbeat_cost.py

@@ -27,7 +27,10 @@ def _rules() -> tuple[Any, ...]:
 
 
 def _through_json(snapshot: dict[str, Any]) -> dict[str, Any]:
-    return {rule: (fp, json.loads(json.dumps(data))) for rule, (fp, data) in snapshot.items()}
+    """As the engine saves and reads it back."""
+    from watchd.rules.persist import state_to_data
+
+    return {rule: (fp, json.loads(json.dumps(state_to_data(copy)))) for rule, (fp, copy) in snapshot.items()}
 
 
 def test_a_restored_engine_decides_as_the_one_that_never_stopped() -> None:

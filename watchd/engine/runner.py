@@ -35,6 +35,7 @@ from watchd.jobs.model import JobProvider, JobProviderError, job_providers_of
 from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.rules import RuleEngine, RuleSet, load_rules
+from watchd.rules.persist import StateCopy, state_to_data
 
 _log = get_logger("watchd.engine")
 _PROCESS_RUN = 500  # events evaluated per wake-up of the processing task, at most
@@ -99,8 +100,11 @@ def open_store(config: EngineConfig) -> Store:
 _RULE_SUFFIXES = (".yaml", ".yml")
 
 
-def _encode_snapshot(snapshot: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, str]]:
-    return {rule: (fp, json.dumps(data, separators=(",", ":"))) for rule, (fp, data) in snapshot.items()}
+def _encode_snapshot(snapshot: dict[str, tuple[str, StateCopy]]) -> dict[str, tuple[str, str]]:
+    return {
+        rule: (fp, json.dumps(state_to_data(copy), separators=(",", ":")))
+        for rule, (fp, copy) in snapshot.items()
+    }
 
 
 class Engine:
@@ -134,6 +138,7 @@ class Engine:
         self._jobs_refreshed_at = -1e18
         self.store = open_store(config)
         self._rule_state_saved = bool(self.store.rule_state())  # a saved state must be replaced, even by none
+        self._next_rule_save = -1.0
         self._restore_rule_state()
         self.queue: asyncio.Queue[Accepted] = asyncio.Queue(maxsize=config.ingest.queue_size)
         self._acks: dict[int, asyncio.Future[None]] = {}  # id(queued event) -> its batch's reply waits
@@ -214,11 +219,17 @@ class Engine:
             _log.info("rule_state_restored", rules=len(restored), skipped=len(skipped))
 
     async def _save_rule_state(self) -> None:
+        started = self.clock.monotonic()
+        if started < self._next_rule_save:
+            return
         snapshot = self.evaluator.snapshot()  # a copy, here: evaluation may go on while it is encoded
         if snapshot or self._rule_state_saved:
             encoded = await asyncio.to_thread(_encode_snapshot, snapshot)
             self.store.save_rule_state(encoded, self.clock.now())
             self._rule_state_saved = bool(snapshot)
+        # a huge state (100,000s of groups) takes seconds to encode: then save less often, so that
+        # saving never takes more than a tenth of the engine's time
+        self._next_rule_save = started + 10 * (self.clock.monotonic() - started)
 
     def _save_rule_state_now(self) -> None:
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 from watchd.rules.evaluator import GroupKey, RuleState
 from watchd.rules.ruleset import Rule
@@ -28,14 +28,36 @@ def is_empty(state: RuleState) -> bool:
     return not (state.window or state.held_since or state.fired_hold or state.unless_seen or state.last_fired)
 
 
-def state_to_data(state: RuleState) -> dict[str, list[Any]]:
-    """A copy, in insertion order (the order eviction follows): safe to encode while the engine goes on."""
+class StateCopy(NamedTuple):
+    """A rule's tables, copied as they are at one moment: nothing in it changes when evaluation goes on."""
+
+    window: dict[GroupKey, tuple[tuple[float, tuple[Any, ...]], ...]]
+    held: dict[GroupKey, tuple[float, ...]]
+    fired: frozenset[GroupKey]
+    unless: dict[GroupKey, tuple[float, str]]
+    last: dict[GroupKey, float]
+
+
+def copy_state(state: RuleState) -> StateCopy:
+    """The quick part, done where the state lives (the event loop): mostly C-level copies (~0.5 µs per
+    group). Keys, window entries and sightings are tuples already, so they are shared, not copied."""
+    return StateCopy(
+        {k: tuple(w) for k, w in state.window.items()},
+        {k: tuple(h) for k, h in state.held_since.items()},
+        frozenset(state.fired_hold),
+        dict(state.unless_seen),
+        dict(state.last_fired),
+    )
+
+
+def state_to_data(state: StateCopy) -> dict[str, list[Any]]:
+    """As JSON data, in insertion order (the order eviction follows); safe in another thread."""
     return {
         "window": [[list(k), [[t, list(v)] for t, v in w]] for k, w in state.window.items()],
-        "held": [[list(k), list(h)] for k, h in state.held_since.items()],
-        "fired": [list(k) for k in state.fired_hold],
-        "unless": [[list(k), list(s)] for k, s in state.unless_seen.items()],
-        "last": [[list(k), t] for k, t in state.last_fired.items()],
+        "held": [[list(k), list(h)] for k, h in state.held.items()],
+        "fired": [list(k) for k in state.fired],
+        "unless": [[list(k), list(s)] for k, s in state.unless.items()],
+        "last": [[list(k), t] for k, t in state.last.items()],
     }
 
 

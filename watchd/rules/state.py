@@ -21,7 +21,7 @@ from watchd.rules.evaluator import (
 )
 from watchd.rules.index import RuleIndex, ScanIndex
 from watchd.rules.match import Predicate, match_kinds
-from watchd.rules.persist import fingerprint, is_empty, state_from_data, state_to_data
+from watchd.rules.persist import StateCopy, copy_state, fingerprint, is_empty, state_from_data
 from watchd.rules.ruleset import Decision, Rule
 
 #: Groups kept per rule; beyond it the least recently seen group is forgotten (and counted).
@@ -76,11 +76,12 @@ class RuleEngine:
             if mine is not None and theirs is not None and before.get(rule.name) == rule.spec:
                 mine.take(theirs)
 
-    def snapshot(self) -> dict[str, tuple[str, dict[str, list[Any]]]]:
-        """What each stateful rule remembers, as plain data with its rule's fingerprint (rules that
-        remember nothing are left out): a copy, safe to encode elsewhere while evaluation goes on."""
+    def snapshot(self) -> dict[str, tuple[str, StateCopy]]:
+        """What each stateful rule remembers, with its rule's fingerprint (rules that remember nothing are
+        left out): a copy, safe to turn into data (``persist.state_to_data``) elsewhere while evaluation
+        goes on."""
         return {
-            name: (self._fingerprint(name), state_to_data(state))
+            name: (self._fingerprint(name), copy_state(state))
             for name, state in self._state.items()
             if not is_empty(state)
         }
