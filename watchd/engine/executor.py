@@ -595,33 +595,22 @@ class ActionExecutor:
             result = Outcome(
                 result.outcome, f"{result.detail}; then requeue: {requeued.outcome} {requeued.detail}"
             )
-        self._breaker_cleared(held.pool)
-        self._audit_entry(
-            AuditRecord(
-                time=self._clock.now(),
-                rule=held.rule,
-                event_id=f"held-{held_id}",
-                node=held.node,
-                action=held.kind,
-                mode=self.mode,
-                outcome=result.outcome,
-                detail=f"released by {by}: {result.detail}",
-                params=held.params,
-            )
-        )
-        return result
+        return self._resolved(held, Outcome(result.outcome, f"released by {by}: {result.detail}"))
 
     def discard(self, held_id: int, by: str) -> Outcome:
         held = self.store.discard(held_id, by, self._clock.now())
         if held is None:
             return Outcome("not_held", f"no held action #{held_id}")
-        result = Outcome("discarded", f"{held.kind} of {held.node} discarded by {by}")
+        return self._resolved(held, Outcome("discarded", f"{held.kind} of {held.node} discarded by {by}"))
+
+    def _resolved(self, held: HeldAction, result: Outcome) -> Outcome:
+        """An operator's release or discard: audited, and the pool's breaker alert ends once none is held."""
         self._breaker_cleared(held.pool)
         self._audit_entry(
             AuditRecord(
                 time=self._clock.now(),
                 rule=held.rule,
-                event_id=f"held-{held_id}",
+                event_id=f"held-{held.id}",
                 node=held.node,
                 action=held.kind,
                 mode=self.mode,
