@@ -27,6 +27,15 @@ rules:
 """
 
 
+async def post_xid(engine: Engine, node: str, event_id: str) -> None:
+    body = json.dumps(batch_to_wire(node, [xid_event(node, event_id=event_id)]))
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"http://127.0.0.1:{engine.port}{INGEST_PATH}", data=body) as r,
+    ):
+        assert r.status == 200
+
+
 async def test_alert_fires_is_kept_and_resolves(alertmanager: AlertmanagerProcess, tmp_path: Path) -> None:
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
@@ -42,12 +51,7 @@ async def test_alert_fires_is_kept_and_resolves(alertmanager: AlertmanagerProces
         "alertmanager_alerts_received_total", {"status": "resolved", "version": "v2"}
     )
     async with Engine(config) as engine:
-        body = json.dumps(batch_to_wire("gpu-9", [xid_event("gpu-9", event_id="am-1")]))
-        async with (
-            aiohttp.ClientSession() as s,
-            s.post(f"http://127.0.0.1:{engine.port}{INGEST_PATH}", data=body) as r,
-        ):
-            assert r.status == 200
+        await post_xid(engine, "gpu-9", "am-1")
         await eventually(
             lambda: alertmanager.alert("EngineAlertTest") is not None, what="alert in Alertmanager"
         )
@@ -94,12 +98,7 @@ async def test_a_restarted_engine_keeps_its_alerts_firing(
         alertmanager=AlertmanagerConfig(urls=[alertmanager.url], resend_interval_s=1),
     )
     async with Engine(config) as engine:
-        body = json.dumps(batch_to_wire("gpu-8", [xid_event("gpu-8", event_id="am-restart")]))
-        async with (
-            aiohttp.ClientSession() as s,
-            s.post(f"http://127.0.0.1:{engine.port}{INGEST_PATH}", data=body) as r,
-        ):
-            assert r.status == 200
+        await post_xid(engine, "gpu-8", "am-restart")
         await eventually(
             lambda: alertmanager.alert("RestartAlertTest") is not None, what="alert in Alertmanager"
         )
