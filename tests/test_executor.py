@@ -606,6 +606,43 @@ async def test_dry_run_holds_nothing_and_says_what_the_limits_would_do() -> None
     assert executor.store.held() == [] and "breaker/gpu" not in alerts.firing
 
 
+async def test_a_crash_between_a_drain_and_its_requeue_still_requeues_after_the_restart(
+    tmp_path: Any,
+) -> None:
+    """The drain finished, the engine died before the requeue began (no intent of it yet): the restarted
+    engine requeues, once; a drain whose requeue did happen, or that drained nothing, is left alone. An
+    unfinished drain is re-driven and then requeued."""
+    from watchd.engine.store import Store
+
+    fake = pool_of(4)
+    for i in range(4):
+        fake.add_job(f"j{i}", [f"n{i}"], requeue=True)
+    db = tmp_path / "engine.db"
+    clock_now = 1_700_000_000.0
+    follows = {"reason": "Xid 79", "requeue_follows": True}
+    with Store.open(db) as crashed:
+        for node, outcome in (("n0", "drained"), ("n1", "drained"), ("n2", "skipped")):
+            crashed.begin_action(f"drain:{node}", "drain", node, "fatal", f"e-{node}", follows, clock_now)
+            crashed.finish_action(f"drain:{node}", outcome, "", clock_now)
+        crashed.begin_action("requeue:n1", "requeue", "n1", "fatal", "e-n1", {}, clock_now + 1)
+        crashed.finish_action("requeue:n1", "requeued", "", clock_now + 1)
+        crashed.begin_action("drain:n3", "drain", "n3", "fatal", "e-n3", follows, clock_now)  # unfinished
+    from watchd.clock import FakeClock
+
+    store = Store.open(db)
+    executor, audit, _ = make(fake, store=store, clock=FakeClock(clock_now + 5))
+    async with executor:
+        await executor.drain_in_flight(5)
+        await asyncio.sleep(0.05)
+        await executor.drain_in_flight(5)
+    requeued = {a.node: a.outcome for a in audit.entries if a.action == "requeue"}
+    assert requeued == {"n0": "requeued", "n3": "requeued"}, requeued
+    assert fake.jobs["j0"].state == "pending" and fake.jobs["j3"].state == "pending"
+    assert fake.jobs["j1"].state == "running" and fake.jobs["j2"].state == "running"
+    assert all(a.rule == "fatal" for a in audit.entries if a.action == "requeue")
+    store.close()
+
+
 async def test_interrupted_drains_are_redriven_through_the_breaker(tmp_path: Any) -> None:
     from watchd.engine.store import Store
 

@@ -38,7 +38,7 @@ from watchd.clock import Clock
 from watchd.engine.audit import AuditRecord, AuditSink
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.safety import BreakerLimits, Verdict, breaker_verdict, rate_verdict
-from watchd.engine.store import HeldAction, Store, StoreError
+from watchd.engine.store import HeldAction, Intent, Store, StoreError
 from watchd.events import Event, stable_id
 from watchd.logs import get_logger
 from watchd.rules import DISRUPTIVE, Decision, PlannedAction
@@ -47,6 +47,7 @@ Mode = Literal["dry-run", "enforce"]
 
 _log = get_logger("watchd.executor")
 _DRAINED_BY_US = ("drained", "already_drained", "dry_run")
+_REQUEUE_FOLLOWS = "requeue_follows"  # in a drain's intent: its decision requeues after it
 _RECHECK_S = 10.0  # seconds between reads of a de-duplicated drain's node state
 BREAKER_ALERT = "WatchdBlastRadiusBreakerOpen"
 
@@ -359,16 +360,22 @@ class ActionExecutor:
         held_id: int = 0,
         requeue_follows: bool = False,
         mode: Mode | None = None,
+        origin: tuple[str, str] | None = None,
     ) -> Outcome:
+        """``origin``: the (rule, event id) an action without a decision comes from (default: an operator's
+        release of ``held_id``)."""
         # a drain that replaces watchd's reason has its own key: the drain it follows must not swallow it
         replacing = action.kind == "drain" and bool(action.params.get("replace_reason"))
         key = f"drain-reason:{action.node}" if replacing else f"{action.kind}:{action.node}"
         if action.kind == "requeue" and (job := _requeue_job(action)) is not None:
             key = f"requeue:{action.node}:{job}"  # one job's requeue does not stand for the node's others
         now = self._clock.now()
-        rule = decision.rule if decision is not None else "operator"
-        event_id = decision.event.id if decision is not None else f"held-{held_id}"
+        rule, event_id = origin or ("operator", f"held-{held_id}")
+        if decision is not None:
+            rule, event_id = decision.rule, decision.event.id
         params = _scalars(action.params)
+        if action.kind == "drain" and requeue_follows and _plain_requeue_in(decision):
+            params = {**params, _REQUEUE_FOLLOWS: True}  # a restart must still requeue after this drain
         mode = mode or self.effective_mode(decision)
 
         def begin() -> bool:
@@ -541,16 +548,48 @@ class ActionExecutor:
         return out
 
     def _redrive_unfinished(self) -> None:
-        """Actions decided before a crash but never finished: drive each once more (they are idempotent)."""
+        """Actions decided before a crash but never finished: drive each once more (they are idempotent).
+        Then the requeues a crash kept from following their finished drain."""
+        self._requeue_missed()
         for intent in self.store.unfinished_actions():
             _log.warning(
                 "redriving_unfinished_action", key=intent.key, rule=intent.rule, decided_at=intent.decided_at
             )
-            action = PlannedAction(kind=intent.kind, node=intent.node, params=intent.params)  # type: ignore[arg-type]
-            self._spawn(self._redrive(intent.key, action, intent.rule))
+            self._spawn(self._redrive(intent))
 
-    async def _redrive(self, key: str, action: PlannedAction, rule: str) -> None:
-        """Drive an interrupted action once more, through the same safety limits as a new one."""
+    def _requeue_missed(self) -> None:
+        """A drain that took its node out within the cooldown, decided with a requeue after it, and no
+        requeue of the node decided since: the crash came between the two. Requeue now (de-duplicated)."""
+        for drain in self.store.intents_since("drain", self._clock.now() - self._cooldown):
+            if not drain.params.get(_REQUEUE_FOLLOWS) or drain.outcome not in ("drained", "already_drained"):
+                continue
+            requeues = self.store.intents(f"requeue:{drain.node}", limit=1)
+            if requeues and requeues[-1].decided_at >= drain.decided_at:
+                continue
+            _log.warning("requeue_after_restart", node=drain.node, rule=drain.rule)
+            self._spawn(self._requeue_after(drain))
+
+    async def _requeue_after(self, drain: Intent) -> None:
+        requeue = PlannedAction(kind="requeue", node=drain.node, params={})
+        result = await self._scheduled(None, requeue, check_safety=False, origin=(drain.rule, drain.event_id))
+        self._audit_entry(
+            AuditRecord(
+                time=self._clock.now(),
+                rule=drain.rule,
+                event_id=drain.event_id,
+                node=drain.node,
+                action="requeue",
+                mode=self.mode,
+                outcome=result.outcome,
+                detail=f"after a restart, the requeue that follows the drain: {result.detail}",
+            )
+        )
+
+    async def _redrive(self, intent: Intent) -> None:
+        """Drive an interrupted action once more, through the same safety limits as a new one (and the
+        requeue its decision had after it, for a drain)."""
+        key, rule = intent.key, intent.rule
+        action = PlannedAction(kind=intent.kind, node=intent.node, params=intent.params)  # type: ignore[arg-type]
         now = self._clock.now()
         gate = (
             self._gate(rule, None, action, self.mode, now, check=True) if action.kind in DISRUPTIVE else None
@@ -578,6 +617,8 @@ class ActionExecutor:
                 params=_scalars(action.params),
             )
         )
+        if intent.params.get(_REQUEUE_FOLLOWS) and result.outcome in ("drained", "already_drained"):
+            await self._requeue_after(intent)
 
     # ------------------------------------------------------------------------------------------ held actions
 
@@ -779,6 +820,13 @@ def _describe(action: PlannedAction) -> str:
         f"would requeue the jobs on {action.node}"
         if job is None
         else f"would requeue job {job} on {action.node}"
+    )
+
+
+def _plain_requeue_in(decision: Decision | None) -> bool:
+    """Whether the decision requeues every job on the node (not one named job)."""
+    return decision is not None and any(
+        a.kind == "requeue" and _requeue_job(a) is None for a in decision.actions
     )
 
 

@@ -482,6 +482,15 @@ class Store:
         )
         return [_intent(r) for r in reversed(rows)]
 
+    def intents_since(self, kind: str, since: float) -> list[Intent]:
+        """Every intent of ``kind`` decided at or after ``since``, oldest first."""
+        rows = self._all(
+            "reading intents",
+            f"SELECT {_INTENT_COLS} FROM intents WHERE kind = ? AND decided_at >= ? ORDER BY id",
+            (kind, since),
+        )
+        return [_intent(r) for r in rows]
+
     def last_action(self, key: str) -> float | None:
         """When the last finished action under ``key`` finished; None if none has."""
         row = self._one(
