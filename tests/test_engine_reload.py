@@ -27,16 +27,20 @@ def bump(path: Path, text: str) -> None:
     os.utime(path, (st.st_atime, st.st_mtime + 1))  # a distinct mtime even within one clock tick
 
 
-async def test_file_change_reloads_and_a_broken_file_keeps_the_old_rules(tmp_path: Path) -> None:
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(GOOD)
-    config = EngineConfig(
+def watching(rules: Path) -> EngineConfig:
+    """An engine that polls ``rules`` (a file or a folder) for changes every 50 ms."""
+    return EngineConfig(
         listen=Listen(port=0),
         rules=[rules],
         reload=ReloadConfig(poll_interval_s=0.05),
         slurm={"enabled": False},
     )
-    async with Engine(config) as engine:
+
+
+async def test_file_change_reloads_and_a_broken_file_keeps_the_old_rules(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(GOOD)
+    async with Engine(watching(rules)) as engine:
         ok = engine.metrics.rules_reload_ok
         assert engine.rules.names == ["first"] and ok._value.get() == 1
         bump(rules, BROKEN)
@@ -57,13 +61,7 @@ async def test_a_rules_folder_removed_and_restored_is_reloaded_not_a_crash(tmp_p
     folder = tmp_path / "rules.d"
     folder.mkdir()
     (folder / "a.yaml").write_text(GOOD)
-    config = EngineConfig(
-        listen=Listen(port=0),
-        rules=[folder],
-        reload=ReloadConfig(poll_interval_s=0.05),
-        slurm={"enabled": False},
-    )
-    async with Engine(config) as engine:
+    async with Engine(watching(folder)) as engine:
         ok = engine.metrics.rules_reload_ok
         moved = tmp_path / "moved"
         folder.rename(moved)

@@ -285,6 +285,12 @@ def test_run_test_over_several_files_counts_all(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------- check and schema
 
 
+def checked(path: Path) -> tuple[int, list[str]]:
+    """``watchd rules check PATH``: its exit code and its lines."""
+    out = io.StringIO()
+    return run_check([path], out), out.getvalue().splitlines()
+
+
 def test_check_ok_and_problems(tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(RULES)
     out = io.StringIO()
@@ -295,9 +301,8 @@ def test_check_ok_and_problems(tmp_path: Path) -> None:
         "  - {name: b, match: {}, actions: [zap]}\n"
         "  - {name: c, match: {}, actions: [{log: {message: '{{ xid | nofilter }}'}}]}\n"
     )
-    out = io.StringIO()
-    assert run_check([tmp_path], out) == 1
-    lines = out.getvalue().splitlines()
+    rc, lines = checked(tmp_path)
+    assert rc == 1
     assert lines[0].startswith(f"{tmp_path / 'more.yaml'}:2:") and "bad regex" in lines[0]
     assert lines[1].startswith(f"{tmp_path / 'more.yaml'}:3:") and "unknown action 'zap'" in lines[1]
     assert lines[2].startswith(f"{tmp_path / 'more.yaml'}:4:") and "No filter named 'nofilter'" in lines[2]
@@ -329,10 +334,8 @@ def test_a_name_taken_by_a_broken_rule_is_a_duplicate_too(tmp_path: Path) -> Non
         "  - {name: b, match: {kind: xid}, actions: [log]}\n"
         "  - {name: b, match: {kind: xid}, actions: [log]}\n"
     )
-    out = io.StringIO()
-    assert run_check([tmp_path], out) == 1
-    lines = out.getvalue().splitlines()
-    assert "bad regex" in lines[0]
+    rc, lines = checked(tmp_path)
+    assert rc == 1 and "bad regex" in lines[0]
     dupes = [x for x in lines if "duplicate rule name" in x]
     assert dupes == [  # each clash once: b (two valid rules) by the check across files, a here
         f"{tmp_path / 'r.yaml'}:3:5: duplicate rule name 'a' (first at {tmp_path / 'r.yaml'}:2)",

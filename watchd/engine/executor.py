@@ -46,7 +46,9 @@ from watchd.rules import DISRUPTIVE, Decision, PlannedAction
 Mode = Literal["dry-run", "enforce"]
 
 _log = get_logger("watchd.executor")
-_DRAINED_BY_US = ("drained", "already_drained", "dry_run")
+_TOOK_OUT = ("drained", "already_drained")  # the node is out of service, by watchd
+_DRAINED_BY_US = (*_TOOK_OUT, "dry_run")
+_BREAKER_KEY = "breaker/"  # + pool: the key of a pool's breaker alert
 _REQUEUE_FOLLOWS = "requeue_follows"  # in a drain's intent: its decision requeues after it
 _RECHECK_S = 10.0  # seconds between reads of a de-duplicated drain's node state
 BREAKER_ALERT = "WatchdBlastRadiusBreakerOpen"
@@ -427,7 +429,7 @@ class ActionExecutor:
         if self._scheduler is None or now - self._rechecked.get(node, -_RECHECK_S) < _RECHECK_S:
             return False
         last = self.store.intents(f"drain:{node}", limit=1)
-        if not last or last[0].finished_at is None or last[0].outcome not in ("drained", "already_drained"):
+        if not last or last[0].finished_at is None or last[0].outcome not in _TOOK_OUT:
             return False
         self._rechecked[node] = now
         try:
@@ -527,10 +529,8 @@ class ActionExecutor:
         start = self._clock.monotonic()
         try:
             if action.kind == "drain":
-                reason, replace = (
-                    str(action.params.get("reason", "")),
-                    bool(action.params.get("replace_reason")),
-                )
+                reason = str(action.params.get("reason", ""))
+                replace = bool(action.params.get("replace_reason"))
                 result = await self._batcher.drain(action.node, reason, gate, replace)
                 out = Outcome(result.outcome, result.detail)
             elif action.kind == "requeue":
@@ -561,7 +561,7 @@ class ActionExecutor:
         """A drain that took its node out within the cooldown, decided with a requeue after it, and no
         requeue of the node decided since: the crash came between the two. Requeue now (de-duplicated)."""
         for drain in self.store.intents_since("drain", self._clock.now() - self._cooldown):
-            if not drain.params.get(_REQUEUE_FOLLOWS) or drain.outcome not in ("drained", "already_drained"):
+            if not drain.params.get(_REQUEUE_FOLLOWS) or drain.outcome not in _TOOK_OUT:
                 continue
             requeues = self.store.intents(f"requeue:{drain.node}", limit=1)
             if requeues and requeues[-1].decided_at >= drain.decided_at:
@@ -617,7 +617,7 @@ class ActionExecutor:
                 params=_scalars(action.params),
             )
         )
-        if intent.params.get(_REQUEUE_FOLLOWS) and result.outcome in ("drained", "already_drained"):
+        if intent.params.get(_REQUEUE_FOLLOWS) and result.outcome in _TOOK_OUT:
             await self._requeue_after(intent)
 
     # ------------------------------------------------------------------------------------------ held actions
@@ -636,15 +636,18 @@ class ActionExecutor:
             result = Outcome(
                 result.outcome, f"{result.detail}; then requeue: {requeued.outcome} {requeued.detail}"
             )
-        return self._resolved(held, Outcome(result.outcome, f"released by {by}: {result.detail}"))
+        self._resolved(held, result.outcome, f"released by {by}: {result.detail}")
+        return result
 
     def discard(self, held_id: int, by: str) -> Outcome:
         held = self.store.discard(held_id, by, self._clock.now())
         if held is None:
             return Outcome("not_held", f"no held action #{held_id}")
-        return self._resolved(held, Outcome("discarded", f"{held.kind} of {held.node} discarded by {by}"))
+        result = Outcome("discarded", f"{held.kind} of {held.node} discarded by {by}")
+        self._resolved(held, result.outcome, result.detail)
+        return result
 
-    def _resolved(self, held: HeldAction, result: Outcome) -> Outcome:
+    def _resolved(self, held: HeldAction, outcome: str, detail: str) -> None:
         """An operator's release or discard: audited, and the pool's breaker alert ends once none is held."""
         self._breaker_cleared(held.pool)
         self._audit_entry(
@@ -655,12 +658,11 @@ class ActionExecutor:
                 node=held.node,
                 action=held.kind,
                 mode=self.mode,
-                outcome=result.outcome,
-                detail=result.detail,
+                outcome=outcome,
+                detail=detail,
                 params=held.params,
             )
         )
-        return result
 
     def _audit_entry(self, entry: AuditRecord) -> None:
         """Every audit record goes to the durable trail (the status API and the CLI read it after a restart)
@@ -711,7 +713,7 @@ class ActionExecutor:
             self.store.set_firing_alert(key, record, self._clock.now() + resolve_after)
         except StoreError:
             _log.exception("firing_alert_not_recorded", key=key)
-        pool = key.removeprefix("breaker/") if key.startswith("breaker/") else None
+        pool = _breaker_pool(key)
         self._expire_alert(key, resolve_after, None if pool is None else lambda: self._holding(pool))
 
     async def refire_alerts(self) -> None:
@@ -722,7 +724,8 @@ class ActionExecutor:
             return
         now = self._clock.now()
         for key, record, resolve_at in self.store.firing_alerts():
-            if resolve_at <= now and not (key.startswith("breaker/") and self._holding(key[8:])):
+            pool = _breaker_pool(key)
+            if resolve_at <= now and not (pool is not None and self._holding(pool)):
                 self.store.clear_firing_alert(key)
                 continue
             try:
@@ -762,7 +765,7 @@ class ActionExecutor:
 
     def _breaker_cleared(self, pool: str) -> None:
         """After a release or discard: the breaker alert of a pool with nothing held left resolves now."""
-        key = f"breaker/{pool}"
+        key = _BREAKER_KEY + pool
         if key in self._alert_expiry and not self._holding(pool):
             self._expire_alert(key, 0.0)
 
@@ -778,7 +781,7 @@ class ActionExecutor:
             },
         )
         # it pages while anything of the pool is held, not only while the window is full
-        await self._fire(f"breaker/{pool}", alert, self.limits.window_s)
+        await self._fire(_BREAKER_KEY + pool, alert, self.limits.window_s)
 
     async def _webhook(self, decision: Decision, action: PlannedAction) -> Outcome:
         if self._webhooks is None:
@@ -821,6 +824,11 @@ def _describe(action: PlannedAction) -> str:
         if job is None
         else f"would requeue job {job} on {action.node}"
     )
+
+
+def _breaker_pool(key: str) -> str | None:
+    """The pool of a breaker alert's key; None for any other alert."""
+    return key.removeprefix(_BREAKER_KEY) if key.startswith(_BREAKER_KEY) else None
 
 
 def _plain_requeue_in(decision: Decision | None) -> bool:

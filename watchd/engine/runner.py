@@ -35,6 +35,7 @@ from watchd.jobs.model import JobProvider, JobProviderError, job_providers_of
 from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.rules import RuleEngine, RuleSet, load_rules
+from watchd.rules.loader import rule_files
 from watchd.rules.persist import StateCopy, state_to_data
 
 _log = get_logger("watchd.engine")
@@ -97,9 +98,6 @@ def open_store(config: EngineConfig) -> Store:
     return Store.open(path)
 
 
-_RULE_SUFFIXES = (".yaml", ".yml")
-
-
 def _encode_snapshot(snapshot: dict[str, tuple[str, StateCopy]]) -> dict[str, tuple[str, str]]:
     return {
         rule: (fp, json.dumps(state_to_data(copy), separators=(",", ":")))
@@ -137,9 +135,10 @@ class Engine:
         self.findings: deque[Finding] = deque(maxlen=200)
         self._jobs_refreshed_at = -1e18
         self.store = open_store(config)
-        self._rule_state_saved = bool(self.store.rule_state())  # a saved state must be replaced, even by none
+        saved = self.store.rule_state()
+        self._rule_state_saved = bool(saved)  # a saved state must be replaced, even by none
         self._next_rule_save = -1.0
-        self._restore_rule_state()
+        self._restore_rule_state(saved)
         self.queue: asyncio.Queue[Accepted] = asyncio.Queue(maxsize=config.ingest.queue_size)
         self._acks: dict[int, asyncio.Future[None]] = {}  # id(queued event) -> its batch's reply waits
         self.seen = SeenIds(self.clock, config.ingest.dedup_window_s, config.ingest.dedup_max_ids)
@@ -203,16 +202,18 @@ class Engine:
         _log.info("rules_reloaded", rules=len(new.rules))
         return True
 
-    def _restore_rule_state(self) -> None:
+    def _restore_rule_state(self, saved: dict[str, tuple[str, str]]) -> None:
         """What the rules remembered when the engine last saved it (a restart, clean or not, neither resets
         a count window nor a cooldown). A state that cannot be used is logged and left out, never fatal."""
-        saved: dict[str, tuple[str, Any]] = {}
-        for rule, (fp, text) in self.store.rule_state().items():
+        decoded: dict[str, tuple[str, Any]] = {}
+        skipped: list[str] = []
+        for rule, (fp, text) in saved.items():
             try:
-                saved[rule] = (fp, json.loads(text))
+                decoded[rule] = (fp, json.loads(text))
             except ValueError as exc:
-                saved[rule] = (fp, f"unreadable: {exc}")  # restore() reports it as malformed
-        restored, skipped = self.evaluator.restore(saved)
+                skipped.append(f"{rule}: unreadable JSON: {exc}")
+        restored, left_out = self.evaluator.restore(decoded)
+        skipped += left_out
         for reason in skipped:
             _log.warning("rule_state_not_restored", reason=reason)
         if saved:
@@ -241,7 +242,7 @@ class Engine:
         out: dict[str, float] = {}
         for path in self.config.rules:
             try:  # a folder removed or renamed, or a file mid-rename: it reads as changed, not as a crash
-                files = [p for p in path.iterdir() if p.suffix in _RULE_SUFFIXES] if path.is_dir() else [path]
+                files = rule_files(path)
             except OSError:
                 out[str(path)] = -1.0
                 continue

@@ -169,7 +169,8 @@ def _duplicates_with_a_broken_rule(
     return out
 
 
-def _rule_files(path: Path) -> list[Path]:
+def rule_files(path: Path) -> list[Path]:
+    """The rule files a configured path stands for: the ``*.yaml``/``*.yml`` files of a folder, or itself."""
     if path.is_dir():
         return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
     return [path]
@@ -193,7 +194,7 @@ def check_rules(paths: Sequence[Path]) -> tuple[list[Rule], list[Problem]]:
         if not path.exists():
             problems.append(Problem(str(path), 1, 1, "rule file not found"))
             continue
-        files = _rule_files(path)
+        files = rule_files(path)
         if path.is_dir() and not files:
             problems.append(Problem(str(path), 1, 1, "no *.yaml rule files in this folder"))
         sources.extend((_read(f), str(f)) for f in files)

@@ -138,9 +138,7 @@ class RuleEngine:
                     index,
                     tuple(
                         tuple((r, state[r.name]) for r in group)
-                        for group in _unless_groups(
-                            _for_kind(self._unless_rules, kind), state, canonical=True
-                        )
+                        for group in _unless_groups(_for_kind(self._unless_rules, kind), canonical=True)
                     ),
                     tuple((r, evaluators[r.name], state[r.name]) for r in _for_kind(self._for_rules, kind)),
                 ),
@@ -187,7 +185,7 @@ class RuleEngine:
         return decisions
 
     def _plan_reference(self, kind: str) -> _KindPlan:
-        unless = _unless_groups(_for_kind(self._unless_rules, kind), self._state, canonical=False)
+        unless = _unless_groups(_for_kind(self._unless_rules, kind), canonical=False)
         checks = tuple(
             (rules[0].unless, tuple((r.group_key, self._state[r.name].unless_seen) for r in rules))
             for rules in unless
@@ -265,14 +263,12 @@ def _share_sightings(rules: tuple[Rule, ...], state: Mapping[str, RuleState]) ->
             state[rule.name].unless_seen = tables.setdefault(key, state[rule.name].unless_seen)
 
 
-def _unless_groups(
-    rules: tuple[Rule, ...], state: Mapping[str, RuleState], canonical: bool
-) -> tuple[tuple[Rule, ...], ...]:
+def _unless_groups(rules: tuple[Rule, ...], canonical: bool) -> tuple[tuple[Rule, ...], ...]:
     """Rules with ``unless`` grouped by their ``unless`` match: one group per distinct match (by content
     when ``canonical``, else one per rule); each match is checked once per event."""
     groups: dict[str, list[Rule]] = {}
     for rule in rules:
-        assert rule.spec.unless is not None and rule.name in state
+        assert rule.spec.unless is not None
         key = _canonical(rule.spec.unless.match) if canonical else rule.name
         groups.setdefault(key, []).append(rule)
     return tuple(tuple(g) for g in groups.values())
