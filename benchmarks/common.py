@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from watchd.events import Event, Scalar
+from watchd.model.events import Event, Scalar
 from watchd.xid import XidParser
 from watchd.xid.catalog import known_xids
 from watchd.xid.render import record_to_json

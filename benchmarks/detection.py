@@ -1,6 +1,6 @@
 """Evaluation suite for the correlation detectors: simulated jobs with and without faults, at several sizes.
 
-Each run simulates one job (``watchd.detect.simulate``: per-GPU 5 s window summaries as the agents ship them,
+Each run simulates one job (``watchd.sim.jobs``: per-GPU 5 s window summaries as the agents ship them,
 hardware events, and forwarded heartbeats when ``hb``) and feeds it to the engine's detectors exactly as the
 engine does: events arrive at their observation time plus the agent's delay (a window is shipped when the
 next sample closes it, ~1 s after its end), and the detectors run every ``detectors.interval_s`` (5 s).
@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import table  # noqa: E402
 from watchd.detect.correlator import Correlator  # noqa: E402
 from watchd.detect.finding import Finding  # noqa: E402
-from watchd.detect.simulate import JobRun, simulate  # noqa: E402
-from watchd.events import Event  # noqa: E402
 from watchd.jobs.model import JobInfo  # noqa: E402
+from watchd.model.events import Event  # noqa: E402
 from watchd.rules import RuleEngine, load_rules  # noqa: E402
+from watchd.sim.jobs import JobRun, simulate  # noqa: E402
 
 INTERVAL_S = 5.0
 WINDOW_DELAY_S = 1.0  # a window is shipped when the next sample (1 s later) closes it

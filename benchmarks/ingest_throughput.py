@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import make_events, table  # noqa: E402
 from tests.daemons import Daemon, engine_config, free_port  # noqa: E402
-from watchd.events import INGEST_PATH, batch_to_wire  # noqa: E402
+from watchd.model.events import INGEST_PATH, batch_to_wire  # noqa: E402
 
 TARGET = 20_000  # accepted events/s
 TOKEN = "bench-token"

@@ -22,8 +22,8 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from tests.harness.kube_api import KubeApiServer
-from watchd.adapters.kube_client import make_client
-from watchd.adapters.kubernetes import KubernetesScheduler
+from watchd.integrations.kubernetes.client import make_client
+from watchd.integrations.kubernetes.scheduler import KubernetesScheduler
 
 ROUNDS = 50
 BURST = 150

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import best_of, make_events, max_rss_mib, rate, synthetic_rules_yaml, table  # noqa: E402
 from watchd.errors import ConfigError  # noqa: E402
-from watchd.events import Event  # noqa: E402
+from watchd.model.events import Event  # noqa: E402
 from watchd.rules import RuleEngine, RuleSet, load_rules, parse_rule_file  # noqa: E402
 from watchd.rules.ruleset import Rule  # noqa: E402
 

@@ -11,6 +11,17 @@ from tests.harness.alertmanager import available as am_available
 from tests.harness.slurm import SlurmCluster, available
 from tests.support import real_components_required
 
+#: Fixtures that start real servers: a test using one starts real processes.
+_REAL_FIXTURES = frozenset({"slurm_cluster", "alertmanager", "sim"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``real`` on every test that starts real processes (marked by hand, or through a real fixture or the
+    ``slurm`` marker), so ``pytest -m "not real"`` is the fast loop."""
+    for item in items:
+        if item.get_closest_marker("slurm") or _REAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real)
+
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:

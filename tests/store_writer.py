@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from watchd.engine.audit import AuditRecord
-from watchd.engine.store import HeldAction, Store
+from watchd.actions.audit import AuditRecord
+from watchd.store.database import HeldAction, Store
 
 
 def say(*parts: object) -> None:

@@ -100,13 +100,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "agent":
         return _run_agent(args.config, args.check)
     if args.command == "demo":
-        from watchd.demo import run_demo
+        from watchd.sim.demo import run_demo
 
         if not 1 <= args.nodes <= 1000:
             raise UsageError("--nodes must be between 1 and 1000")
         return asyncio.run(run_demo(args.nodes, sys.stdout))
     if args.command == "sim":
-        from watchd.sim import run_sim
+        from watchd.sim.fleet import run_sim
 
         return run_sim(
             args.fleet,
@@ -202,7 +202,7 @@ async def _node_resume(name: str, path: Path | None) -> int:
     scheduler = scheduler_from_config(config)
     if scheduler is None:
         raise UsageError("no scheduler is enabled in the config (slurm.enabled is false)")
-    from watchd.adapters.base import SchedulerError
+    from watchd.integrations.base import SchedulerError
 
     try:
         result = await scheduler.resume(name)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from watchd.clock import Clock
-from watchd.events import Event, Scalar, stable_id
+from watchd.model.events import Event, Scalar, stable_id
 
 SOURCE = "heartbeat"
 KIND = "heartbeat"

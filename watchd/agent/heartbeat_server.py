@@ -22,8 +22,8 @@ from watchd.agent.heartbeat import Coalescer, ReportError, parse_reports
 from watchd.agent.metrics import AgentMetrics
 from watchd.clock import Clock
 from watchd.config import HeartbeatConfig
-from watchd.events import Event
 from watchd.logs import get_logger
+from watchd.model.events import Event
 
 _log = get_logger("watchd.heartbeat")
 

@@ -17,17 +17,17 @@ from watchd.agent.shipper import Shipper
 from watchd.agent.xid_dedup import XidDeduplicator
 from watchd.clock import SystemClock
 from watchd.config import AgentConfig
-from watchd.events import Event, stable_id
 from watchd.gpu.backend import GpuBackend
 from watchd.gpu.dcgm_backend import DcgmBackend
-from watchd.gpu.fake import FakeGpuBackend
 from watchd.gpu.jobs import JobResolver
 from watchd.gpu.metrics import GpuCollector
 from watchd.gpu.nvml import NvmlBackend
 from watchd.gpu.sampler import GpuSampler
-from watchd.gpu.scenario import load_scenario
 from watchd.httputil import metrics_handler, serve
 from watchd.logs import get_logger
+from watchd.model.events import Event, stable_id
+from watchd.sim.gpu import FakeGpuBackend
+from watchd.sim.scenario import load_scenario
 from watchd.sources.base import FakeLogSource, LogLine, LogSource
 from watchd.sources.filefollow import FileFollowSource
 from watchd.sources.kmsg import KmsgSource

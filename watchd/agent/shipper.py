@@ -16,8 +16,8 @@ from collections.abc import Callable
 import aiohttp
 
 from watchd.agent.metrics import AgentMetrics
-from watchd.events import INGEST_PATH, Event, batch_to_wire, fit_to_wire
 from watchd.logs import get_logger
+from watchd.model.events import INGEST_PATH, Event, batch_to_wire, fit_to_wire
 
 _log = get_logger("watchd.shipper")
 

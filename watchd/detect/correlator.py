@@ -27,8 +27,8 @@ from watchd.detect.straggler import (
     whole_nodes,
     window_clock,
 )
-from watchd.events import Event
 from watchd.jobs.topology import JobTopology, JobView
+from watchd.model.events import Event
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from watchd.events import Event, Scalar, stable_id
+from watchd.model.events import Event, Scalar, stable_id
 
 KINDS = ("nccl_hang", "host_stall", "straggler")
 SOURCE = "detector"

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchd.events import Event
 from watchd.gpu.jobs import parse_job_label
 from watchd.jobs.topology import JobTopology
+from watchd.model.events import Event
 from watchd.xid.pci import normalize_pci
 
 # Conditions that are hardware faults (docs/rules.md, gpu_health); the clock-event ones are attribution for

@@ -14,29 +14,29 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
 
-from watchd.adapters.alertmanager import AlertmanagerNotifier
-from watchd.adapters.base import Scheduler, SchedulerError
-from watchd.adapters.webhook import WebhookSender
+from watchd.actions.audit import MemoryAudit
+from watchd.actions.executor import ActionExecutor, Pools
+from watchd.actions.safety import BreakerLimits
 from watchd.clock import Clock, SystemClock
 from watchd.config import EngineConfig
 from watchd.detect.correlator import Correlator
 from watchd.detect.finding import Finding
-from watchd.engine.audit import MemoryAudit
 from watchd.engine.dedup import SeenIds
-from watchd.engine.executor import ActionExecutor, Pools
 from watchd.engine.metrics import EngineMetrics
-from watchd.engine.safety import BreakerLimits
 from watchd.engine.server import Accepted, make_app
-from watchd.engine.store import Store
 from watchd.errors import ConfigError
-from watchd.events import Event
 from watchd.httputil import serve
+from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier
+from watchd.integrations.base import Scheduler, SchedulerError
+from watchd.integrations.webhook.sender import WebhookSender
 from watchd.jobs.model import JobProvider, JobProviderError, job_providers_of
 from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
+from watchd.model.events import Event
 from watchd.rules import RuleEngine, RuleSet, load_rules
 from watchd.rules.loader import rule_files
 from watchd.rules.persist import StateCopy, state_to_data
+from watchd.store.database import Store
 
 _log = get_logger("watchd.engine")
 _PROCESS_RUN = 500  # events evaluated per wake-up of the processing task, at most
@@ -49,12 +49,12 @@ def scheduler_from_config(config: EngineConfig) -> Scheduler | None:
     if config.slurm.enabled:
         built["slurm"] = _slurm(config)
     if config.kubernetes.enabled:
-        from watchd.adapters.kubernetes import scheduler_from_settings
+        from watchd.integrations.kubernetes.scheduler import scheduler_from_settings
 
         built["kubernetes"] = scheduler_from_settings(config.kubernetes)
     scheduler: Scheduler | None
     if config.schedulers:
-        from watchd.adapters.routing import Route, RoutedScheduler
+        from watchd.integrations.routing.scheduler import Route, RoutedScheduler
 
         routes = [Route(built[r.scheduler], tuple(r.nodes)) for r in config.schedulers]
         scheduler = (
@@ -64,14 +64,14 @@ def scheduler_from_config(config: EngineConfig) -> Scheduler | None:
         scheduler = next(iter(built.values()), None)
     election = config.kubernetes.leader_election
     if scheduler is not None and election.enabled:
-        from watchd.engine.leader import guard_from_settings
+        from watchd.integrations.kubernetes.lease import guard_from_settings
 
         scheduler = guard_from_settings(scheduler, config.kubernetes)
     return scheduler
 
 
 def _slurm(config: EngineConfig) -> Scheduler:
-    from watchd.adapters.slurm import SlurmScheduler
+    from watchd.integrations.slurm.scheduler import SlurmScheduler
 
     env = {"SLURM_CONF": str(config.slurm.slurm_conf)} if config.slurm.slurm_conf else None
     return SlurmScheduler(

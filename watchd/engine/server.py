@@ -15,9 +15,9 @@ from watchd.clock import Clock
 from watchd.detect.finding import KINDS as FINDING_KINDS
 from watchd.engine.dedup import SeenIds
 from watchd.engine.metrics import EngineMetrics
-from watchd.events import INGEST_PATH, Event, WireError, batch_from_wire
 from watchd.httputil import metrics_handler
 from watchd.logs import get_logger
+from watchd.model.events import INGEST_PATH, Event, WireError, batch_from_wire
 
 _log = get_logger("watchd.ingest")
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from watchd.events import Event, Scalar, stable_id
 from watchd.gpu.model import (
     CLOCK_HW_POWER_BRAKE,
     CLOCK_HW_SLOWDOWN,
@@ -39,6 +38,7 @@ from watchd.gpu.model import (
     CLOCK_SW_THERMAL,
     GpuSample,
 )
+from watchd.model.events import Event, Scalar, stable_id
 from watchd.xid.catalog import RECOVERY_ACTIONS
 
 KIND = "gpu_health"

@@ -7,7 +7,6 @@ import asyncio
 from collections.abc import Callable
 
 from watchd.clock import Clock, SystemClock
-from watchd.events import Event, stable_id
 from watchd.gpu.backend import GpuBackend
 from watchd.gpu.health import HealthDeriver
 from watchd.gpu.jobs import JobResolver
@@ -15,6 +14,7 @@ from watchd.gpu.metrics import GpuCollector
 from watchd.gpu.model import BackendUnavailable, GpuIdentity, GpuLostError, GpuSample
 from watchd.gpu.summary import WindowSummarizer
 from watchd.logs import get_logger
+from watchd.model.events import Event, stable_id
 from watchd.xid.catalog import lookup
 
 _log = get_logger("watchd.gpu")

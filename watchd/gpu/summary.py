@@ -21,7 +21,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from watchd.events import Event, Scalar, stable_id
 from watchd.gpu.model import (
     CLOCK_HW_POWER_BRAKE,
     CLOCK_HW_SLOWDOWN,
@@ -30,6 +29,7 @@ from watchd.gpu.model import (
     GpuIdentity,
     GpuSample,
 )
+from watchd.model.events import Event, Scalar, stable_id
 
 KIND = "gpu_summary"
 

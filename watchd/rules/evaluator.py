@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from watchd.events import Event
+from watchd.model.events import Event
 from watchd.rules.codegen import Namespace
 from watchd.rules.index import RuleIndex
 from watchd.rules.match import Source

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from watchd.events import Event
+from watchd.model.events import Event
 from watchd.rules.match import (
     Source,
     index_guarantees,

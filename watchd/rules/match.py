@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from watchd.events import TOP_LEVEL_FIELDS, Event
+from watchd.model.events import TOP_LEVEL_FIELDS, Event
 from watchd.rules.codegen import Namespace
 
 OPERATORS = frozenset({"in", "not_in", "regex", "gt", "ge", "lt", "le", "exists"})

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from watchd.events import TOP_LEVEL_FIELDS, Event, Scalar
+from watchd.model.events import TOP_LEVEL_FIELDS, Event, Scalar
 from watchd.rules.codegen import Namespace
 from watchd.rules.match import Predicate, tuple_getter
 from watchd.rules.model import ActionKind, Mode, RateLimit, RuleSpec

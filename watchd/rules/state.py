@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from watchd.events import Event, Scalar
+from watchd.model.events import Event, Scalar
 from watchd.rules.evaluator import (
     FOR_STALE_S,
     GroupKey,

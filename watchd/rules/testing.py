@@ -37,7 +37,7 @@ from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from watchd.events import Event, Scalar
+from watchd.model.events import Event, Scalar
 from watchd.rules.durations import Duration, parse_duration
 from watchd.rules.loader import Problem, check_rules
 from watchd.rules.model import ActionKind

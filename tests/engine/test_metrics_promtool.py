@@ -1,0 +1,62 @@
+"""Both daemons' /metrics pass `promtool check metrics` (the linter Prometheus users run)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import aiohttp
+import pytest
+
+from tests.agent.test_agent import agent_config, engine_config
+from tests.support import XID79, eventually, real_components_required, scheduler_actions
+from watchd.agent.runner import Agent
+from watchd.engine.runner import Engine
+from watchd.sources.base import FakeLogSource
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        if real_components_required():
+            pytest.fail("promtool is required here (CI) but not installed: apt-get install prometheus")
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    return path
+
+
+async def fetch(port: int) -> str:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        return await r.text()
+
+
+def check(promtool: str, text: str) -> None:
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, f"promtool check metrics:\n{res.stdout}{res.stderr}"
+
+
+async def test_engine_and_agent_metrics_pass_promtool(promtool: str) -> None:
+    async with Engine(engine_config(0), use_config_scheduler=False) as engine:
+        source = FakeLogSource("kmsg")
+        async with Agent(agent_config(engine.port), sources=[source]) as agent:
+            source.inject_log(XID79)
+            await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="decisions")
+            engine_text, agent_text = await fetch(engine.port), await fetch(agent.port)
+    assert "watchd_decision_latency_seconds_bucket" in engine_text
+    assert "watchd_agent_events_shipped_total 1.0" in agent_text
+    check(promtool, engine_text)
+    check(promtool, agent_text)
+
+
+def test_promtool_rejects_bad_metrics(promtool: str) -> None:
+    """The check above can fail: promtool does flag a badly named counter."""
+    bad = "# HELP requests Requests.\n# TYPE requests counter\nrequests 1\n"
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=bad, capture_output=True, text=True, check=False
+    )
+    assert res.returncode != 0

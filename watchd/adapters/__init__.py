@@ -1,1 +1,0 @@
-"""Adapters act on the world: schedulers (Slurm, later Kubernetes), alert receivers."""

@@ -1,0 +1,279 @@
+"""Leader election through a coordination.k8s.io Lease, as client-go's leaderelection does it, and a
+Scheduler wrapper that lets only the leader act.
+
+- Every ``retry_period`` each replica reads the Lease. The holder renews it (``renewTime``); another replica
+  takes it only when the record has not changed for ``lease_duration`` *by its own clock* (the time it
+  observed the change, not the timestamps in the record: clocks of different machines need not agree).
+- Every write is an update carrying the Lease's resourceVersion: of two replicas racing for an expired Lease
+  exactly one wins (the other gets 409 and stays a follower).
+- A leader that could not renew for ``renew_deadline`` steps down before its Lease can expire elsewhere
+  (``renew_deadline < lease_duration``), so two leaders never act at once.
+- On a clean shutdown the leader releases the Lease (empty holder, 1 s duration): the next takes over at once.
+
+Followers keep everything warm (rules, state, scheduler connection, pools); their disruptive calls wait for
+leadership (bounded), so an event that reached a follower during a fail-over is acted on once it leads.
+Actions are idempotent at the cluster (a node the old leader drained answers ``already_drained``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from httpx2 import HTTPStatusError
+from lightkube import AsyncClient
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
+
+from watchd.config import KubernetesConfig
+from watchd.integrations.base import (
+    DrainResult,
+    NodeState,
+    RequeueResult,
+    ResumeResult,
+    Scheduler,
+    SchedulerError,
+)
+from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, status_code
+from watchd.jobs.model import JobProvider, job_providers_of
+from watchd.logs import get_logger
+
+_log = get_logger("watchd.leader")
+
+
+class LeaseElector:
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration_s: float = 15.0,
+        renew_deadline_s: float = 10.0,
+        retry_period_s: float = 2.0,
+        on_change: Callable[[bool], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.lease_duration_s = lease_duration_s
+        self.renew_deadline_s = renew_deadline_s
+        self.retry_period_s = retry_period_s
+        self.on_change = on_change
+        self._monotonic = monotonic
+        self.is_leader = False
+        self.holder: str | None = None
+        self.last_error = ""
+        self._observed: tuple[object, ...] | None = None
+        self._observed_at = 0.0
+        self._renewed_at = 0.0
+        self._leading = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="leader-election")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self.is_leader:
+            await self._release()
+            self._set(False)
+
+    async def wait_leader(self, timeout: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._leading.wait(), timeout)
+        return self.is_leader
+
+    async def _run(self) -> None:
+        while True:
+            ok = await self.try_acquire_or_renew()
+            now = self._monotonic()
+            if ok:
+                self._renewed_at = now
+                self._set(True)
+            elif self.is_leader and now - self._renewed_at >= self.renew_deadline_s:
+                _log.warning("leadership_lost", identity=self.identity, error=self.last_error)
+                self._set(False)
+            elif self.is_leader and self.holder not in (None, self.identity):
+                self._set(False)  # someone else holds it now
+            await asyncio.sleep(self.retry_period_s)
+
+    def _set(self, leading: bool) -> None:
+        if leading == self.is_leader:
+            return
+        self.is_leader = leading
+        if leading:
+            self._leading.set()
+            _log.info("leader_elected", identity=self.identity, lease=f"{self.namespace}/{self.name}")
+        else:
+            self._leading.clear()
+        if self.on_change is not None:
+            self.on_change(leading)
+
+    # ------------------------------------------------------------------------------------------ one round
+    async def try_acquire_or_renew(self) -> bool:
+        """One round: True when this replica holds the Lease afterwards."""
+        now = datetime.now(UTC)
+        try:
+            lease = await self.client.get(Lease, self.name, namespace=self.namespace)
+        except HTTPStatusError as exc:
+            if status_code(exc) != 404:
+                self.last_error = describe_error(f"GET leases/{self.name}", exc)
+                return False
+            return await self._create(now)
+        except API_ERRORS as exc:
+            self.last_error = describe_error(f"GET leases/{self.name}", exc)
+            return False
+        spec = lease.spec or LeaseSpec()
+        record = (spec.holderIdentity, spec.renewTime, spec.leaseTransitions, spec.leaseDurationSeconds)
+        mono = self._monotonic()
+        if record != self._observed:
+            self._observed, self._observed_at = record, mono
+        self.holder = spec.holderIdentity or None
+        duration = spec.leaseDurationSeconds or self.lease_duration_s
+        if self.holder not in (None, self.identity) and self._observed_at + duration > mono:
+            return False  # held, and not expired by our own clock
+        mine = self.holder == self.identity
+        lease.spec = LeaseSpec(
+            holderIdentity=self.identity,
+            leaseDurationSeconds=math.ceil(self.lease_duration_s),
+            acquireTime=spec.acquireTime if mine else now,
+            renewTime=now,
+            leaseTransitions=(spec.leaseTransitions or 0) + (0 if mine else 1),
+        )
+        try:
+            updated = await self.client.replace(lease)
+        except API_ERRORS as exc:
+            self.last_error = describe_error(f"PUT leases/{self.name}", exc)
+            return False  # 409: another replica wrote it first
+        self._note(updated)
+        if not mine:
+            _log.info("lease_acquired", identity=self.identity, previous=self.holder)
+        self.holder = self.identity
+        return True
+
+    async def _create(self, now: datetime) -> bool:
+        lease = Lease(
+            metadata=ObjectMeta(name=self.name, namespace=self.namespace),
+            spec=LeaseSpec(
+                holderIdentity=self.identity,
+                leaseDurationSeconds=math.ceil(self.lease_duration_s),
+                acquireTime=now,
+                renewTime=now,
+                leaseTransitions=0,
+            ),
+        )
+        try:
+            created = await self.client.create(lease)
+        except API_ERRORS as exc:
+            self.last_error = describe_error(f"POST leases/{self.name}", exc)
+            return False  # 409 AlreadyExists: another replica created it first
+        self._note(created)
+        self.holder = self.identity
+        return True
+
+    def _note(self, lease: Lease) -> None:
+        spec = lease.spec or LeaseSpec()
+        self._observed = (
+            spec.holderIdentity,
+            spec.renewTime,
+            spec.leaseTransitions,
+            spec.leaseDurationSeconds,
+        )
+        self._observed_at = self._monotonic()
+
+    async def _release(self) -> None:
+        try:
+            lease = await self.client.get(Lease, self.name, namespace=self.namespace)
+            spec = lease.spec or LeaseSpec()
+            if spec.holderIdentity != self.identity:
+                return
+            lease.spec = LeaseSpec(
+                holderIdentity="",
+                leaseDurationSeconds=1,
+                acquireTime=spec.acquireTime,
+                renewTime=datetime.now(UTC),
+                leaseTransitions=spec.leaseTransitions,
+            )
+            await self.client.replace(lease)
+            _log.info("lease_released", identity=self.identity)
+        except API_ERRORS as exc:
+            _log.warning("lease_release_failed", error=describe_error(f"PUT leases/{self.name}", exc))
+
+
+class LeaderGuard:
+    """A Scheduler that acts only while ``elector`` leads. Reads (states, pools) go through at once; drains,
+    requeues and resumes wait up to ``takeover_wait_s`` for leadership, then fail with ``not the leader``."""
+
+    def __init__(self, inner: Scheduler, elector: LeaseElector, takeover_wait_s: float) -> None:
+        self.inner = inner
+        self.elector = elector
+        self.takeover_wait_s = takeover_wait_s
+        self.name = inner.name
+
+    async def start(self) -> None:
+        self.elector.start()
+
+    def job_providers(self) -> list[JobProvider]:
+        return job_providers_of(self.inner)  # listing jobs is a read: followers keep their topology warm
+
+    async def aclose(self) -> None:
+        await self.elector.stop()
+        aclose = getattr(self.inner, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    async def _lead(self, what: str) -> None:
+        if not await self.elector.wait_leader(self.takeover_wait_s):
+            holder = self.elector.holder or "nobody"
+            raise SchedulerError(f"{what}: not the leader (the lease is held by {holder}); nothing done")
+
+    async def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+        return await self.inner.node_states(nodes)
+
+    async def pools(self) -> dict[str, list[str]]:
+        return await self.inner.pools()
+
+    async def drain(
+        self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
+    ) -> dict[str, DrainResult]:
+        await self._lead("drain")
+        # states read while following may be stale by the time leadership came: read them again
+        return await self.inner.drain(reasons, None)
+
+    async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
+        await self._lead(f"requeue on {node}")
+        return await self.inner.requeue_jobs_on(node, job)
+
+    async def resume(self, node: str) -> ResumeResult:
+        await self._lead(f"resume {node}")
+        return await self.inner.resume(node)
+
+
+def guard_from_settings(inner: Scheduler, cfg: KubernetesConfig) -> LeaderGuard:
+    from watchd.integrations.kubernetes.client import make_client
+
+    le = cfg.leader_election
+    client = make_client(cfg.kubeconfig, cfg.context, in_cluster=cfg.in_cluster, timeout_s=cfg.timeout_s)
+    elector = LeaseElector(
+        client,
+        namespace=le.namespace,
+        name=le.lease_name,
+        identity=le.identity,
+        lease_duration_s=le.lease_duration_s,
+        renew_deadline_s=le.renew_deadline_s,
+        retry_period_s=le.retry_period_s,
+    )
+    return LeaderGuard(inner, elector, takeover_wait_s=2 * le.lease_duration_s + 2 * le.retry_period_s)

@@ -1,0 +1,187 @@
+"""A node may belong to Slurm, to Kubernetes or to both (the same hardware shared): a Scheduler that routes
+each node to the schedulers whose node-name patterns match it, and merges their answers.
+
+Merging keeps the shared safety decisions whole: a node drained (or down) by someone else in *any* of its
+schedulers reads as drained by someone else, so it is never touched anywhere; a node that is drained by
+watchd in one scheduler and not yet in the other reads as not drained, so the drain goes on where it is
+missing (the scheduler that has it answers ``already_drained``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from watchd.integrations.base import (
+    WATCHD_REASON_PREFIX,
+    DrainResult,
+    NodeState,
+    RequeueResult,
+    ResumeResult,
+    Scheduler,
+    SchedulerError,
+    drained_by_watchd,
+    plan_drain,
+)
+from watchd.jobs.model import JobProvider, job_providers_of
+
+_DRAIN_ORDER = ("failed", "held", "drained", "already_drained", "skipped")
+
+
+@dataclass(frozen=True)
+class Route:
+    scheduler: Scheduler
+    nodes: tuple[str, ...]  # shell-style patterns (fnmatch): "gpu-*", "dgx-[0-9]*"
+
+    def matches(self, node: str) -> bool:
+        return any(fnmatch.fnmatchcase(node, p) for p in self.nodes)
+
+
+class RoutedScheduler:
+    name = "routed"
+
+    def __init__(self, routes: Sequence[Route], reason_prefix: str = WATCHD_REASON_PREFIX) -> None:
+        if not routes:
+            raise ValueError("no routes")
+        self.routes = list(routes)
+        self.reason_prefix = reason_prefix
+        self.name = "+".join(r.scheduler.name for r in self.routes)
+        self._last: dict[str, dict[str, NodeState]] = {}  # per scheduler: the states it last reported
+
+    def routes_of(self, node: str) -> list[Route]:
+        return [r for r in self.routes if r.matches(node)]
+
+    def _split(self, nodes: Sequence[str]) -> list[tuple[Route, list[str]]]:
+        return [(r, [n for n in nodes if r.matches(n)]) for r in self.routes]
+
+    def job_providers(self) -> list[JobProvider]:
+        return [p for r in self.routes for p in job_providers_of(r.scheduler)]
+
+    async def aclose(self) -> None:
+        for r in self.routes:
+            aclose = getattr(r.scheduler, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+        parts = [(r, names) for r, names in self._split(list(dict.fromkeys(nodes))) if names]
+        answers = await asyncio.gather(*(r.scheduler.node_states(names) for r, names in parts))
+        per_node: dict[str, list[NodeState]] = {}
+        for (r, _), states in zip(parts, answers, strict=True):
+            self._last.setdefault(r.scheduler.name, {}).update(states)
+            for n, st in states.items():
+                per_node.setdefault(n, []).append(st)
+        return {n: self._merge(sts) for n, sts in per_node.items()}
+
+    def _merge(self, states: list[NodeState]) -> NodeState:
+        for st in states:
+            if (st.drained or st.down) and not drained_by_watchd(st, self.reason_prefix):
+                return st  # someone else's: never touched, in any scheduler
+        for st in states:
+            if not st.drained:
+                return st  # still to drain somewhere
+        return states[0]
+
+    async def pools(self) -> dict[str, list[str]]:
+        answers = await asyncio.gather(*(r.scheduler.pools() for r in self.routes))
+        out: dict[str, list[str]] = {}
+        for r, pools in zip(self.routes, answers, strict=True):
+            for pool, members in pools.items():
+                mine = [n for n in members if r.matches(n)]
+                if mine:
+                    out[f"{r.scheduler.name}:{pool}"] = mine
+        return out
+
+    async def drain(
+        self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
+    ) -> dict[str, DrainResult]:
+        if states is None:
+            states = await self.node_states(list(reasons))
+        # the shared decision on the merged states first: someone else's node is touched nowhere
+        settled, groups = plan_drain(reasons, states, self.reason_prefix)
+        todo = [n for names in groups.values() for n in names]
+        parts = [(r, names) for r, names in self._split(todo) if names]
+
+        async def one(r: Route, names: list[str]) -> dict[str, DrainResult]:
+            last = self._last.get(r.scheduler.name, {})
+            known = {n: last[n] for n in names if n in last}
+            try:
+                return await r.scheduler.drain(
+                    {n: reasons[n] for n in names}, known if len(known) == len(names) else None
+                )
+            except SchedulerError as exc:
+                return {n: DrainResult(n, "failed", str(exc)) for n in names}
+
+        answers = await asyncio.gather(*(one(r, names) for r, names in parts))
+        merged: dict[str, list[tuple[str, DrainResult]]] = {}
+        for (r, _), results in zip(parts, answers, strict=True):
+            for n, res in results.items():
+                merged.setdefault(n, []).append((r.scheduler.name, res))
+        out: dict[str, DrainResult] = {}
+        for n in reasons:
+            if n in settled:
+                out[n] = settled[n]
+                continue
+            got = merged.get(n)
+            if not got:
+                out[n] = DrainResult(n, "failed", "no scheduler is configured for this node")
+                continue
+            outcome = min((res.outcome for _, res in got), key=_DRAIN_ORDER.index)
+            detail = (
+                got[0][1].detail
+                if len(got) == 1
+                else "; ".join(f"{s}: {res.outcome} {res.detail}".rstrip() for s, res in got)
+            )
+            out[n] = DrainResult(n, outcome, detail)
+        return out
+
+    async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
+        routes = self.routes_of(node)
+        if not routes:
+            raise SchedulerError(f"no scheduler is configured for node {node}")
+        answers = await asyncio.gather(
+            *(r.scheduler.requeue_jobs_on(node, job) for r in routes), return_exceptions=True
+        )
+        requeued: list[str] = []
+        not_requeueable: list[str] = []
+        failed: dict[str, str] = {}
+        for r, ans in zip(routes, answers, strict=True):
+            if isinstance(ans, SchedulerError):
+                failed[f"{r.scheduler.name}:*"] = str(ans)
+            elif isinstance(ans, BaseException):
+                raise ans
+            else:
+                requeued.extend(ans.requeued)
+                not_requeueable.extend(ans.not_requeueable)
+                failed.update(ans.failed)
+        return RequeueResult(node, tuple(requeued), tuple(not_requeueable), failed)
+
+    async def resume(self, node: str) -> ResumeResult:
+        routes = self.routes_of(node)
+        if not routes:
+            return ResumeResult(node, "failed", "no scheduler is configured for this node")
+        answers = await asyncio.gather(*(r.scheduler.resume(node) for r in routes), return_exceptions=True)
+        results: list[tuple[str, ResumeResult]] = []
+        for r, ans in zip(routes, answers, strict=True):
+            if isinstance(ans, SchedulerError):
+                results.append((r.scheduler.name, ResumeResult(node, "failed", str(ans))))
+            elif isinstance(ans, BaseException):
+                raise ans
+            else:
+                results.append((r.scheduler.name, ans))
+        if len(results) == 1:
+            return results[0][1]
+        outcomes = {res.outcome for _, res in results}
+        outcome = (
+            "failed"
+            if "failed" in outcomes
+            else "resumed"
+            if "resumed" in outcomes
+            else "refused"
+            if "refused" in outcomes
+            else "not_drained"
+        )
+        detail = "; ".join(f"{s}: {res.outcome} {res.detail}".rstrip() for s, res in results)
+        return ResumeResult(node, outcome, detail)  # type: ignore[arg-type]
