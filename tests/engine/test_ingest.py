@@ -259,7 +259,7 @@ async def test_status_lists_nodes_recent_actions_and_prints_them(engine: Engine)
     import io
     import time
 
-    from watchd.control import run_status
+    from watchd.operator_cli import run_status
     from watchd.model.events import Event
 
     now = time.time()
