@@ -4,6 +4,7 @@ the leadership it owns, its periodic jobs on APScheduler, and its status read mo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from pathlib import Path
 
@@ -50,7 +51,7 @@ async def test_a_failed_start_raises_and_undoes_what_it_did(tmp_path: Path) -> N
         await engine.start()
     await engine.cleanup()  # nothing left to undo: a no-op
     engine = Engine(config(tmp_path, auth={"token_file": str(tmp_path / "missing-token")}))
-    with pytest.raises(ConfigError, match="auth.token_file"):
+    with pytest.raises(ConfigError, match=r"auth\.token_file"):
         async with engine:
             raise AssertionError("not reached")
 
@@ -189,5 +190,5 @@ async def test_rule_state_snapshots_stretch_to_ten_times_a_slow_save(tmp_path: P
         engine.store.save_rule_state = slow_save  # type: ignore[method-assign]
         engine._rule_state_saved = True  # a saved state must be replaced even when empty: every run saves
         await asyncio.sleep(1.3)
-    gaps = [b - a for a, b in zip(saves, saves[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(saves)]
     assert saves and all(g >= 0.45 for g in gaps), gaps  # ~10 x 0.05 s between saves, not 0.05 s
