@@ -24,23 +24,24 @@ def write(tmp_path: Path, data: object) -> Path:
 
 
 def test_every_entry_has_a_config_section_and_a_builder() -> None:
-    assert set(SCHEDULERS) == set(scheduler_names()) == {"slurm", "kubernetes", "fake"}
+    assert set(SCHEDULERS) == set(scheduler_names()) >= {"slurm", "kubernetes", "fake"}
     for name in SCHEDULERS:
         assert callable(builder(name))
         assert isinstance(getattr(EngineConfig(), name), SchedulerSettings)
 
 
 def test_an_unknown_scheduler_is_a_config_error(tmp_path: Path) -> None:
-    path = write(tmp_path, {"schedulers": [{"scheduler": "slurm"}, {"scheduler": "lsf", "nodes": ["x-*"]}]})
+    routes = [{"scheduler": "slurm"}, {"scheduler": "nosuch", "nodes": ["x-*"]}]
+    path = write(tmp_path, {"schedulers": routes})
     with pytest.raises(ConfigError) as info:
         load_config(EngineConfig, path)
-    assert str(info.value) == (
-        f"{path}: schedulers.1.scheduler: unknown scheduler 'lsf' (known: fake, kubernetes, slurm)"
-    )
-    with pytest.raises(ConfigError, match=r"unknown scheduler 'lsf' \(known: fake, kubernetes, slurm\)"):
-        builder("lsf")
-    with pytest.raises(ConfigError, match=r"lsf: unknown key"):  # a section for it does not exist either
-        load_config(EngineConfig, write(tmp_path, {"lsf": {"enabled": True}}))
+    known = ", ".join(sorted(SCHEDULERS))
+    assert known.startswith("fake, kubernetes, ")
+    assert str(info.value) == f"{path}: schedulers.1.scheduler: unknown scheduler 'nosuch' (known: {known})"
+    with pytest.raises(ConfigError, match=rf"unknown scheduler 'nosuch' \(known: {known}\)"):
+        builder("nosuch")
+    with pytest.raises(ConfigError, match=r"nosuch: unknown key"):  # a section for it does not exist either
+        load_config(EngineConfig, write(tmp_path, {"nosuch": {"enabled": True}}))
 
 
 def test_slurm_by_default_and_nothing_when_none_is_enabled(tmp_path: Path) -> None:
