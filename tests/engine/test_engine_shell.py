@@ -13,12 +13,12 @@ import yaml
 
 from tests.harness.kube_api import KubeApiServer
 from watchd.config import EngineConfig, ReloadConfig, StateConfig
-from watchd.engine.periodic import Periodic
 from watchd.engine.runner import Engine
 from watchd.errors import ConfigError
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.integrations.kubernetes.lease import LeaderGuard, LeaseElector
 from watchd.integrations.leadership import AlwaysLeader
+from watchd.periodic import Periodic
 
 
 def config(tmp_path: Path, **more: object) -> EngineConfig:

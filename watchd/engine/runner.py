@@ -23,7 +23,6 @@ from watchd.detect.correlator import Correlator
 from watchd.detect.finding import Finding
 from watchd.engine.dedup import SeenIds
 from watchd.engine.metrics import EngineMetrics
-from watchd.engine.periodic import Periodic
 from watchd.engine.server import Accepted, make_app
 from watchd.engine.status import EngineStatus
 from watchd.errors import ConfigError
@@ -37,6 +36,7 @@ from watchd.jobs.model import JobProvider, JobProviderError, job_providers_of
 from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.model.events import Event
+from watchd.periodic import Periodic
 from watchd.rules import RuleEngine, RuleSet, load_rules
 from watchd.rules.loader import rule_files
 from watchd.rules.persist import StateCopy, state_to_data
@@ -301,6 +301,7 @@ class Engine:
                 clock=self.clock,
                 resend_interval=config.alertmanager.resend_interval_s,
                 timeout=config.alertmanager.timeout_s,
+                periodic=self.periodic,
             )
             if config.alertmanager.urls
             else None

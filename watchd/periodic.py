@@ -1,7 +1,8 @@
-"""The engine's periodic work on APScheduler: each job runs every ``seconds`` (the first run one interval
-after start), never two runs of one job at once (``max_instances=1``), late runs coalesced into one and
-never dropped for being late (``misfire_grace_time=None``). A job that raises is logged and runs again at its
-next time. Stopping cancels the runs in progress and waits for them, bounded."""
+"""Periodic work on APScheduler (the engine's loops, the Alertmanager re-send): each job runs every
+``seconds`` (the first run one interval after start), never two runs of one job at once
+(``max_instances=1``), late runs coalesced into one and never dropped for being late
+(``misfire_grace_time=None``). A job that raises is logged and runs again at its next time. Stopping cancels
+the runs in progress and waits for them, bounded."""
 
 from __future__ import annotations
 
