@@ -134,7 +134,6 @@ async def test_the_engine_owns_the_elected_leadership(tmp_path: Path) -> None:
         # the clean stop handed the Lease over
         assert api.state.leases[("watchd", "watchd-engine")]["spec"]["holderIdentity"] == ""
         assert not elector.is_leader
-        await elector.client.close()
 
 
 # ------------------------------------------------------------------------------------------ periodic jobs

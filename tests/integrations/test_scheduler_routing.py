@@ -146,4 +146,4 @@ async def test_scheduler_from_config(tmp_path: Path) -> None:
         assert [type(p) for p in job_providers_of(guard)] == [SlurmScheduler, KubernetesJobProvider]
         assert job_providers_of(FakeScheduler()) == [] and job_providers_of(None) == []
         await guard.aclose()
-        await elector.client.close()
+        await elector.stop()  # never started: it only closes the client it owns

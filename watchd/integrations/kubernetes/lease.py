@@ -60,11 +60,13 @@ class LeaseElector:
         renew_deadline_s: float = 10.0,
         retry_period_s: float = 2.0,
         takeover_wait_s: float | None = None,
+        owns_client: bool = False,
         on_change: Callable[[bool], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """``takeover_wait_s``: how long a side effect waits for leadership (default: two lease durations and
-        two retry periods, time for a crashed leader's Lease to expire and be taken)."""
+        two retry periods, time for a crashed leader's Lease to expire and be taken). ``owns_client``: close
+        ``client`` at :meth:`stop` (an elector built from the config has a client of its own)."""
         self.client = client
         self.namespace, self.name, self.identity = namespace, name, identity
         self.lease_duration_s = lease_duration_s
@@ -74,6 +76,7 @@ class LeaseElector:
             takeover_wait_s if takeover_wait_s is not None else 2 * lease_duration_s + 2 * retry_period_s
         )
         self.on_change = on_change
+        self._owns_client = owns_client
         self._monotonic = monotonic
         self.is_leader = False
         self.holder: str | None = None
@@ -98,6 +101,9 @@ class LeaseElector:
         if self.is_leader:
             await self._release()
             self._set(False)
+        if self._owns_client:
+            self._owns_client = False
+            await self.client.close()
 
     async def wait_leader(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):
@@ -283,4 +289,5 @@ def elector_from_settings(cfg: KubernetesConfig) -> LeaseElector:
         lease_duration_s=le.lease_duration_s,
         renew_deadline_s=le.renew_deadline_s,
         retry_period_s=le.retry_period_s,
+        owns_client=True,
     )
