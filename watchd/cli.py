@@ -11,9 +11,9 @@ from pathlib import Path
 
 from watchd import __version__
 from watchd.config import AgentConfig, EngineConfig, load_config
-from watchd.control import DEFAULT_URL
 from watchd.errors import UsageError
 from watchd.logs import configure_logging
+from watchd.operator_cli import DEFAULT_URL
 from watchd.systemd import notify, watchdog_pinger
 
 
@@ -47,11 +47,16 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning")
     sm.add_argument("--check", action="store_true", help="validate the fleet file, then exit")
 
-    n = sub.add_parser("node", help="act on one node through the scheduler")
+    n = sub.add_parser("node", help="act on one node through the running engine (audited)")
     nsub = n.add_subparsers(dest="node_command", metavar="ACTION", required=True)
     r = nsub.add_parser("resume", help="return a node watchd drained to service (never an admin's drain)")
     r.add_argument("name")
-    r.add_argument("-c", "--config", type=Path, help="engine YAML config (for the Slurm settings)")
+    r.add_argument("--url", help=f"the engine (default: from --config, else {DEFAULT_URL})")
+    r.add_argument(
+        "--token-file", type=Path, help="the engine's token (default: from --config, $WATCHD_TOKEN)"
+    )
+    r.add_argument("--by", help="who decides (default: your user name), recorded in the audit")
+    r.add_argument("-c", "--config", type=Path, help="engine YAML config: the engine's address and token")
 
     rl = sub.add_parser("rules", help="check, test and describe rule files")
     rsub = rl.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
@@ -119,7 +124,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             sys.stdout,
         )
     if args.command == "node":
-        return asyncio.run(_node_resume(args.name, args.config))
+        from watchd.operator_cli import run_resume
+
+        return run_resume(args.name, args.url, args.token_file, args.by, args.config, sys.stdout)
     if args.command == "rules":
         from watchd.rules import commands
 
@@ -129,11 +136,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             return commands.run_test(args.files, sys.stdout)
         return commands.run_schema(sys.stdout)
     if args.command == "status":
-        from watchd.control import run_status
+        from watchd.operator_cli import run_status
 
         return run_status(args.url, args.json, sys.stdout)
     if args.command == "actions":
-        from watchd.control import run_actions
+        from watchd.operator_cli import run_actions
 
         return run_actions(args.verb, args.ids, args.url, args.token_file, args.by, sys.stdout)
     raise AssertionError(args.command)
@@ -150,10 +157,10 @@ def _run_engine(path: Path | None, check: bool) -> int:
         print(f"ok: mode {config.mode}, {len(rules.rules)} rules ({', '.join(rules.names)})")
         return 0
     configure_logging(config.log.level, config.log.format)
-    engine = Engine(config)  # loads the rules, the token and the state: errors surface before serving
+    engine = Engine(config)
 
     async def run() -> None:
-        async with engine:
+        async with engine:  # loads the rules, the token and the state: errors surface before READY=1
             await _serve_until_signalled(reload=engine.reload_rules)
 
     asyncio.run(run())
@@ -193,20 +200,3 @@ async def _serve_until_signalled(reload: Callable[[], object] | None = None) -> 
     finally:
         notify("STOPPING=1")
         pinger.cancel()
-
-
-async def _node_resume(name: str, path: Path | None) -> int:
-    from watchd.engine.runner import scheduler_from_config
-
-    config = load_config(EngineConfig, path)
-    scheduler = scheduler_from_config(config)
-    if scheduler is None:
-        raise UsageError("no scheduler is enabled in the config (slurm.enabled is false)")
-    from watchd.integrations.base import SchedulerError
-
-    try:
-        result = await scheduler.resume(name)
-    except SchedulerError as exc:
-        raise UsageError(str(exc)) from None
-    print(f"{name}: {result.outcome}" + (f" ({result.detail})" if result.detail else ""))
-    return 0 if result.outcome in ("resumed", "not_drained") else 1

@@ -13,17 +13,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from watchd.detect.params import DetectorsConfig
 from watchd.errors import ConfigError
+from watchd.strict import Strict as _Strict
 
 Seconds = Annotated[float, Field(gt=0)]
 Port = Annotated[int, Field(ge=0, le=65535)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class TokenSource(_Strict):
@@ -83,7 +80,14 @@ class IngestConfig(_Strict):
     ack_timeout_s: Seconds = 5.0  # a reply waits at most this long for its batch to be evaluated
 
 
-class SlurmConfig(_Strict):
+class SchedulerSettings(_Strict):
+    """The config section of one scheduler integration: an ``EngineConfig`` field of this type, named as the
+    scheduler is in :data:`watchd.integrations.registry.SCHEDULERS` and in ``schedulers[].scheduler``."""
+
+    enabled: bool = False
+
+
+class SlurmConfig(SchedulerSettings):
     enabled: bool = True
     scontrol: str = "scontrol"
     squeue: str = "squeue"
@@ -119,8 +123,7 @@ class LeaderElectionConfig(_Strict):
         return self
 
 
-class KubernetesConfig(_Strict):
-    enabled: bool = False
+class KubernetesConfig(SchedulerSettings):
     kubeconfig: Path | None = None  # None: the pod's service account in a cluster, else $KUBECONFIG
     context: str | None = None
     in_cluster: bool | None = None  # None: detect (KUBERNETES_SERVICE_HOST set and no kubeconfig)
@@ -137,10 +140,18 @@ class KubernetesConfig(_Strict):
     leader_election: LeaderElectionConfig = LeaderElectionConfig()
 
 
+class FakeSchedulerConfig(SchedulerSettings):
+    """The in-memory scheduler (demos, trying rules against named nodes): it drains and resumes in memory
+    only, with Slurm's semantics, and touches nothing."""
+
+    nodes: list[str] = Field(default_factory=list)
+    partitions: dict[str, list[str]] = Field(default_factory=dict)  # empty: one pool "all" of every node
+
+
 class SchedulerRoute(_Strict):
     """Which nodes one scheduler acts on (shell patterns on the node name); a node may match several."""
 
-    scheduler: Literal["slurm", "kubernetes"]
+    scheduler: str  # a scheduler section of the engine config: slurm, kubernetes, fake
     nodes: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
 
 
@@ -191,6 +202,7 @@ class EngineConfig(_Strict):
     ingest: IngestConfig = IngestConfig()
     slurm: SlurmConfig = SlurmConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
+    fake: FakeSchedulerConfig = FakeSchedulerConfig()
     schedulers: list[SchedulerRoute] = Field(default_factory=list)
     actions: ActionsConfig = ActionsConfig()
     safety: SafetyConfig = SafetyConfig()
@@ -200,20 +212,41 @@ class EngineConfig(_Strict):
     detectors: DetectorsConfig = DetectorsConfig()
     log: LogConfig = LogConfig()
 
+    def scheduler_settings(self) -> dict[str, SchedulerSettings]:
+        """Every scheduler section, by scheduler name (the field's name), enabled or not."""
+        return {name: getattr(self, name) for name in scheduler_names()}
+
     @model_validator(mode="after")
     def _routes_name_enabled_schedulers(self) -> EngineConfig:
-        enabled = {"slurm": self.slurm.enabled, "kubernetes": self.kubernetes.enabled}
+        sections = self.scheduler_settings()
         for i, route in enumerate(self.schedulers):
-            if not enabled[route.scheduler]:
+            if route.scheduler not in sections:
+                raise ValueError(
+                    f"schedulers.{i}.scheduler: unknown scheduler {route.scheduler!r} "
+                    f"(known: {', '.join(sorted(sections))})"
+                )
+            if not sections[route.scheduler].enabled:
                 raise ValueError(
                     f"schedulers.{i}: {route.scheduler} is not enabled ({route.scheduler}.enabled)"
                 )
-        if all(enabled.values()) and not self.schedulers:
+        enabled = [name for name, section in sections.items() if section.enabled]
+        if len(enabled) > 1 and not self.schedulers:
+            names = f"{', '.join(enabled[:-1])} and {enabled[-1]}"
+            example = ", ".join(f"{{scheduler: {name}}}" for name in enabled)
             raise ValueError(
-                "slurm and kubernetes are both enabled: say which nodes each acts on in schedulers: "
-                "(both on every node: [{scheduler: slurm}, {scheduler: kubernetes}])"
+                f"{names} are {'both ' if len(enabled) == 2 else ''}enabled: say which nodes each acts on in "
+                f"schedulers: ({'both' if len(enabled) == 2 else 'all'} on every node: [{example}])"
             )
         return self
+
+
+def scheduler_names() -> tuple[str, ...]:
+    """The engine config's scheduler sections: its fields whose type is a :class:`SchedulerSettings`."""
+    return tuple(
+        name
+        for name, field in EngineConfig.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, SchedulerSettings)
+    )
 
 
 # ----------------------------------------------------------------------------------------------- agent

@@ -1,4 +1,6 @@
-"""Small aiohttp helpers shared by both daemons: /metrics and a runner as an async context manager."""
+"""Small aiohttp helpers shared by both daemons: /metrics (prometheus_client's own aiohttp handler, which
+negotiates the text or OpenMetrics format and compression) and a runner as an async context manager that
+reports the port it bound."""
 
 from __future__ import annotations
 
@@ -6,15 +8,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 
-def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def handle(_: web.Request) -> web.Response:
-        body = generate_latest(registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    return handle
+def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    return make_aiohttp_handler(registry)
 
 
 @asynccontextmanager

@@ -102,14 +102,25 @@ def test_xid79_drains_the_node_and_requeues_its_job(clean: SlurmCluster, tmp_pat
         assert 'watchd_actions_total{action="requeue",mode="enforce",outcome="requeued"} 1.0' in metrics
         assert 'watchd_rule_matches_total{rule="xid-fatal-hardware"} 2.0' in metrics
 
-        # An operator returns the node to service; watchd refuses to resume the admin's drain.
+        # An operator returns the node to service through the engine; watchd refuses to resume the admin's
+        # drain. Both are in the engine's audit, with who asked.
         resume = [*watchd_command(), "node", "resume", "--config", str(scene.engine.config_path)]
-        admin = subprocess.run([*resume, "gpu-4"], capture_output=True, text=True, check=False)
+        admin = subprocess.run(
+            [*resume, "gpu-4", "--by", "alice"], capture_output=True, text=True, check=False
+        )
         assert admin.returncode == 1 and "refused" in admin.stdout
         assert cluster.reason("gpu-4") == "maintenance: replacing fan"
-        ours = subprocess.run([*resume, "gpu-2"], capture_output=True, text=True, check=False)
+        ours = subprocess.run(
+            [*resume, "gpu-2", "--by", "alice"], capture_output=True, text=True, check=False
+        )
         assert ours.returncode == 0 and "resumed" in ours.stdout, ours.stdout + ours.stderr
         assert "DRAIN" not in cluster.node_state("gpu-2")
+        audited = [
+            (a["node"], a["rule"], a["outcome"], a["detail"].startswith("by alice"))
+            for a in scene.engine.get_json("/api/v1/actions")["actions"]
+            if a["action"] == "resume"
+        ]
+        assert audited == [("gpu-4", "operator", "refused", True), ("gpu-2", "operator", "resumed", True)]
     finally:
         scene.stop()
 

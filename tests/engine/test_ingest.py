@@ -259,8 +259,8 @@ async def test_status_lists_nodes_recent_actions_and_prints_them(engine: Engine)
     import io
     import time
 
-    from watchd.control import run_status
     from watchd.model.events import Event
+    from watchd.operator_cli import run_status
 
     now = time.time()
     summary = Event(

@@ -109,7 +109,7 @@ async def test_guard_acts_only_while_leading(api: KubeApiServer, tmp_path: Path)
     a.start()
     assert await a.wait_leader(3)
     guard = LeaderGuard(fake, b, takeover_wait_s=0.5)
-    await guard.start()
+    b.start()  # the guard does not campaign: its owner (the engine) starts and stops the elector
     with pytest.raises(SchedulerError, match=r"not the leader .*held by a"):
         await guard.drain({"gpu-1": "Xid 79"})
     assert fake.calls_of("drain") == []
@@ -118,6 +118,7 @@ async def test_guard_acts_only_while_leading(api: KubeApiServer, tmp_path: Path)
     guard.takeover_wait_s = 5
     assert (await guard.drain({"gpu-1": "Xid 79"}))["gpu-1"].outcome == "drained"
     await guard.aclose()
+    await b.stop()
     await a.client.close()
 
 

@@ -9,12 +9,12 @@ import yaml
 
 from tests.harness.kube_api import KubeApiServer
 from watchd.config import EngineConfig, load_config
-from watchd.engine.runner import scheduler_from_config
 from watchd.errors import ConfigError
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.integrations.kubernetes.jobs import KubernetesJobProvider
-from watchd.integrations.kubernetes.lease import LeaderGuard
+from watchd.integrations.kubernetes.lease import LeaderGuard, LeaseElector
 from watchd.integrations.kubernetes.scheduler import KubernetesScheduler
+from watchd.integrations.registry import build_leadership, build_scheduler, guarded
 from watchd.integrations.routing.scheduler import Route, RoutedScheduler
 from watchd.integrations.slurm.scheduler import SlurmScheduler
 from watchd.jobs.model import job_providers_of
@@ -113,7 +113,8 @@ async def test_scheduler_from_config(tmp_path: Path) -> None:
                 {"slurm": {"enabled": False}, "kubernetes": {"enabled": True, "kubeconfig": str(kc)}},
             ),
         )
-        sched = scheduler_from_config(k8s_only)
+        assert build_leadership(k8s_only) is None
+        sched = build_scheduler(k8s_only)
         assert isinstance(sched, KubernetesScheduler)
         assert [type(p) for p in job_providers_of(sched)] == [KubernetesJobProvider]
         await sched.aclose()
@@ -134,11 +135,15 @@ async def test_scheduler_from_config(tmp_path: Path) -> None:
                 },
             ),
         )
-        guard = scheduler_from_config(both)
+        elector = build_leadership(both)
+        assert isinstance(elector, LeaseElector) and elector.identity == "engine-a"
+        assert elector.takeover_wait_s == 2 * 15.0 + 2 * 2.0  # two lease durations and two retry periods
+        guard = guarded(build_scheduler(both), elector)
         assert isinstance(guard, LeaderGuard) and isinstance(guard.inner, RoutedScheduler)
         assert [type(r.scheduler) for r in guard.inner.routes] == [SlurmScheduler, KubernetesScheduler]
-        assert guard.elector.identity == "engine-a"
+        assert guard.elector is elector and guard.takeover_wait_s == elector.takeover_wait_s
         # the detectors' job lists are found behind the leader guard and the routes, one per scheduler
         assert [type(p) for p in job_providers_of(guard)] == [SlurmScheduler, KubernetesJobProvider]
         assert job_providers_of(FakeScheduler()) == [] and job_providers_of(None) == []
         await guard.aclose()
+        await elector.stop()  # never started: it only closes the client it owns

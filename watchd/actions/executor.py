@@ -639,6 +639,29 @@ class ActionExecutor:
         self._resolved(held, result.outcome, f"released by {by}: {result.detail}")
         return result
 
+    async def operator_resume(self, node: str, by: str) -> Outcome:
+        """An operator returns ``node`` to service (``watchd node resume``): carried out now, whatever the
+        engine's mode (a person decided it), recorded as an intent and audited as rule ``operator``. The
+        scheduler refuses a node watchd did not drain. Not de-duplicated by an earlier resume's cooldown (only
+        by one in flight): the operator may resume again a node watchd drained again since."""
+        action = PlannedAction(kind="resume", node=node, params={})
+        self.store.clear_cooldown(f"resume:{node}")
+        origin = ("operator", f"operator-resume-{node}-{self._clock.now():.6f}")
+        result = await self._scheduled(None, action, check_safety=False, mode="enforce", origin=origin)
+        self._audit_entry(
+            AuditRecord(
+                time=self._clock.now(),
+                rule="operator",
+                event_id=origin[1],
+                node=node,
+                action="resume",
+                mode="enforce",
+                outcome=result.outcome,
+                detail=f"by {by}: {result.detail}" if result.detail else f"by {by}",
+            )
+        )
+        return result
+
     def discard(self, held_id: int, by: str) -> Outcome:
         held = self.store.discard(held_id, by, self._clock.now())
         if held is None:

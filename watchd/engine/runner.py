@@ -1,15 +1,15 @@
-"""The engine, assembled: start-up and teardown as one async context manager, in reverse order."""
+"""The engine as a service shell, in the style of aiohttp's runner: ``Engine(config)`` is inert (no file,
+socket or task); :meth:`Engine.start` opens the state, loads the rules, restores what they remembered,
+builds the integrations, starts the executor, the processor and the periodic jobs, then serves;
+:meth:`Engine.cleanup` undoes it in reverse order, each step bounded. ``async with Engine(...)`` does both."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
-import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
@@ -24,15 +24,19 @@ from watchd.detect.finding import Finding
 from watchd.engine.dedup import SeenIds
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.server import Accepted, make_app
+from watchd.engine.status import EngineStatus
 from watchd.errors import ConfigError
 from watchd.httputil import serve
 from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier
 from watchd.integrations.base import Scheduler, SchedulerError
+from watchd.integrations.leadership import AlwaysLeader, Leadership
+from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler, guarded
 from watchd.integrations.webhook.sender import WebhookSender
 from watchd.jobs.model import JobProvider, JobProviderError, job_providers_of
 from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.model.events import Event
+from watchd.periodic import Periodic
 from watchd.rules import RuleEngine, RuleSet, load_rules
 from watchd.rules.loader import rule_files
 from watchd.rules.persist import StateCopy, state_to_data
@@ -40,47 +44,6 @@ from watchd.store.database import Store
 
 _log = get_logger("watchd.engine")
 _PROCESS_RUN = 500  # events evaluated per wake-up of the processing task, at most
-
-
-def scheduler_from_config(config: EngineConfig) -> Scheduler | None:
-    """The configured schedulers: one, or several routed by node name; behind the leader guard when several
-    engine replicas elect a leader through a Lease."""
-    built: dict[str, Scheduler] = {}
-    if config.slurm.enabled:
-        built["slurm"] = _slurm(config)
-    if config.kubernetes.enabled:
-        from watchd.integrations.kubernetes.scheduler import scheduler_from_settings
-
-        built["kubernetes"] = scheduler_from_settings(config.kubernetes)
-    scheduler: Scheduler | None
-    if config.schedulers:
-        from watchd.integrations.routing.scheduler import Route, RoutedScheduler
-
-        routes = [Route(built[r.scheduler], tuple(r.nodes)) for r in config.schedulers]
-        scheduler = (
-            routes[0].scheduler if len(routes) == 1 and routes[0].nodes == ("*",) else RoutedScheduler(routes)
-        )
-    else:
-        scheduler = next(iter(built.values()), None)
-    election = config.kubernetes.leader_election
-    if scheduler is not None and election.enabled:
-        from watchd.integrations.kubernetes.lease import guard_from_settings
-
-        scheduler = guard_from_settings(scheduler, config.kubernetes)
-    return scheduler
-
-
-def _slurm(config: EngineConfig) -> Scheduler:
-    from watchd.integrations.slurm.scheduler import SlurmScheduler
-
-    env = {"SLURM_CONF": str(config.slurm.slurm_conf)} if config.slurm.slurm_conf else None
-    return SlurmScheduler(
-        scontrol=config.slurm.scontrol,
-        squeue=config.slurm.squeue,
-        sinfo=config.slurm.sinfo,
-        timeout=config.slurm.timeout_s,
-        env=env,
-    )
 
 
 def open_store(config: EngineConfig) -> Store:
@@ -106,6 +69,19 @@ def _encode_snapshot(snapshot: dict[str, tuple[str, StateCopy]]) -> dict[str, tu
 
 
 class Engine:
+    """The engine. The parts that exist once started (``rules``, ``evaluator``, ``store``, ``executor``,
+    ``alerts``, ``webhooks``, ``status_model``, ``token``; ``scheduler`` when it comes from the config) are
+    set by :meth:`start`."""
+
+    rules: RuleSet
+    evaluator: RuleEngine
+    store: Store
+    executor: ActionExecutor
+    alerts: AlertmanagerNotifier | None
+    webhooks: WebhookSender
+    status_model: EngineStatus
+    token: str | None
+
     def __init__(
         self,
         config: EngineConfig,
@@ -119,64 +95,29 @@ class Engine:
         self.clock = clock or SystemClock()
         self.metrics = EngineMetrics()
         self.metrics.leader.set_function(lambda: 1.0 if self.ready()[0] else 0.0)
+        self.metrics.mode_enforce.set(1 if config.mode == "enforce" else 0)
         self.audit = MemoryAudit()
-        self.rules: RuleSet = load_rules(config.rules)
-        self.evaluator: RuleEngine = self.rules.engine()
-        self.scheduler = (
-            scheduler
-            if scheduler is not None or not use_config_scheduler
-            else (scheduler_from_config(config))
-        )
-        self.token = config.auth.resolve()
+        self.scheduler = scheduler
+        self._scheduler_from_config = scheduler is None and use_config_scheduler
+        #: asked before acting: the elected leadership when replicas elect a leader, else always leading
+        self.leadership: Leadership = AlwaysLeader()
+        self._elector: ElectedLeadership | None = None
+        self._job_providers = job_providers
+        self.job_providers: list[JobProvider] = []
         self.correlator = Correlator(config.detectors, JobTopology(config.jobs.member_ttl_s))
-        self.job_providers: list[JobProvider] = (
-            job_providers if job_providers is not None else job_providers_of(self.scheduler)
-        )
         self.findings: deque[Finding] = deque(maxlen=200)
         self._jobs_refreshed_at = -1e18
-        self.store = open_store(config)
-        saved = self.store.rule_state()
-        self._rule_state_saved = bool(saved)  # a saved state must be replaced, even by none
+        self._rule_state_saved = False
         self._next_rule_save = -1.0
-        self._restore_rule_state(saved)
+        self._rule_mtimes: dict[str, float] = {}
         self.queue: asyncio.Queue[Accepted] = asyncio.Queue(maxsize=config.ingest.queue_size)
         self._acks: dict[int, asyncio.Future[None]] = {}  # id(queued event) -> its batch's reply waits
         self.seen = SeenIds(self.clock, config.ingest.dedup_window_s, config.ingest.dedup_max_ids)
-        self.alerts = (
-            AlertmanagerNotifier(
-                config.alertmanager.urls,
-                registry=self.metrics.registry,
-                clock=self.clock,
-                resend_interval=config.alertmanager.resend_interval_s,
-                timeout=config.alertmanager.timeout_s,
-            )
-            if config.alertmanager.urls
-            else None
-        )
-        self.webhooks = WebhookSender()
-        safety = config.safety
-        self.executor = ActionExecutor(
-            self.scheduler,
-            config.mode,
-            self.clock,
-            self.metrics,
-            self.audit,
-            store=self.store,
-            alerts=self.alerts,
-            webhooks=self.webhooks,
-            limits=BreakerLimits(safety.max_fraction, safety.max_nodes, safety.window_s),
-            cooldown_s=config.actions.cooldown_s,
-            max_concurrent=config.actions.max_concurrent,
-            feedback=self._feed_back,
-            generator_url=config.external_url.rstrip("/"),
-        )
+        self.periodic = Periodic()
         self.port = 0
         self._stack = AsyncExitStack()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._rule_mtimes = self._mtimes()
-        self.metrics.rules_loaded.set(len(self.rules.rules))
-        self.metrics.rules_reload_ok.set(1)
-        self.metrics.mode_enforce.set(1 if config.mode == "enforce" else 0)
+        self._processor: asyncio.Task[None] | None = None
+        self._started = False
 
     # ---------------------------------------------------------------------------------------- rules
 
@@ -251,12 +192,10 @@ class Engine:
                     out[str(f)] = f.stat().st_mtime
         return out
 
-    async def _watch_rule_files(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.reload.poll_interval_s)
-            if self._mtimes() != self._rule_mtimes:
-                _log.info("rule_files_changed")
-                self.reload_rules()
+    async def _check_rule_files(self) -> None:
+        if self._mtimes() != self._rule_mtimes:
+            _log.info("rule_files_changed")
+            self.reload_rules()
 
     # ---------------------------------------------------------------------------------------- status
 
@@ -268,57 +207,17 @@ class Engine:
             _log.warning("feedback_event_dropped_queue_full", node=event.node)
 
     def status(self) -> dict[str, Any]:
-        now = self.clock.now()
-        window = self.config.safety.window_s
-        pools = self.executor.pools
-        breaker = []
-        for pool, size in sorted(pools.sizes.items()) or [("all", 0)]:
-            taken = self.store.disruptions_since(pool, now - window)
-            breaker.append(
-                {
-                    "pool": pool,
-                    "size": size,
-                    "taken_out": [n for n, _ in taken],
-                    "limit": self.executor.limits.allowed_in(size),
-                }
-            )
-        recent = [a.to_dict() for a in self.store.recent_audit(200)]
-        incidents: dict[str, dict[str, Any]] = {}
-        for a in recent:
-            if a["action"] in ("drain", "requeue", "alert") and a["outcome"] not in ("deduplicated",):
-                node = incidents.setdefault(a["node"], {"node": a["node"], "actions": []})
-                node["actions"].append({k: a[k] for k in ("time", "rule", "action", "outcome", "detail")})
-        held = [dataclasses.asdict(h) for h in self.store.held()]
-        nodes = self.correlator.fleet.nodes(now)
-        for node in nodes:
-            incident = incidents.get(node["node"])
-            node["last_action"] = incident["actions"][-1] if incident else None
-            node["held"] = sum(1 for h in held if h["node"] == node["node"])
-        return {
-            "mode": self.executor.mode,
-            "pid": os.getpid(),
-            "nodes": nodes,
-            "rules": self.rules.names,
-            "queue_depth": self.queue.qsize(),
-            "scheduler": self.scheduler.name if self.scheduler is not None else None,
-            "incidents": list(incidents.values()),
-            "recent_actions": recent[-50:],
-            "held": held,
-            "jobs": self.correlator.last_cycle_jobs,
-            "findings": [f.to_event().to_wire() for f in list(self.findings)[-50:]],
-            "breaker": breaker,
-            "alerts": self.alerts.state() if self.alerts is not None else [],
-        }
+        return self.status_model.document()
 
     def ready(self) -> tuple[bool, str]:
         """Ready for traffic: always, unless replicas elect a leader and this one follows."""
-        elector = getattr(self.scheduler, "elector", None)
+        elector = self._elector
         if elector is None:
             return True, "ok"
         return (True, "leader") if elector.is_leader else (False, f"follower (leader: {elector.holder})")
 
     def held(self) -> list[dict[str, Any]]:
-        return [dataclasses.asdict(h) for h in self.store.held()]
+        return self.status_model.held()
 
     async def release(self, held_id: int, by: str) -> dict[str, str]:
         result = await self.executor.release(held_id, by)
@@ -328,6 +227,12 @@ class Engine:
         result = self.executor.discard(held_id, by)
         return {"outcome": result.outcome, "detail": result.detail}
 
+    async def resume(self, node: str, by: str) -> dict[str, str]:
+        """An operator's resume of ``node``, through the executor (audited; a node watchd did not drain is
+        refused by the scheduler)."""
+        result = await self.executor.operator_resume(node, by)
+        return {"outcome": result.outcome, "detail": result.detail}
+
     def evaluated(self, event: Event) -> asyncio.Future[None]:
         fut = self._acks.get(id(event))  # the queue holds the event: its id is not reused meanwhile
         if fut is None:
@@ -335,54 +240,23 @@ class Engine:
         return fut
 
     def recent_actions(self, limit: int) -> list[dict[str, Any]]:
-        return [a.to_dict() for a in self.store.recent_audit(limit)]
+        return self.status_model.recent_actions(limit)
 
     # ---------------------------------------------------------------------------------------- lifecycle
 
-    async def __aenter__(self) -> Engine:
+    async def start(self) -> None:
+        """Open, load, restore and build; start the tasks and the periodic jobs; serve. Any failure undoes
+        what was done, in reverse order, and is raised (a ConfigError names the file and the key)."""
+        if self._started:
+            raise RuntimeError("the engine is already started")
         stack = self._stack
         await stack.__aenter__()
         try:
-            stack.callback(self.store.close)
-            stack.callback(self._save_rule_state_now)  # after the processor stopped, before the close
-            aclose = getattr(self.scheduler, "aclose", None)
-            if aclose is not None:
-                stack.push_async_callback(aclose)  # runs late: after the executor and processor stopped
-            await stack.enter_async_context(self.webhooks)
-            if self.alerts is not None:
-                await stack.enter_async_context(self.alerts)
-            start = getattr(self.scheduler, "start", None)
-            if start is not None:
-                await start()  # e.g. leader election: campaigns from now on
-            await self._refresh_pools()
-            await stack.enter_async_context(self.executor)
-            self._spawn(self._process(), "engine-processor")
-            self._spawn(self._every(self.config.safety.pools_refresh_s, self._refresh_pools), "pools")
-            self._spawn(self._every(3600.0, self._prune), "prune")
-            self._spawn(self._every(self.config.state.rules_snapshot_s, self._save_rule_state), "rule-state")
-            await self._refresh_jobs()
-            self._spawn(self._every(self.config.jobs.refresh_s, self._refresh_jobs), "jobs")
-            self._spawn(self._every(self.config.detectors.interval_s, self._detect), "detectors")
-            self._spawn(self._every(60.0, self._prune_fleet), "fleet-prune")
-            if self.config.reload.watch_files and self.config.rules:
-                self._spawn(self._watch_rule_files(), "rules-watch")
-            stack.push_async_callback(self._stop_tasks)
-            app = make_app(
-                token=self.token,
-                queue=self.queue,
-                seen=self.seen,
-                metrics=self.metrics,
-                clock=self.clock,
-                max_body_bytes=self.config.ingest.max_body_bytes,
-                max_events=self.config.ingest.max_events_per_batch,
-                control=self,
-                ack_timeout_s=self.config.ingest.ack_timeout_s,
-            )
-            listen = self.config.listen
-            self.port = await stack.enter_async_context(serve(app, listen.host, listen.port))
+            await self._start(stack)
         except BaseException:
             await stack.aclose()
             raise
+        self._started = True
         _log.info(
             "engine_started",
             host=self.config.listen.host,
@@ -394,32 +268,134 @@ class Engine:
             state=str(self.config.state.path),
             alertmanagers=len(self.config.alertmanager.urls),
         )
+
+    async def _start(self, stack: AsyncExitStack) -> None:
+        config = self.config
+        self.token = config.auth.resolve()
+        self.rules = load_rules(config.rules)
+        self.evaluator = self.rules.engine()
+        self._rule_mtimes = self._mtimes()
+        self.metrics.rules_loaded.set(len(self.rules.rules))
+        self.metrics.rules_reload_ok.set(1)
+        self.store = open_store(config)
+        stack.callback(self.store.close)
+        saved = self.store.rule_state()
+        self._rule_state_saved = bool(saved)  # a saved state must be replaced, even by none
+        self._restore_rule_state(saved)
+        stack.callback(self._save_rule_state_now)  # after the processor stopped, before the close
+        if self._scheduler_from_config:
+            self._elector = build_leadership(config)
+            self.scheduler = guarded(build_scheduler(config), self._elector)
+        if self._elector is not None:
+            self.leadership = self._elector
+        aclose = getattr(self.scheduler, "aclose", None)
+        if aclose is not None:
+            stack.push_async_callback(aclose)  # runs late: after the executor and processor stopped
+        self.job_providers = (
+            self._job_providers if self._job_providers is not None else job_providers_of(self.scheduler)
+        )
+        self.alerts = (
+            AlertmanagerNotifier(
+                config.alertmanager.urls,
+                registry=self.metrics.registry,
+                clock=self.clock,
+                resend_interval=config.alertmanager.resend_interval_s,
+                timeout=config.alertmanager.timeout_s,
+                periodic=self.periodic,
+            )
+            if config.alertmanager.urls
+            else None
+        )
+        self.webhooks = WebhookSender()
+        safety = config.safety
+        self.executor = ActionExecutor(
+            self.scheduler,
+            config.mode,
+            self.clock,
+            self.metrics,
+            self.audit,
+            store=self.store,
+            alerts=self.alerts,
+            webhooks=self.webhooks,
+            limits=BreakerLimits(safety.max_fraction, safety.max_nodes, safety.window_s),
+            cooldown_s=config.actions.cooldown_s,
+            max_concurrent=config.actions.max_concurrent,
+            feedback=self._feed_back,
+            generator_url=config.external_url.rstrip("/"),
+        )
+        self.status_model = EngineStatus(
+            clock=self.clock,
+            store=self.store,
+            executor=self.executor,
+            correlator=self.correlator,
+            findings=self.findings,
+            queue=self.queue,
+            rule_names=lambda: self.rules.names,
+            scheduler=self.scheduler.name if self.scheduler is not None else None,
+            alerts=self.alerts,
+            breaker_window_s=safety.window_s,
+        )
+        await stack.enter_async_context(self.webhooks)
+        if self.alerts is not None:
+            await stack.enter_async_context(self.alerts)
+        if self._elector is not None:
+            self._elector.start()  # campaigns from now on; stopped (the Lease handed over) after the executor
+            stack.push_async_callback(self._elector.stop)
+        await self._refresh_pools()
+        await stack.enter_async_context(self.executor)
+        self._processor = asyncio.create_task(self._process(), name="engine-processor")
+        periodic = self.periodic
+        periodic.every(safety.pools_refresh_s, self._refresh_pools, "pools")
+        periodic.every(3600.0, self._prune, "prune")
+        periodic.every(config.state.rules_snapshot_s, self._save_rule_state, "rule-state")
+        await self._refresh_jobs()
+        periodic.every(config.jobs.refresh_s, self._refresh_jobs, "jobs")
+        periodic.every(config.detectors.interval_s, self._detect, "detectors")
+        periodic.every(60.0, self._prune_fleet, "fleet-prune")
+        if config.reload.watch_files and config.rules:
+            periodic.every(config.reload.poll_interval_s, self._check_rule_files, "rules-watch")
+        periodic.start()
+        stack.push_async_callback(self._stop_tasks)
+        app = make_app(
+            token=self.token,
+            queue=self.queue,
+            seen=self.seen,
+            metrics=self.metrics,
+            clock=self.clock,
+            max_body_bytes=config.ingest.max_body_bytes,
+            max_events=config.ingest.max_events_per_batch,
+            engine=self,
+            ack_timeout_s=config.ingest.ack_timeout_s,
+        )
+        self.port = await stack.enter_async_context(serve(app, config.listen.host, config.listen.port))
+
+    async def cleanup(self) -> None:
+        """Stop serving, evaluate what was accepted (bounded), stop the jobs and the executor (bounded), hand
+        over the lead, close the integrations, save what the rules remember, close the state: the reverse of
+        :meth:`start`."""
+        await self._stack.aclose()
+        if self._started:
+            self._started = False
+            _log.info("engine_stopped")
+
+    async def __aenter__(self) -> Engine:
+        await self.start()
         return self
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self._stack.aclose()
-        _log.info("engine_stopped")
-
-    def _spawn(self, coro: Awaitable[None], name: str) -> None:
-        self._tasks.append(asyncio.create_task(coro, name=name))  # type: ignore[arg-type]
+        await self.cleanup()
 
     async def _stop_tasks(self) -> None:
         # Ingest is closed by now: evaluate what was accepted (bounded), then stop.
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.queue.join(), timeout=5.0)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _every(self, seconds: float, job: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            await asyncio.sleep(seconds)
-            try:
-                await job()
-            except Exception:  # a locked store or a broken scheduler call must not end the loop
-                _log.exception("periodic_job_failed", job=getattr(job, "__name__", str(job)))
+        await self.periodic.stop(timeout=5.0)
+        if self._processor is not None:
+            self._processor.cancel()
+            await asyncio.gather(self._processor, return_exceptions=True)
+            self._processor = None
 
     async def _refresh_pools(self) -> None:
         if self.scheduler is None:

@@ -1,4 +1,5 @@
-"""The engine's HTTP surface: authenticated ingest, /metrics, /healthz and the recent actions."""
+"""The engine's HTTP surface: authenticated ingest, /metrics, /healthz, /readyz, the status and recent
+actions, and the operator's calls (release or discard a held action, resume a node)."""
 
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def restamp_future(events: list[Event], now: float, metrics: EngineMetrics) -> l
     return out
 
 
-class Control(Protocol):
-    """What the HTTP API asks of the engine besides ingest."""
+class EngineApi(Protocol):
+    """What the HTTP API asks of the engine besides ingest (the :class:`~watchd.engine.runner.Engine`)."""
 
     def status(self) -> dict[str, Any]: ...
 
@@ -68,9 +69,17 @@ class Control(Protocol):
 
     def discard(self, held_id: int, by: str) -> dict[str, str]: ...
 
+    async def resume(self, node: str, by: str) -> dict[str, str]:
+        """An operator's resume of ``node`` through the action executor (audited)."""
+        ...
+
     def evaluated(self, event: Event) -> asyncio.Future[None]:
         """Done once ``event`` (queued) has been evaluated and its decisions handed to the executor."""
         ...
+
+
+#: the HTTP status of a resume's outcome (the body always says the outcome and why); others are 200
+_RESUME_STATUS = {"refused": 409, "failed": 502, "no_scheduler": 503}
 
 
 def _reject(status: int, reason: str, metrics: EngineMetrics, label: str) -> web.Response:
@@ -87,7 +96,7 @@ def make_app(
     clock: Clock,
     max_body_bytes: int,
     max_events: int,
-    control: Control,
+    engine: EngineApi,
     ack_timeout_s: float = 5.0,
 ) -> web.Application:
     expected = f"Bearer {token}".encode() if token is not None else None
@@ -166,7 +175,7 @@ def make_app(
             # The reply waits until the batch is evaluated: an engine killed before it leaves the batch
             # with the agent, which sends it again; bounded, so a backlog slows agents, never stalls them.
             try:
-                await asyncio.wait_for(control.evaluated(fresh[-1]), ack_timeout_s)
+                await asyncio.wait_for(engine.evaluated(fresh[-1]), ack_timeout_s)
             except TimeoutError:
                 metrics.ingest_ack_timeouts.inc()
         reply: dict[str, Any] = {"accepted": len(fresh), "duplicates": duplicates}
@@ -179,7 +188,7 @@ def make_app(
 
     async def readyz(_: web.Request) -> web.Response:
         # with leader election only the leader is ready: the Service sends the agents' events to it alone
-        ok, detail = control.ready()
+        ok, detail = engine.ready()
         return web.json_response(
             {"status": "ok" if ok else "standby", "detail": detail}, status=200 if ok else 503
         )
@@ -189,13 +198,20 @@ def make_app(
             limit = min(10_000, max(1, int(request.query.get("limit", "100"))))
         except ValueError:
             return web.json_response({"error": "limit: expected an integer"}, status=400)
-        return web.json_response({"actions": control.recent_actions(limit)})
+        return web.json_response({"actions": engine.recent_actions(limit)})
 
     async def status_handler(_: web.Request) -> web.Response:
-        return web.json_response(control.status())
+        return web.json_response(engine.status())
 
     async def held_handler(_: web.Request) -> web.Response:
-        return web.json_response({"held": control.held()})
+        return web.json_response({"held": engine.held()})
+
+    async def resume_node(request: web.Request) -> web.Response:
+        if not authorized(request):
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        by = request.headers.get("X-Watchd-Operator", "api")[:100]
+        result = await engine.resume(request.match_info["node"], by)
+        return web.json_response(result, status=_RESUME_STATUS.get(result["outcome"], 200))
 
     async def resolve_held(request: web.Request) -> web.Response:
         if not authorized(request):
@@ -206,9 +222,9 @@ def make_app(
             return web.json_response({"error": "id: expected an integer"}, status=400)
         by = request.headers.get("X-Watchd-Operator", "api")[:100]
         if request.match_info["verb"] == "release":
-            result = await control.release(held_id, by)
+            result = await engine.release(held_id, by)
         else:
-            result = control.discard(held_id, by)
+            result = engine.discard(held_id, by)
         return web.json_response(result, status=404 if result["outcome"] == "not_held" else 200)
 
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors_as_json])
@@ -220,6 +236,7 @@ def make_app(
     app.router.add_get("/api/v1/status", status_handler)
     app.router.add_get("/api/v1/held", held_handler)
     app.router.add_post(r"/api/v1/held/{id}/{verb:release|discard}", resolve_held)
+    app.router.add_post("/api/v1/nodes/{node}/resume", resume_node)
     return app
 
 

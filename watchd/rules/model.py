@@ -7,14 +7,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from watchd.rules.durations import Duration
+from watchd.strict import Strict as _Strict
 
 ActionKind = Literal["drain", "resume", "requeue", "alert", "webhook", "log"]
 DISRUPTIVE: frozenset[str] = frozenset({"drain", "requeue"})
 Mode = Literal["dry-run", "enforce"]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class DrainParams(_Strict):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from watchd.model.events import Event, Scalar
 from watchd.rules.durations import Duration, parse_duration
@@ -44,6 +44,7 @@ from watchd.rules.model import ActionKind
 from watchd.rules.positions import YamlPath, YamlPositions, load_with_position
 from watchd.rules.ruleset import Rule
 from watchd.rules.state import RuleEngine
+from watchd.strict import Strict as _Strict
 
 __all__ = [
     "ActualAction",
@@ -60,10 +61,6 @@ _MAIN_PARAM = {"drain": "reason", "alert": "summary", "log": "message", "webhook
 
 
 # ------------------------------------------------------------------------------------------- the schema
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ExpectSpec(_Strict):

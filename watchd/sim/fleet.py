@@ -49,7 +49,7 @@ from types import TracebackType
 from typing import Annotated, Any, TextIO
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from watchd.agent.metrics import AgentMetrics
 from watchd.agent.runner import xid_event
@@ -64,6 +64,7 @@ from watchd.model.events import Event
 from watchd.sim.gpu import FakeGpuBackend
 from watchd.sim.scenario import FAULT_KINDS, Fault, GpuSpec, Scenario, check_faults
 from watchd.sources.base import LogLine
+from watchd.strict import Strict as _Strict
 from watchd.xid import XidParser
 
 __all__ = [
@@ -84,10 +85,6 @@ _log = get_logger("watchd.sim.fleet")
 
 Seconds = Annotated[float, Field(gt=0)]
 _MAX_NODES = 100_000
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # ------------------------------------------------------------------------------------------ host lists

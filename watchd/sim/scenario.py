@@ -24,9 +24,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from watchd.config import load_yaml, parse_config
+from watchd.strict import Strict as _Strict
 
 __all__ = [
     "FAULT_KINDS",
@@ -69,10 +70,6 @@ PRESETS: dict[str, GpuPreset] = {
     "A100-SXM4-80GB": GpuPreset("NVIDIA A100-SXM4-80GB", 400.0, 1410.0, 80.0, 12, 4, 16),
     "L40S": GpuPreset("NVIDIA L40S", 350.0, 2520.0, 48.0, 0, 4, 16),
 }
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class GpuSpec(_Strict):

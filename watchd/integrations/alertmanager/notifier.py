@@ -33,7 +33,6 @@ manager does *not* resolve the firing alerts (a restart must not flap them).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -46,6 +45,7 @@ from watchd.clock import Clock, SystemClock
 from watchd.integrations.alerts import Alert
 from watchd.integrations.webhook.sender import WebhookResult, WebhookSender, redact_url
 from watchd.logs import get_logger
+from watchd.periodic import Periodic
 
 _log = get_logger("watchd.alertmanager")
 
@@ -129,7 +129,8 @@ class AlertmanagerNotifier:
     """The real :class:`~watchd.integrations.alerts.AlertSink`.
 
     Use as ``async with AlertmanagerNotifier(...)``:
-    the context runs the periodic re-send and owns the HTTP session.
+    the context runs the periodic re-send and owns the HTTP session. The re-send is a job of ``periodic``
+    when given (the engine's, which starts and stops it), else of the notifier's own.
 
     ``urls`` are Alertmanager base URLs (``http://am-1:9093``, with the route prefix if one is set); every
     one is notified. ``fire``/``resolve`` send at once and return when each Alertmanager has answered or
@@ -148,6 +149,7 @@ class AlertmanagerNotifier:
         backoff: float = 0.2,
         max_backoff: float = 5.0,
         headers: dict[str, str] | None = None,
+        periodic: Periodic | None = None,
     ) -> None:
         if not urls:
             raise ValueError("at least one Alertmanager URL is needed")
@@ -171,12 +173,19 @@ class AlertmanagerNotifier:
             self._receivers.append(rcv)
             self.metrics.up.labels(rcv.label).set(1)
         self._firing: dict[str, _Firing] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = periodic
+        self._own_periodic: Periodic | None = None
 
     # ------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> AlertmanagerNotifier:
         await self._sender.__aenter__()
-        self._task = asyncio.create_task(self._resend_loop(), name="alertmanager-resend")
+        periodic = self._periodic
+        if periodic is None:
+            periodic = self._own_periodic = Periodic()
+        # a failed re-send is logged and the job goes on: alerts would expire in Alertmanager without it
+        periodic.every(self.resend_interval, self.resend, "alertmanager-resend")
+        if self._own_periodic is not None:
+            self._own_periodic.start()
         return self
 
     async def __aexit__(
@@ -186,20 +195,10 @@ class AlertmanagerNotifier:
 
     async def aclose(self) -> None:
         """Stop re-sending and close the HTTP session. Firing alerts are left to expire, not resolved."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self._own_periodic is not None:
+            await self._own_periodic.stop()
+            self._own_periodic = None
         await self._sender.aclose()
-
-    async def _resend_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.resend_interval)
-            try:
-                await self.resend()
-            except Exception:  # never let the loop die: alerts would expire in Alertmanager
-                _log.exception("alert_resend_error")
 
     # ------------------------------------------------------------- AlertSink
     async def fire(self, key: str, alert: Alert) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from watchd.config import FakeSchedulerConfig
 from watchd.integrations.base import (
     WATCHD_REASON_PREFIX,
     DrainResult,
@@ -156,3 +157,9 @@ class FakeScheduler:
         assert st is not None
         self.nodes[node] = replace(st, flags=st.flags - {"DRAIN"}, reason=None)
         return ResumeResult(node, "resumed", st.reason or "")
+
+
+def scheduler_from_settings(cfg: FakeSchedulerConfig) -> FakeScheduler:
+    scheduler = FakeScheduler(partitions={name: list(nodes) for name, nodes in cfg.partitions.items()})
+    scheduler.add_nodes(dict.fromkeys([*cfg.nodes, *(n for nodes in cfg.partitions.values() for n in nodes)]))
+    return scheduler

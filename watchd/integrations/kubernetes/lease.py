@@ -1,5 +1,6 @@
-"""Leader election through a coordination.k8s.io Lease, as client-go's leaderelection does it, and a
-Scheduler wrapper that lets only the leader act.
+"""Leader election through a coordination.k8s.io Lease, as client-go's leaderelection does it (the elector
+is a :class:`~watchd.integrations.leadership.Leadership`; the engine starts and stops it), and a Scheduler
+wrapper that lets only the leader act.
 
 - Every ``retry_period`` each replica reads the Lease. The holder renews it (``renewTime``); another replica
   takes it only when the record has not changed for ``lease_duration`` *by its own clock* (the time it
@@ -40,6 +41,7 @@ from watchd.integrations.base import (
     SchedulerError,
 )
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, status_code
+from watchd.integrations.leadership import Leadership
 from watchd.jobs.model import JobProvider, job_providers_of
 from watchd.logs import get_logger
 
@@ -57,15 +59,24 @@ class LeaseElector:
         lease_duration_s: float = 15.0,
         renew_deadline_s: float = 10.0,
         retry_period_s: float = 2.0,
+        takeover_wait_s: float | None = None,
+        owns_client: bool = False,
         on_change: Callable[[bool], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``takeover_wait_s``: how long a side effect waits for leadership (default: two lease durations and
+        two retry periods, time for a crashed leader's Lease to expire and be taken). ``owns_client``: close
+        ``client`` at :meth:`stop` (an elector built from the config has a client of its own)."""
         self.client = client
         self.namespace, self.name, self.identity = namespace, name, identity
         self.lease_duration_s = lease_duration_s
         self.renew_deadline_s = renew_deadline_s
         self.retry_period_s = retry_period_s
+        self.takeover_wait_s = (
+            takeover_wait_s if takeover_wait_s is not None else 2 * lease_duration_s + 2 * retry_period_s
+        )
         self.on_change = on_change
+        self._owns_client = owns_client
         self._monotonic = monotonic
         self.is_leader = False
         self.holder: str | None = None
@@ -90,6 +101,9 @@ class LeaseElector:
         if self.is_leader:
             await self._release()
             self._set(False)
+        if self._owns_client:
+            self._owns_client = False
+            await self.client.close()
 
     async def wait_leader(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):
@@ -214,23 +228,23 @@ class LeaseElector:
 
 
 class LeaderGuard:
-    """A Scheduler that acts only while ``elector`` leads. Reads (states, pools) go through at once; drains,
-    requeues and resumes wait up to ``takeover_wait_s`` for leadership, then fail with ``not the leader``."""
+    """A Scheduler that acts only while ``leadership`` leads. Reads (states, pools) go through at once;
+    drains, requeues and resumes wait up to ``takeover_wait_s`` (the leadership's own by default) for
+    leadership, then fail with ``not the leader``. It neither starts nor stops the election: the engine does.
+    """
 
-    def __init__(self, inner: Scheduler, elector: LeaseElector, takeover_wait_s: float) -> None:
+    def __init__(
+        self, inner: Scheduler, leadership: Leadership, takeover_wait_s: float | None = None
+    ) -> None:
         self.inner = inner
-        self.elector = elector
-        self.takeover_wait_s = takeover_wait_s
+        self.elector = leadership
+        self.takeover_wait_s = leadership.takeover_wait_s if takeover_wait_s is None else takeover_wait_s
         self.name = inner.name
-
-    async def start(self) -> None:
-        self.elector.start()
 
     def job_providers(self) -> list[JobProvider]:
         return job_providers_of(self.inner)  # listing jobs is a read: followers keep their topology warm
 
     async def aclose(self) -> None:
-        await self.elector.stop()
         aclose = getattr(self.inner, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -262,12 +276,12 @@ class LeaderGuard:
         return await self.inner.resume(node)
 
 
-def guard_from_settings(inner: Scheduler, cfg: KubernetesConfig) -> LeaderGuard:
+def elector_from_settings(cfg: KubernetesConfig) -> LeaseElector:
     from watchd.integrations.kubernetes.client import make_client
 
     le = cfg.leader_election
     client = make_client(cfg.kubeconfig, cfg.context, in_cluster=cfg.in_cluster, timeout_s=cfg.timeout_s)
-    elector = LeaseElector(
+    return LeaseElector(
         client,
         namespace=le.namespace,
         name=le.lease_name,
@@ -275,5 +289,5 @@ def guard_from_settings(inner: Scheduler, cfg: KubernetesConfig) -> LeaderGuard:
         lease_duration_s=le.lease_duration_s,
         renew_deadline_s=le.renew_deadline_s,
         retry_period_s=le.retry_period_s,
+        owns_client=True,
     )
-    return LeaderGuard(inner, elector, takeover_wait_s=2 * le.lease_duration_s + 2 * le.retry_period_s)

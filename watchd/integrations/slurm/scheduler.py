@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from watchd.config import SlurmConfig
 from watchd.integrations.base import (
     WATCHD_REASON_PREFIX,
     DrainResult,
@@ -484,3 +485,10 @@ def _one_shot_args(args: Sequence[str]) -> list[str]:
     if out[:2] == ["show", "node"] and "-o" not in out:
         out.insert(2, "-o")
     return out
+
+
+def scheduler_from_settings(cfg: SlurmConfig) -> SlurmScheduler:
+    env = {"SLURM_CONF": str(cfg.slurm_conf)} if cfg.slurm_conf else None
+    return SlurmScheduler(
+        scontrol=cfg.scontrol, squeue=cfg.squeue, sinfo=cfg.sinfo, timeout=cfg.timeout_s, env=env
+    )

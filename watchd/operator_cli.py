@@ -1,4 +1,6 @@
-"""``watchd status`` and ``watchd actions ...``: the engine's HTTP API, printed for people."""
+"""The operator's commands, ``watchd status``, ``watchd actions ...`` and ``watchd node resume``: calls to a
+running engine's HTTP API, printed for people. (Not to be confused with :mod:`watchd.client`, the heartbeat
+client that training jobs import.)"""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import quote
 
 from watchd.errors import UsageError
 
@@ -41,12 +44,14 @@ def _call(url: str, path: str, method: str = "GET", token: str | None = None, by
             body = json.loads(exc.read())
         except ValueError:
             body = {}
-        if exc.code == 404 and "outcome" in body:
+        if "outcome" in body:  # the engine did what was asked and says how it went (not_held, refused, ...)
             return body
         raise UsageError(f"{url}{path}: HTTP {exc.code}: {body.get('error', exc.reason)}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise UsageError(f"cannot reach the engine at {url}: {reason}") from None
+        raise UsageError(
+            f"cannot reach the engine at {url}: {reason} (is `watchd engine` running?)"
+        ) from None
 
 
 def _when(t: float) -> str:
@@ -147,3 +152,38 @@ def run_actions(
         print(f"#{held_id}: {result['outcome']}: {result['detail']}", file=out)
         failed += result["outcome"] in ("not_held", "failed")
     return 1 if failed else 0
+
+
+def engine_address(config_path: Path | None) -> tuple[str, str | None]:
+    """The URL and token of the engine that ``config_path`` configures (its listen address and auth)."""
+    from watchd.config import EngineConfig, load_config
+
+    config = load_config(EngineConfig, config_path)
+    host = config.listen.host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{config.listen.port}", config.auth.resolve()
+
+
+def run_resume(
+    node: str,
+    url: str | None,
+    token_file: Path | None,
+    by: str | None,
+    config_path: Path | None,
+    out: TextIO,
+) -> int:
+    """Ask the running engine to resume ``node``: the executor carries it out and audits it; the scheduler
+    refuses a node watchd did not drain. Exit 0 when the node is in service afterwards."""
+    token = _token(token_file)
+    if config_path is not None:
+        from_config, config_token = engine_address(config_path)
+        url = url or from_config
+        token = token if token_file is not None else (config_token or token)
+    url = url or DEFAULT_URL
+    operator = by or getpass.getuser()
+    result = _call(url, f"/api/v1/nodes/{quote(node, safe='')}/resume", "POST", token, operator)
+    print(f"{node}: {result['outcome']}" + (f" ({result['detail']})" if result["detail"] else ""), file=out)
+    return 0 if result["outcome"] in ("resumed", "not_drained") else 1

@@ -1,0 +1,193 @@
+"""The engine as a service shell: an inert constructor, an explicit start and a cleanup in reverse order,
+the leadership it owns, its periodic jobs on APScheduler, and its status read model."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.harness.kube_api import KubeApiServer
+from watchd.config import EngineConfig, ReloadConfig, StateConfig
+from watchd.engine.runner import Engine
+from watchd.errors import ConfigError
+from watchd.integrations.fake.scheduler import FakeScheduler
+from watchd.integrations.kubernetes.lease import LeaderGuard, LeaseElector
+from watchd.integrations.leadership import AlwaysLeader
+from watchd.periodic import Periodic
+
+
+def config(tmp_path: Path, **more: object) -> EngineConfig:
+    return EngineConfig.model_validate(
+        {
+            "listen": {"port": 0},
+            "slurm": {"enabled": False},
+            "state": {"path": str(tmp_path / "state" / "watchd.db")},
+            **more,
+        }
+    )
+
+
+def test_the_constructor_is_inert(tmp_path: Path) -> None:
+    """No loop, no file, no rule, no token read: a broken config surfaces at start, not in the constructor."""
+    broken = config(
+        tmp_path,
+        rules=[str(tmp_path / "missing-rules")],
+        auth={"token_file": str(tmp_path / "missing-token")},
+    )
+    engine = Engine(broken)  # no running event loop either
+    assert not (tmp_path / "state").exists()
+    assert engine.port == 0 and engine.periodic.jobs() == {}
+    assert not hasattr(engine, "store") and not hasattr(engine, "rules")
+
+
+async def test_a_failed_start_raises_and_undoes_what_it_did(tmp_path: Path) -> None:
+    engine = Engine(config(tmp_path, rules=[str(tmp_path / "missing-rules")]))
+    with pytest.raises(ConfigError, match="missing-rules"):
+        await engine.start()
+    await engine.cleanup()  # nothing left to undo: a no-op
+    engine = Engine(config(tmp_path, auth={"token_file": str(tmp_path / "missing-token")}))
+    with pytest.raises(ConfigError, match=r"auth\.token_file"):
+        async with engine:
+            raise AssertionError("not reached")
+
+
+async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
+    cfg = config(tmp_path, mode="enforce", reload=ReloadConfig(poll_interval_s=0.5))
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1"])
+    engine = Engine(cfg, scheduler=fake)
+    await engine.start()
+    try:
+        assert (tmp_path / "state" / "watchd.db").exists()
+        assert engine.rules.names and engine.scheduler is fake
+        assert isinstance(engine.leadership, AlwaysLeader) and engine.ready() == (True, "ok")
+        # the same intervals as the hand-written loops had (rules-watch only with rule files given)
+        assert engine.periodic.jobs() == {
+            "pools": cfg.safety.pools_refresh_s,
+            "prune": 3600.0,
+            "rule-state": cfg.state.rules_snapshot_s,
+            "jobs": cfg.jobs.refresh_s,
+            "detectors": cfg.detectors.interval_s,
+            "fleet-prune": 60.0,
+        }
+        with pytest.raises(RuntimeError, match="already started"):
+            await engine.start()
+    finally:
+        started = time.monotonic()
+        await engine.cleanup()
+    assert time.monotonic() - started < 5
+    assert engine._processor is None
+    with pytest.raises(Exception, match="closed"):
+        engine.store.held()  # the state is closed last
+
+
+async def test_status_document_has_the_same_shape(tmp_path: Path) -> None:
+    async with Engine(config(tmp_path), scheduler=FakeScheduler()) as engine:
+        doc = engine.status()
+    assert set(doc) == {
+        "mode",
+        "pid",
+        "nodes",
+        "rules",
+        "queue_depth",
+        "scheduler",
+        "incidents",
+        "recent_actions",
+        "held",
+        "jobs",
+        "findings",
+        "breaker",
+        "alerts",
+    }
+    assert doc["scheduler"] == "fake" and doc["mode"] == "dry-run" and doc["alerts"] == []
+    assert doc["breaker"] == [{"pool": "all", "size": 0, "taken_out": [], "limit": 1}]
+
+
+async def test_the_engine_owns_the_elected_leadership(tmp_path: Path) -> None:
+    async with KubeApiServer() as api:
+        kc = tmp_path / "kubeconfig"
+        kc.write_text(yaml.safe_dump(api.kubeconfig()))
+        election = {
+            "enabled": True,
+            "identity": "engine-a",
+            "lease_duration_s": 2,
+            "renew_deadline_s": 1.5,
+            "retry_period_s": 0.2,
+        }
+        cfg = config(
+            tmp_path, kubernetes={"enabled": True, "kubeconfig": str(kc), "leader_election": election}
+        )
+        engine = Engine(cfg)
+        assert isinstance(engine.leadership, AlwaysLeader)  # nothing built before start
+        async with engine:
+            elector = engine.leadership
+            assert isinstance(elector, LeaseElector) and elector.takeover_wait_s == 2 * 2 + 2 * 0.2
+            assert isinstance(engine.scheduler, LeaderGuard) and engine.scheduler.elector is elector
+            assert await elector.wait_leader(3)
+            assert engine.ready() == (True, "leader")
+            assert api.state.leases[("watchd", "watchd-engine")]["spec"]["holderIdentity"] == "engine-a"
+        # the clean stop handed the Lease over
+        assert api.state.leases[("watchd", "watchd-engine")]["spec"]["holderIdentity"] == ""
+        assert not elector.is_leader
+
+
+# ------------------------------------------------------------------------------------------ periodic jobs
+
+
+async def test_periodic_runs_each_job_alone_and_survives_a_failure() -> None:
+    periodic = Periodic()
+    runs: list[float] = []
+    running = 0
+    most = 0
+
+    async def slow() -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        runs.append(time.monotonic())
+        await asyncio.sleep(0.25)  # longer than the interval: runs never overlap
+        running -= 1
+
+    failures = 0
+
+    async def broken() -> None:
+        nonlocal failures
+        failures += 1
+        raise RuntimeError("a locked store")
+
+    periodic.every(0.05, slow, "slow")
+    periodic.every(0.05, broken, "broken")
+    started = time.monotonic()
+    periodic.start()
+    await asyncio.sleep(0.7)
+    await periodic.stop(timeout=1.0)
+    assert time.monotonic() - started < 1.5  # the run in progress was cancelled, not awaited to its end
+    assert most == 1 and 2 <= len(runs) <= 4
+    assert runs[0] - started >= 0.04  # the first run one interval after the start
+    assert failures >= 5  # a failing job keeps its schedule
+    count = len(runs)
+    await asyncio.sleep(0.2)
+    assert len(runs) == count  # stopped
+
+
+async def test_rule_state_snapshots_stretch_to_ten_times_a_slow_save(tmp_path: Path) -> None:
+    cfg = config(tmp_path, state=StateConfig(path=tmp_path / "s.db", rules_snapshot_s=0.05))
+    async with Engine(cfg, scheduler=FakeScheduler()) as engine:
+        saves: list[float] = []
+        store_save = engine.store.save_rule_state
+
+        def slow_save(*args: object) -> None:
+            saves.append(time.monotonic())
+            time.sleep(0.05)  # a save that takes as long as the interval
+            store_save(*args)  # type: ignore[arg-type]
+
+        engine.store.save_rule_state = slow_save  # type: ignore[method-assign]
+        engine._rule_state_saved = True  # a saved state must be replaced even when empty: every run saves
+        await asyncio.sleep(1.3)
+    gaps = [b - a for a, b in itertools.pairwise(saves)]
+    assert saves and all(g >= 0.45 for g in gaps), gaps  # ~10 x 0.05 s between saves, not 0.05 s

@@ -1,0 +1,86 @@
+"""Integrations built from the engine's config by name.
+
+A scheduler is a package under ``watchd/integrations/`` with a function ``scheduler_from_settings(section)``,
+one entry here, and its config section: a :class:`~watchd.config.SchedulerSettings` field of
+:class:`~watchd.config.EngineConfig` named like the entry (``slurm:``, ``kubernetes:``, ``fake:``).
+Every enabled section is built; several are composed by the routing scheduler
+(:mod:`watchd.integrations.routing`) along the config's ``schedulers:`` routes. A package is imported only
+when its scheduler is enabled (the Kubernetes client is not loaded for a Slurm engine).
+
+Leadership is built here too, as its own object: the engine starts and stops it, the action pipeline asks it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Protocol, cast
+
+from watchd.config import EngineConfig, SchedulerSettings
+from watchd.errors import ConfigError
+from watchd.integrations.base import Scheduler
+from watchd.integrations.leadership import Leadership
+
+#: scheduler name (its config section) -> "module:function" building it from that section
+SCHEDULERS: Mapping[str, str] = {
+    "slurm": "watchd.integrations.slurm.scheduler:scheduler_from_settings",
+    "kubernetes": "watchd.integrations.kubernetes.scheduler:scheduler_from_settings",
+    "fake": "watchd.integrations.fake.scheduler:scheduler_from_settings",
+}
+
+
+class ElectedLeadership(Leadership, Protocol):
+    """Leadership won in an election: it campaigns from ``start()`` until ``stop()`` (which hands the lead
+    over when it holds it); the engine owns that lifecycle."""
+
+    is_leader: bool
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def builder(name: str) -> Callable[[SchedulerSettings], Scheduler]:
+    """The function building scheduler ``name`` from its config section; ConfigError for an unknown name."""
+    target = SCHEDULERS.get(name)
+    if target is None:
+        raise ConfigError(f"unknown scheduler {name!r} (known: {', '.join(sorted(SCHEDULERS))})")
+    module, _, function = target.partition(":")
+    return cast(Callable[[SchedulerSettings], Scheduler], getattr(importlib.import_module(module), function))
+
+
+def build_scheduler(config: EngineConfig) -> Scheduler | None:
+    """The configured schedulers: none, one, or several routed by node name."""
+    built: dict[str, Scheduler] = {
+        name: builder(name)(settings)
+        for name, settings in config.scheduler_settings().items()
+        if settings.enabled
+    }
+    if not config.schedulers:
+        return next(iter(built.values()), None)
+    from watchd.integrations.routing.scheduler import Route, RoutedScheduler
+
+    routes = [Route(built[r.scheduler], tuple(r.nodes)) for r in config.schedulers]
+    if len(routes) == 1 and routes[0].nodes == ("*",):
+        return routes[0].scheduler
+    return RoutedScheduler(routes)
+
+
+def build_leadership(config: EngineConfig) -> ElectedLeadership | None:
+    """The Lease elector when engine replicas elect a leader (``kubernetes.leader_election``); None for a lone
+    engine (it always leads)."""
+    if not config.kubernetes.leader_election.enabled:
+        return None
+    from watchd.integrations.kubernetes.lease import elector_from_settings
+
+    return elector_from_settings(config.kubernetes)
+
+
+def guarded(scheduler: Scheduler | None, leadership: Leadership | None) -> Scheduler | None:
+    """The scheduler behind the leader guard when replicas elect a leader: only the leader drains, requeues
+    and resumes (reads go through)."""
+    if scheduler is None or leadership is None:
+        return scheduler
+    from watchd.integrations.kubernetes.lease import LeaderGuard
+
+    return LeaderGuard(scheduler, leadership)
