@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.slurm import SlurmCluster
-from watchd.integrations.base import WATCHD_REASON_PREFIX, SchedulerError
+from watchd.integrations.base import SchedulerError
 from watchd.integrations.slurm.scheduler import (
     SlurmScheduler,
     compress_hostlist,
@@ -23,6 +23,7 @@ from watchd.integrations.slurm.scheduler import (
     parse_node_line,
     parse_state,
 )
+from watchd.model.nodes import WATCHD_REASON_PREFIX
 
 slurm = pytest.mark.slurm
 

@@ -27,19 +27,11 @@ from watchd.actions.safety import BreakerLimits, Verdict, breaker_verdict, rate_
 from watchd.clock import Clock
 from watchd.engine.metrics import EngineMetrics
 from watchd.integrations.alerts import Alert, AlertSink
-from watchd.integrations.base import (
-    DrainResult,
-    RequeueResult,
-    Scheduler,
-    SchedulerError,
-    describe,
-    drain_reason,
-    drained_by_watchd,
-    plan_drain,
-)
+from watchd.integrations.base import RequeueResult, Scheduler, SchedulerError
 from watchd.integrations.webhook.sender import WebhookSender
 from watchd.logs import get_logger
 from watchd.model.events import Event, stable_id
+from watchd.model.nodes import DrainResult, describe, drain_reason, drained_by_watchd, plan_drain
 from watchd.rules import DISRUPTIVE, Decision, PlannedAction
 from watchd.store.database import HeldAction, Intent, Store, StoreError
 

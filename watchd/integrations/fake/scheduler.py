@@ -9,14 +9,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from watchd.integrations.base import (
+from watchd.integrations.base import RequeueResult, SchedulerError, job_selected
+from watchd.model.nodes import (
     WATCHD_REASON_PREFIX,
     DrainResult,
     NodeState,
-    RequeueResult,
     ResumeResult,
-    SchedulerError,
-    job_selected,
     plan_drain,
     refuse_resume,
 )
