@@ -33,7 +33,10 @@ from watchd.logs import get_logger
 from watchd.model.events import Event, stable_id
 from watchd.model.nodes import DrainResult, describe, drain_reason, drained_by_watchd, plan_drain
 from watchd.rules import DISRUPTIVE, Decision, PlannedAction
-from watchd.store.database import HeldAction, Intent, Store, StoreError
+from watchd.store.connection import StoreError
+from watchd.store.database import Store
+from watchd.store.held import HeldAction
+from watchd.store.intents import Intent
 
 Mode = Literal["dry-run", "enforce"]
 
@@ -373,7 +376,7 @@ class ActionExecutor:
         mode = mode or self.effective_mode(decision)
 
         def begin() -> bool:
-            return self.store.begin_action(
+            return self.store.intents.begin(
                 key,
                 action.kind,
                 action.node,
@@ -408,7 +411,7 @@ class ActionExecutor:
         # A failed drain stays counted: whether scontrol applied it is unknown, and the safe error is to
         # count one drain too many, never one too few.
         failed = result.outcome in ("failed", "no_scheduler", "held")
-        self.store.finish_action(
+        self.store.intents.finish(
             key, result.outcome, result.detail, self._clock.now(), cooldown_until=now if failed else None
         )
         return result
@@ -420,7 +423,7 @@ class ActionExecutor:
         ``_RECHECK_S`` (a flood of events for a drained node must not become a flood of state reads)."""
         if self._scheduler is None or now - self._rechecked.get(node, -_RECHECK_S) < _RECHECK_S:
             return False
-        last = self.store.intents(f"drain:{node}", limit=1)
+        last = self.store.intents.under(f"drain:{node}", limit=1)
         if not last or last[0].finished_at is None or last[0].outcome not in _TOOK_OUT:
             return False
         self._rechecked[node] = now
@@ -432,8 +435,8 @@ class ActionExecutor:
         if state is None or state.drained:
             return False
         _log.info("drain_undone", node=node, state=describe(state))
-        self.store.clear_cooldown(f"drain:{node}")
-        self.store.clear_cooldown(f"requeue:{node}")
+        self.store.intents.clear_cooldown(f"drain:{node}")
+        self.store.intents.clear_cooldown(f"requeue:{node}")
         return True
 
     async def _gated(self, action: PlannedAction, gate: SafetyGate | None, mode: Mode) -> Outcome:
@@ -461,13 +464,13 @@ class ActionExecutor:
         now: float,
     ) -> Outcome:
         already = next(
-            (h for h in self.store.held() if h.kind == action.kind and h.node == action.node), None
+            (h for h in self.store.held.list() if h.kind == action.kind and h.node == action.node), None
         )
         if already is not None:  # a repeated event (a condition re-reported) adds no second held row
             return Outcome("held", f"already held as #{already.id}: {reason}")
         if requeue_follows:
             params = {**params, "requeue_after_release": True}
-        held = self.store.hold(
+        held = self.store.held.hold(
             HeldAction(
                 rule=decision.rule if decision is not None else "operator",
                 kind=action.kind,
@@ -499,7 +502,7 @@ class ActionExecutor:
     def _safety(self, rule: str, limit: Any, action: PlannedAction, mode: Mode, now: float) -> Verdict:
         prefix = "dry-run:" if mode == "dry-run" else ""
         if limit is not None:
-            times = [t for _, t in self.store.disruptions_since(f"{prefix}rule:{rule}", now - limit.per)]
+            times = [t for _, t in self.store.breaker.since(f"{prefix}rule:{rule}", now - limit.per)]
             verdict = rate_verdict(rule, times, now, limit.max, limit.per)
             if not verdict.allowed:
                 return Verdict(False, verdict.reason, f"rule:{rule}")
@@ -507,13 +510,13 @@ class ActionExecutor:
             return Verdict(True)
         pools = self.pools.pools(action.node)
         since = now - self.limits.window_s
-        recent = {p: [n for n, _ in self.store.disruptions_since(f"{prefix}{p}", since)] for p in pools}
+        recent = {p: [n for n, _ in self.store.breaker.since(f"{prefix}{p}", since)] for p in pools}
         return breaker_verdict(action.node, pools, self.pools.sizes, recent, self.limits)
 
     def _count_disruption(self, rule: str, node: str, mode: Mode, now: float) -> None:
         prefix = "dry-run:" if mode == "dry-run" else ""
         for pool in (f"rule:{rule}", *self.pools.pools(node)):
-            self.store.record_disruption(f"{prefix}{pool}", node, now)
+            self.store.breaker.record(f"{prefix}{pool}", node, now)
 
     async def _call_scheduler(self, action: PlannedAction, gate: Gate | None = None) -> Outcome:
         if self._scheduler is None or self._batcher is None:
@@ -543,7 +546,7 @@ class ActionExecutor:
         """Actions decided before a crash but never finished: drive each once more (they are idempotent).
         Then the requeues a crash kept from following their finished drain."""
         self._requeue_missed()
-        for intent in self.store.unfinished_actions():
+        for intent in self.store.intents.unfinished():
             _log.warning(
                 "redriving_unfinished_action", key=intent.key, rule=intent.rule, decided_at=intent.decided_at
             )
@@ -552,10 +555,10 @@ class ActionExecutor:
     def _requeue_missed(self) -> None:
         """A drain that took its node out within the cooldown, decided with a requeue after it, and no
         requeue of the node decided since: the crash came between the two. Requeue now (de-duplicated)."""
-        for drain in self.store.intents_since("drain", self._clock.now() - self._cooldown):
+        for drain in self.store.intents.since("drain", self._clock.now() - self._cooldown):
             if not drain.params.get(_REQUEUE_FOLLOWS) or drain.outcome not in _TOOK_OUT:
                 continue
-            requeues = self.store.intents(f"requeue:{drain.node}", limit=1)
+            requeues = self.store.intents.under(f"requeue:{drain.node}", limit=1)
             if requeues and requeues[-1].decided_at >= drain.decided_at:
                 continue
             _log.warning("requeue_after_restart", node=drain.node, rule=drain.rule)
@@ -593,7 +596,7 @@ class ActionExecutor:
             )
         failed = result.outcome in ("failed", "no_scheduler", "held")
         detail = f"re-driven after a restart: {result.detail}"
-        self.store.finish_action(
+        self.store.intents.finish(
             key, result.outcome, detail, self._clock.now(), cooldown_until=now if failed else None
         )
         self._audit_entry(
@@ -616,7 +619,7 @@ class ActionExecutor:
 
     async def release(self, held_id: int, by: str) -> Outcome:
         """An operator lets a held action go: it runs now, past the breaker (still de-duplicated)."""
-        held = self.store.release(held_id, by, self._clock.now())
+        held = self.store.held.release(held_id, by, self._clock.now())
         if held is None:
             return Outcome("not_held", f"no held action #{held_id}")
         params = {k: v for k, v in held.params.items() if k != "requeue_after_release"}
@@ -632,7 +635,7 @@ class ActionExecutor:
         return result
 
     def discard(self, held_id: int, by: str) -> Outcome:
-        held = self.store.discard(held_id, by, self._clock.now())
+        held = self.store.held.discard(held_id, by, self._clock.now())
         if held is None:
             return Outcome("not_held", f"no held action #{held_id}")
         result = Outcome("discarded", f"{held.kind} of {held.node} discarded by {by}")
@@ -660,7 +663,7 @@ class ActionExecutor:
         """Every audit record goes to the durable trail (the status API and the CLI read it after a restart)
         and to the in-memory one (the log line, the tests)."""
         self._audit.record(entry)
-        self.store.append_audit(entry)
+        self.store.audit.append(entry)
 
     # ------------------------------------------------------------------------------------------ alerts
 
@@ -702,7 +705,7 @@ class ActionExecutor:
             "generator_url": alert.generator_url,
         }
         try:
-            self.store.set_firing_alert(key, record, self._clock.now() + resolve_after)
+            self.store.alerts.set(key, record, self._clock.now() + resolve_after)
         except StoreError:
             _log.exception("firing_alert_not_recorded", key=key)
         pool = _breaker_pool(key)
@@ -715,10 +718,10 @@ class ActionExecutor:
         if self._alerts is None:
             return
         now = self._clock.now()
-        for key, record, resolve_at in self.store.firing_alerts():
+        for key, record, resolve_at in self.store.alerts.list():
             pool = _breaker_pool(key)
             if resolve_at <= now and not (pool is not None and self._holding(pool)):
-                self.store.clear_firing_alert(key)
+                self.store.alerts.clear(key)
                 continue
             try:
                 alert = Alert(
@@ -726,7 +729,7 @@ class ActionExecutor:
                 )
             except (KeyError, TypeError, ValueError) as exc:
                 _log.warning("firing_alert_unreadable", key=key, error=str(exc))
-                self.store.clear_firing_alert(key)
+                self.store.alerts.clear(key)
                 continue
             await self._fire(key, alert, max(resolve_at - now, 1.0))
 
@@ -747,13 +750,13 @@ class ActionExecutor:
                 return
             self._alert_expiry.pop(key, None)
             with contextlib.suppress(StoreError):
-                self.store.clear_firing_alert(key)
+                self.store.alerts.clear(key)
             self._spawn(alerts.resolve(key))
 
         self._alert_expiry[key] = loop.call_later(after, resolve)
 
     def _holding(self, pool: str) -> bool:
-        return any(h.pool == pool for h in self.store.held())
+        return any(h.pool == pool for h in self.store.held.list())
 
     def _breaker_cleared(self, pool: str) -> None:
         """After a release or discard: the breaker alert of a pool with nothing held left resolves now."""

@@ -135,7 +135,7 @@ class Engine:
         self.findings: deque[Finding] = deque(maxlen=200)
         self._jobs_refreshed_at = -1e18
         self.store = open_store(config)
-        saved = self.store.rule_state()
+        saved = self.store.rule_state.load()
         self._rule_state_saved = bool(saved)  # a saved state must be replaced, even by none
         self._next_rule_save = -1.0
         self._restore_rule_state(saved)
@@ -226,7 +226,7 @@ class Engine:
         snapshot = self.evaluator.snapshot()  # a copy, here: evaluation may go on while it is encoded
         if snapshot or self._rule_state_saved:
             encoded = await asyncio.to_thread(_encode_snapshot, snapshot)
-            self.store.save_rule_state(encoded, self.clock.now())
+            self.store.rule_state.save(encoded, self.clock.now())
             self._rule_state_saved = bool(snapshot)
         # a huge state (100,000s of groups) takes seconds to encode: then save less often, so that
         # saving never takes more than a tenth of the engine's time
@@ -234,7 +234,7 @@ class Engine:
 
     def _save_rule_state_now(self) -> None:
         try:
-            self.store.save_rule_state(_encode_snapshot(self.evaluator.snapshot()), self.clock.now())
+            self.store.rule_state.save(_encode_snapshot(self.evaluator.snapshot()), self.clock.now())
         except Exception:  # shutdown goes on: the last periodic snapshot is what the next start gets
             _log.exception("rule_state_save_failed")
 
@@ -273,7 +273,7 @@ class Engine:
         pools = self.executor.pools
         breaker = []
         for pool, size in sorted(pools.sizes.items()) or [("all", 0)]:
-            taken = self.store.disruptions_since(pool, now - window)
+            taken = self.store.breaker.since(pool, now - window)
             breaker.append(
                 {
                     "pool": pool,
@@ -282,13 +282,13 @@ class Engine:
                     "limit": self.executor.limits.allowed_in(size),
                 }
             )
-        recent = [a.to_dict() for a in self.store.recent_audit(200)]
+        recent = [a.to_dict() for a in self.store.audit.recent(200)]
         incidents: dict[str, dict[str, Any]] = {}
         for a in recent:
             if a["action"] in ("drain", "requeue", "alert") and a["outcome"] not in ("deduplicated",):
                 node = incidents.setdefault(a["node"], {"node": a["node"], "actions": []})
                 node["actions"].append({k: a[k] for k in ("time", "rule", "action", "outcome", "detail")})
-        held = [dataclasses.asdict(h) for h in self.store.held()]
+        held = [dataclasses.asdict(h) for h in self.store.held.list()]
         nodes = self.correlator.fleet.nodes(now)
         for node in nodes:
             incident = incidents.get(node["node"])
@@ -318,7 +318,7 @@ class Engine:
         return (True, "leader") if elector.is_leader else (False, f"follower (leader: {elector.holder})")
 
     def held(self) -> list[dict[str, Any]]:
-        return [dataclasses.asdict(h) for h in self.store.held()]
+        return [dataclasses.asdict(h) for h in self.store.held.list()]
 
     async def release(self, held_id: int, by: str) -> dict[str, str]:
         result = await self.executor.release(held_id, by)
@@ -335,7 +335,7 @@ class Engine:
         return fut
 
     def recent_actions(self, limit: int) -> list[dict[str, Any]]:
-        return [a.to_dict() for a in self.store.recent_audit(limit)]
+        return [a.to_dict() for a in self.store.audit.recent(limit)]
 
     # ---------------------------------------------------------------------------------------- lifecycle
 
@@ -431,9 +431,9 @@ class Engine:
 
     async def _prune(self) -> None:
         now = self.clock.now()
-        self.store.prune_audit(now - self.config.state.audit_retention_days * 86400)
-        self.store.prune_disruptions(now - max(self.config.safety.window_s, 86400.0))
-        self.store.prune_cooldowns(now)
+        self.store.audit.prune(now - self.config.state.audit_retention_days * 86400)
+        self.store.breaker.prune(now - max(self.config.safety.window_s, 86400.0))
+        self.store.intents.prune_cooldowns(now)
 
     async def _refresh_jobs(self) -> None:
         self._jobs_refreshed_at = self.clock.monotonic()
