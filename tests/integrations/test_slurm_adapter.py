@@ -90,7 +90,7 @@ async def test_a_replacing_drain_changes_watchd_s_reason_and_only_watchd_s(
 ) -> None:
     """The lemon rule's drain: through the executor's batcher, on the real cluster, a node watchd drained
     gets the new reason; a node an admin drained is left alone even so."""
-    from watchd.actions.executor import DrainBatcher
+    from watchd.actions.drain_batcher import DrainBatcher
 
     assert (await sched.drain({"gpu-2": "watchd: xid 48"}))["gpu-2"].outcome == "drained"
     cluster.drain("gpu-3", "maintenance")
