@@ -24,7 +24,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from watchd.actions.alerting import BREAKER_ALERT, AlertKeeper
+from watchd.actions.alerting import AlertKeeper
 from watchd.actions.attempt import Attempt, Mode
 from watchd.actions.audit import AuditSink
 from watchd.actions.drain_batcher import DrainBatcher
@@ -56,7 +56,7 @@ from watchd.model.events import Event
 from watchd.rules import Decision
 from watchd.store.database import Store
 
-__all__ = ["BREAKER_ALERT", "ActionExecutor", "ActionResult", "Mode", "Pools"]
+__all__ = ["ActionExecutor", "ActionResult", "Mode", "Pools"]
 
 
 class ActionExecutor:
