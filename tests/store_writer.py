@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 
 from watchd.actions.audit import AuditRecord
-from watchd.store.database import HeldAction, Store
+from watchd.store.database import Store
+from watchd.store.held import HeldAction
 
 
 def say(*parts: object) -> None:
@@ -21,18 +22,18 @@ def main(path: str) -> None:
         say("ready")
         for i in range(1_000_000):  # the parent kills it long before the end
             key = f"drain:n{i}"
-            store.begin_action(key, "drain", f"n{i}", "xid-79", f"e{i}", {"reason": "xid 79"}, float(i))
+            store.intents.begin(key, "drain", f"n{i}", "xid-79", f"e{i}", {"reason": "xid 79"}, float(i))
             say("intent", i)
             if i % 2 == 0:
-                store.finish_action(key, "drained", "ok", float(i) + 0.5)
+                store.intents.finish(key, "drained", "ok", float(i) + 0.5)
                 say("finished", i)
-            store.append_audit(
+            store.audit.append(
                 AuditRecord(float(i), "xid-79", f"e{i}", f"n{i}", "drain", "enforce", "drained")
             )
             say("audit", i)
-            store.record_disruption("gpu", f"n{i}", float(i))
+            store.breaker.record("gpu", f"n{i}", float(i))
             say("disruption", i)
-            held_id = store.hold(
+            held_id = store.held.hold(
                 HeldAction("xid-79", "drain", f"n{i}", "gpu", {}, {"id": f"e{i}"}, "breaker open", float(i))
             )
             say("held", held_id)

@@ -114,4 +114,4 @@ async def test_a_restarted_engine_keeps_its_alerts_firing(
             lambda: alertmanager.alert("RestartAlertTest") is None, timeout=15, what="resolution"
         )
         assert time.monotonic() - fired_at >= 5.0  # on its schedule: 6 s after it fired, not at the restart
-        assert engine.alerts.firing_keys == [] and engine.store.firing_alerts() == []
+        assert engine.alerts.firing_keys == [] and engine.store.alerts.list() == []

@@ -320,7 +320,7 @@ async def test_breaker_holds_the_n_plus_first_drain_and_keeps_alerting() -> None
         await decide(executor, engine, *(xid_event(f"n{i}", event_id=f"e{i}") for i in range(3)))
         drained = sorted(n for n, st in fake.nodes.items() if st.drained)
         assert len(drained) == 2
-        held = executor.store.held()
+        held = executor.store.held.list()
         assert [(h.kind, h.pool) for h in held] == [("drain", "gpu")]
         assert "blast-radius breaker" in held[0].reason and held[0].event["node"] == held[0].node
         # the held node's jobs are left alone, its alert still fires, and the breaker alert fires too
@@ -356,7 +356,7 @@ async def test_a_node_already_drained_by_someone_else_neither_counts_nor_is_held
         ("n0", "drain"): "skipped",
         ("n1", "drain"): "drained",
     }
-    assert executor.store.held() == []
+    assert executor.store.held.list() == []
 
 
 async def test_the_breaker_alert_pages_while_anything_is_held_and_resolves_when_nothing_is() -> None:
@@ -371,7 +371,7 @@ async def test_the_breaker_alert_pages_while_anything_is_held_and_resolves_when_
         await decide(
             executor, rule_engine(SAFETY_RULES), *(xid_event(f"n{i}", event_id=f"e{i}") for i in range(4))
         )
-        first, second = executor.store.held()
+        first, second = executor.store.held.list()
         await asyncio.sleep(0.3)  # the window passed several times: still paging, two are held
         assert "breaker/gpu" in alerts.firing
         executor.discard(first.id, "bob")
@@ -423,10 +423,10 @@ async def test_discarded_held_action_never_runs() -> None:
         await decide(
             executor, rule_engine(SAFETY_RULES), *(xid_event(f"n{i}", event_id=f"e{i}") for i in range(2))
         )
-        (held,) = executor.store.held()
+        (held,) = executor.store.held.list()
         assert executor.discard(held.id, "bob").outcome == "discarded"
         assert (await executor.release(held.id, "bob")).outcome == "not_held"
-        last = executor.store.recent_audit(1)[0]  # the durable trail says who discarded what
+        last = executor.store.audit.recent(1)[0]  # the durable trail says who discarded what
         assert (last.action, last.node, last.outcome) == ("drain", held.node, "discarded")
         assert "discarded by bob" in last.detail
     assert not fake.nodes[held.node].drained
@@ -440,7 +440,7 @@ async def test_rule_rate_limit_holds_beyond_its_budget() -> None:
             executor, rule_engine(SAFETY_RULES), *(xid_event(f"n{i}", 48, event_id=f"e{i}") for i in range(3))
         )
     assert [a.outcome for a in audit.entries].count("drained") == 2
-    (held,) = executor.store.held()
+    (held,) = executor.store.held.list()
     assert "rate limit of rule limited" in held.reason
 
 
@@ -485,7 +485,7 @@ async def test_state_survives_a_restart(tmp_path: Any) -> None:
     store.close()
     # A crash between decision and scheduler call leaves an unfinished intent behind: simulate one.
     crashed = Store.open(db)
-    crashed.begin_action("drain:n3", "drain", "n3", "fatal", "z", {"reason": "Xid 79"}, clock.now())
+    crashed.intents.begin("drain:n3", "drain", "n3", "fatal", "z", {"reason": "Xid 79"}, clock.now())
     crashed.close()
     fake.calls.clear()
     store = Store.open(db)
@@ -495,8 +495,8 @@ async def test_state_survives_a_restart(tmp_path: Any) -> None:
         assert fake.nodes["n3"].drained, "the unfinished drain is re-driven once"
         await decide(executor, engine, xid_event("n0", event_id="b"))  # same node, within the cooldown
     assert [a.outcome for a in audit.entries if a.node == "n0" and a.action == "drain"] == ["deduplicated"]
-    assert store.unfinished_actions() == []
-    assert next(a.node for a in store.recent_audit(100) if a.action == "drain") == "n0"
+    assert store.intents.unfinished() == []
+    assert next(a.node for a in store.audit.recent(100) if a.action == "drain") == "n0"
     store.close()
 
 
@@ -558,17 +558,17 @@ async def test_a_released_drain_counts_and_its_requeue_runs() -> None:
     engine = rule_engine(SAFETY_RULES)
     async with executor:
         await decide(executor, engine, *(xid_event(f"n{i}", event_id=f"e{i}") for i in range(3)))
-        (held,) = executor.store.held()
+        (held,) = executor.store.held.list()
         assert held.node == "n2" and fake.jobs["7"].state == "running"
         result = await executor.release(held.id, "alice")
         assert result.outcome == "drained" and "then requeue: requeued" in result.detail
-        last = executor.store.recent_audit(1)[0]
+        last = executor.store.audit.recent(1)[0]
         assert (last.node, last.outcome) == ("n2", "drained") and last.detail.startswith("released by alice")
         assert fake.jobs["7"].state == "pending"
         clock.advance(60)
         await decide(executor, engine, xid_event("n3", event_id="e3"))  # three taken out: the window is full
         assert not fake.nodes["n3"].drained
-        assert [h.node for h in executor.store.held()] == ["n3"]
+        assert [h.node for h in executor.store.held.list()] == ["n3"]
 
 
 async def test_a_repeated_event_adds_no_second_held_row() -> None:
@@ -581,7 +581,7 @@ async def test_a_repeated_event_adds_no_second_held_row() -> None:
         await decide(executor, engine, xid_event("n0", event_id="a"), xid_event("n1", event_id="b"))
         clock.advance(30)
         await decide(executor, engine, xid_event("n1", event_id="c"))
-    assert [h.node for h in executor.store.held()] == ["n1"]
+    assert [h.node for h in executor.store.held.list()] == ["n1"]
 
 
 async def test_dry_run_holds_nothing_and_says_what_the_limits_would_do() -> None:
@@ -603,7 +603,7 @@ async def test_dry_run_holds_nothing_and_says_what_the_limits_would_do() -> None
     drains = [a for a in audit.entries if a.action == "drain"]
     assert [a.outcome for a in drains] == ["dry_run", "dry_run"]
     assert "would hold it: blast-radius breaker" in drains[1].detail
-    assert executor.store.held() == [] and "breaker/gpu" not in alerts.firing
+    assert executor.store.held.list() == [] and "breaker/gpu" not in alerts.firing
 
 
 async def test_a_crash_between_a_drain_and_its_requeue_still_requeues_after_the_restart(
@@ -622,11 +622,11 @@ async def test_a_crash_between_a_drain_and_its_requeue_still_requeues_after_the_
     follows = {"reason": "Xid 79", "requeue_follows": True}
     with Store.open(db) as crashed:
         for node, outcome in (("n0", "drained"), ("n1", "drained"), ("n2", "skipped")):
-            crashed.begin_action(f"drain:{node}", "drain", node, "fatal", f"e-{node}", follows, clock_now)
-            crashed.finish_action(f"drain:{node}", outcome, "", clock_now)
-        crashed.begin_action("requeue:n1", "requeue", "n1", "fatal", "e-n1", {}, clock_now + 1)
-        crashed.finish_action("requeue:n1", "requeued", "", clock_now + 1)
-        crashed.begin_action("drain:n3", "drain", "n3", "fatal", "e-n3", follows, clock_now)  # unfinished
+            crashed.intents.begin(f"drain:{node}", "drain", node, "fatal", f"e-{node}", follows, clock_now)
+            crashed.intents.finish(f"drain:{node}", outcome, "", clock_now)
+        crashed.intents.begin("requeue:n1", "requeue", "n1", "fatal", "e-n1", {}, clock_now + 1)
+        crashed.intents.finish("requeue:n1", "requeued", "", clock_now + 1)
+        crashed.intents.begin("drain:n3", "drain", "n3", "fatal", "e-n3", follows, clock_now)  # unfinished
     from watchd.clock import FakeClock
 
     store = Store.open(db)
@@ -650,7 +650,9 @@ async def test_interrupted_drains_are_redriven_through_the_breaker(tmp_path: Any
     db = tmp_path / "engine.db"
     with Store.open(db) as crashed:
         for i in range(5):
-            crashed.begin_action(f"drain:n{i}", "drain", f"n{i}", "fatal", f"e{i}", {"reason": "Xid 79"}, 1e9)
+            crashed.intents.begin(
+                f"drain:n{i}", "drain", f"n{i}", "fatal", f"e{i}", {"reason": "Xid 79"}, 1e9
+            )
     store = Store.open(db)
     executor, _, _ = make(
         fake, store=store, limits=BreakerLimits(0.10, 50, 3600), pools=Pools.from_members(await fake.pools())
@@ -658,7 +660,7 @@ async def test_interrupted_drains_are_redriven_through_the_breaker(tmp_path: Any
     async with executor:
         await executor.drain_in_flight(5)
     assert sum(st.drained for st in fake.nodes.values()) == 2
-    assert len(store.held()) == 3 and store.unfinished_actions() == []
+    assert len(store.held.list()) == 3 and store.intents.unfinished() == []
     store.close()
 
 

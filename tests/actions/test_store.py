@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from watchd.actions.audit import AuditRecord
-from watchd.store.database import SCHEMA_VERSION, HeldAction, Store, StoreError
+from watchd.store.connection import StoreError
+from watchd.store.database import Store
+from watchd.store.held import HeldAction
+from watchd.store.schema import SCHEMA_VERSION
 
 
 @pytest.fixture
@@ -42,7 +45,7 @@ def held_action(node: str = "gpu-1", at: float = 100.0) -> HeldAction:
 
 
 def begin(s: Store, key: str = "drain:gpu-1", at: float = 100.0, cooldown_until: float | None = None) -> bool:
-    return s.begin_action(key, "drain", "gpu-1", "xid-79", "e1", {"reason": "Xid 79"}, at, cooldown_until)
+    return s.intents.begin(key, "drain", "gpu-1", "xid-79", "e1", {"reason": "Xid 79"}, at, cooldown_until)
 
 
 # ---------------------------------------------------------------------------------------------- lifecycle
@@ -52,8 +55,8 @@ def test_open_sets_wal_normal_and_the_schema(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     with Store.open(path) as s:
         assert s.schema_version() == SCHEMA_VERSION == 2
-        assert s._live().execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
-        assert s._live().execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+        assert s._db.live().execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert s._db.live().execute("PRAGMA busy_timeout").fetchone()[0] == 5000
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persistent in the file
     raw.close()
@@ -64,14 +67,14 @@ def test_migrates_an_empty_file(tmp_path: Path) -> None:
     path.touch()
     with Store.open(path) as s:
         assert s.schema_version() == 2
-        s.set_meta("k", "v")
+        s.meta.set("k", "v")
     with Store.open(path) as s:  # a second open migrates nothing and keeps the data
         assert s.schema_version() == 2
-        assert s.get_meta("k") == "v"
+        assert s.meta.get("k") == "v"
 
 
 def test_a_version_1_database_is_migrated_and_keeps_its_data(tmp_path: Path) -> None:
-    from watchd.store.database import MIGRATIONS
+    from watchd.store.schema import MIGRATIONS
 
     path = tmp_path / "v1.db"
     raw = sqlite3.connect(path)
@@ -83,15 +86,15 @@ def test_a_version_1_database_is_migrated_and_keeps_its_data(tmp_path: Path) -> 
     raw.commit()
     raw.close()
     with Store.open(path) as s:
-        assert s.schema_version() == 2 and s.get_meta("k") == "v1" and s.rule_state() == {}
+        assert s.schema_version() == 2 and s.meta.get("k") == "v1" and s.rule_state.load() == {}
 
 
 def test_rule_state_is_replaced_as_a_whole(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s.db") as s:
-        s.save_rule_state({"a": ("fp-a", '{"last": []}'), "b": ("fp-b", "{}")}, 100.0)
-        s.save_rule_state({"b": ("fp-b2", '{"x": 1}')}, 110.0)
+        s.rule_state.save({"a": ("fp-a", '{"last": []}'), "b": ("fp-b", "{}")}, 100.0)
+        s.rule_state.save({"b": ("fp-b2", '{"x": 1}')}, 110.0)
     with Store.open(tmp_path / "s.db") as s:
-        assert s.rule_state() == {"b": ("fp-b2", '{"x": 1}')}
+        assert s.rule_state.load() == {"b": ("fp-b2", '{"x": 1}')}
 
 
 def test_closed_store_raises_and_close_is_idempotent(tmp_path: Path) -> None:
@@ -99,7 +102,7 @@ def test_closed_store_raises_and_close_is_idempotent(tmp_path: Path) -> None:
         pass
     s.close()
     with pytest.raises(StoreError, match="closed"):
-        s.get_meta("k")
+        s.meta.get("k")
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -116,7 +119,7 @@ def test_corrupt_pages_are_a_store_error(tmp_path: Path) -> None:
     path = tmp_path / "corrupt.db"
     with Store.open(path) as s:
         for i in range(200):
-            s.append_audit(audit(float(i), detail="x" * 500))
+            s.audit.append(audit(float(i), detail="x" * 500))
     data = bytearray(path.read_bytes())
     data[100:4096] = b"\xab" * (4096 - 100)  # the schema page, after the header
     path.write_bytes(bytes(data))
@@ -128,7 +131,7 @@ def test_corrupt_data_page_is_caught_by_check(tmp_path: Path) -> None:
     path = tmp_path / "corrupt.db"
     with Store.open(path) as s:
         for i in range(200):
-            s.append_audit(audit(float(i), detail="x" * 500))
+            s.audit.append(audit(float(i), detail="x" * 500))
         s.check()
     data = bytearray(path.read_bytes())
     mid = len(data) // 2 // 4096 * 4096
@@ -174,12 +177,12 @@ def test_lock_held_too_long_is_a_store_error(tmp_path: Path) -> None:
         raw.execute("BEGIN IMMEDIATE")
         try:
             with pytest.raises(StoreError, match=f"^{path}: appending to the audit trail: .*locked"):
-                s.append_audit(audit(1.0))
+                s.audit.append(audit(1.0))
         finally:
             raw.execute("ROLLBACK")
             raw.close()
-        s.append_audit(audit(1.0))  # the failed call left no transaction open
-        assert len(s.recent_audit(10)) == 1
+        s.audit.append(audit(1.0))  # the failed call left no transaction open
+        assert len(s.audit.recent(10)) == 1
 
 
 # ---------------------------------------------------------------------------------------------- audit
@@ -187,16 +190,16 @@ def test_lock_held_too_long_is_a_store_error(tmp_path: Path) -> None:
 
 def test_audit_append_recent_and_prune(store: Store) -> None:
     rec = audit(1.0, params={"reason": "Xid 79", "xid": 79, "dry": False, "n": None, "f": 1.5})
-    store.append_audit(rec)
+    store.audit.append(rec)
     for t in range(2, 6):
-        store.append_audit(audit(float(t), node="gpu-2" if t % 2 else "gpu-1"))
-    assert store.recent_audit(10)[0] == rec  # params round-trip through JSON
-    assert [r.time for r in store.recent_audit(3)] == [3.0, 4.0, 5.0]  # the latest, oldest first
-    assert [r.time for r in store.recent_audit(10, node="gpu-1")] == [1.0, 2.0, 4.0]
-    assert [r.time for r in store.recent_audit(1, node="gpu-2")] == [5.0]
-    assert store.recent_audit(10, node="gpu-9") == []
-    assert store.prune_audit(older_than=3.0) == 2
-    assert [r.time for r in store.recent_audit(10)] == [3.0, 4.0, 5.0]
+        store.audit.append(audit(float(t), node="gpu-2" if t % 2 else "gpu-1"))
+    assert store.audit.recent(10)[0] == rec  # params round-trip through JSON
+    assert [r.time for r in store.audit.recent(3)] == [3.0, 4.0, 5.0]  # the latest, oldest first
+    assert [r.time for r in store.audit.recent(10, node="gpu-1")] == [1.0, 2.0, 4.0]
+    assert [r.time for r in store.audit.recent(1, node="gpu-2")] == [5.0]
+    assert store.audit.recent(10, node="gpu-9") == []
+    assert store.audit.prune(older_than=3.0) == 2
+    assert [r.time for r in store.audit.recent(10)] == [3.0, 4.0, 5.0]
 
 
 # ---------------------------------------------------------------------------------------------- intents
@@ -206,7 +209,7 @@ def test_begin_and_finish_action(store: Store) -> None:
     assert begin(store, at=100.0)
     assert not begin(store, at=101.0)  # in flight: refused, nothing written
     assert begin(store, key="drain:gpu-2", at=101.0)
-    [first, second] = store.unfinished_actions()
+    [first, second] = store.intents.unfinished()
     assert (first.key, first.kind, first.node, first.rule, first.event_id) == (
         "drain:gpu-1",
         "drain",
@@ -216,50 +219,50 @@ def test_begin_and_finish_action(store: Store) -> None:
     )
     assert first.params == {"reason": "Xid 79"} and first.decided_at == 100.0 and not first.finished
     assert second.key == "drain:gpu-2"
-    assert store.last_action("drain:gpu-1") is None
+    assert store.intents.last_finished("drain:gpu-1") is None
 
-    assert store.finish_action("drain:gpu-1", "drained", "ok", finished_at=102.0)
-    assert not store.finish_action("drain:gpu-1", "drained", "again", finished_at=103.0)  # idempotent
-    assert [i.key for i in store.unfinished_actions()] == ["drain:gpu-2"]
-    [done] = store.intents("drain:gpu-1")
+    assert store.intents.finish("drain:gpu-1", "drained", "ok", finished_at=102.0)
+    assert not store.intents.finish("drain:gpu-1", "drained", "again", finished_at=103.0)  # idempotent
+    assert [i.key for i in store.intents.unfinished()] == ["drain:gpu-2"]
+    [done] = store.intents.under("drain:gpu-1")
     assert (done.outcome, done.detail, done.finished_at, done.finished) == ("drained", "ok", 102.0, True)
-    assert store.last_action("drain:gpu-1") == 102.0
+    assert store.intents.last_finished("drain:gpu-1") == 102.0
 
     assert begin(store, at=104.0)  # finished and no cooldown: a new action may begin
-    assert [i.decided_at for i in store.intents("drain:gpu-1")] == [100.0, 104.0]
-    assert [i.decided_at for i in store.intents("drain:gpu-1", limit=1)] == [104.0]
+    assert [i.decided_at for i in store.intents.under("drain:gpu-1")] == [100.0, 104.0]
+    assert [i.decided_at for i in store.intents.under("drain:gpu-1", limit=1)] == [104.0]
 
 
 def test_cooldown_taken_at_begin_and_lifted_at_finish(store: Store) -> None:
     assert begin(store, at=100.0, cooldown_until=700.0)
-    assert store.cooldown_until("drain:gpu-1") == 700.0
-    store.finish_action("drain:gpu-1", "drained", "ok", 101.0)
+    assert store.intents.cooldown_until("drain:gpu-1") == 700.0
+    store.intents.finish("drain:gpu-1", "drained", "ok", 101.0)
     assert not begin(store, at=699.0)  # within the cooldown
     assert begin(store, at=700.0)  # the cooldown ended
-    store.finish_action("drain:gpu-1", "failed", "scontrol timed out", 701.0, cooldown_until=701.0)
+    store.intents.finish("drain:gpu-1", "failed", "scontrol timed out", 701.0, cooldown_until=701.0)
     assert begin(store, at=702.0)  # a failure lifted the cooldown: the next event retries
 
 
 def test_prune_intents_keeps_unfinished(store: Store) -> None:
     begin(store, key="a", at=1.0)
-    store.finish_action("a", "drained", "", 2.0)
+    store.intents.finish("a", "drained", "", 2.0)
     begin(store, key="b", at=1.0)
-    assert store.prune_intents(older_than=10.0) == 1
-    assert store.intents("a") == []
-    assert [i.key for i in store.unfinished_actions()] == ["b"]
+    assert store.intents.prune(older_than=10.0) == 1
+    assert store.intents.under("a") == []
+    assert [i.key for i in store.intents.unfinished()] == ["b"]
 
 
 def test_cooldowns(store: Store) -> None:
-    assert store.cooldown_until("drain:gpu-1") is None
-    store.set_cooldown("drain:gpu-1", 50.0)
-    store.set_cooldown("drain:gpu-1", 60.0)
-    store.set_cooldown("drain:gpu-2", 40.0)
-    assert store.cooldown_until("drain:gpu-1") == 60.0
+    assert store.intents.cooldown_until("drain:gpu-1") is None
+    store.intents.set_cooldown("drain:gpu-1", 50.0)
+    store.intents.set_cooldown("drain:gpu-1", 60.0)
+    store.intents.set_cooldown("drain:gpu-2", 40.0)
+    assert store.intents.cooldown_until("drain:gpu-1") == 60.0
     assert not begin(store, at=59.0)
-    assert store.prune_cooldowns(now=40.0) == 1
-    assert store.cooldown_until("drain:gpu-2") is None
-    store.clear_cooldown("drain:gpu-1")
-    assert store.cooldown_until("drain:gpu-1") is None
+    assert store.intents.prune_cooldowns(now=40.0) == 1
+    assert store.intents.cooldown_until("drain:gpu-2") is None
+    store.intents.clear_cooldown("drain:gpu-1")
+    assert store.intents.cooldown_until("drain:gpu-1") is None
     assert begin(store, at=59.0)
 
 
@@ -267,32 +270,32 @@ def test_cooldowns(store: Store) -> None:
 
 
 def test_disruptions_count_distinct_nodes(store: Store) -> None:
-    store.record_disruption("gpu", "n1", 10.0)
-    store.record_disruption("gpu", "n2", 20.0)
-    store.record_disruption("gpu", "n1", 30.0)
-    store.record_disruption("cpu", "c1", 25.0)
-    assert store.disruptions_since("gpu", 0.0) == [("n2", 20.0), ("n1", 30.0)]
-    assert store.disruptions_since("gpu", 25.0) == [("n1", 30.0)]
-    assert store.disruptions_since("cpu", 0.0) == [("c1", 25.0)]
-    assert store.disruptions_since("none", 0.0) == []
-    assert store.prune_disruptions(older_than=25.0) == 2
-    assert store.disruptions_since("gpu", 0.0) == [("n1", 30.0)]
-    assert store.disruptions_since("cpu", 0.0) == [("c1", 25.0)]
+    store.breaker.record("gpu", "n1", 10.0)
+    store.breaker.record("gpu", "n2", 20.0)
+    store.breaker.record("gpu", "n1", 30.0)
+    store.breaker.record("cpu", "c1", 25.0)
+    assert store.breaker.since("gpu", 0.0) == [("n2", 20.0), ("n1", 30.0)]
+    assert store.breaker.since("gpu", 25.0) == [("n1", 30.0)]
+    assert store.breaker.since("cpu", 0.0) == [("c1", 25.0)]
+    assert store.breaker.since("none", 0.0) == []
+    assert store.breaker.prune(older_than=25.0) == 2
+    assert store.breaker.since("gpu", 0.0) == [("n1", 30.0)]
+    assert store.breaker.since("cpu", 0.0) == [("c1", 25.0)]
 
 
 # ---------------------------------------------------------------------------------------------- held
 
 
 def test_hold_release_discard(store: Store) -> None:
-    a = store.hold(held_action("gpu-1", 100.0))
-    b = store.hold(held_action("gpu-2", 101.0))
+    a = store.held.hold(held_action("gpu-1", 100.0))
+    b = store.held.hold(held_action("gpu-2", 101.0))
     assert a != b
-    assert store.held() == [
+    assert store.held.list() == [
         replace(held_action("gpu-1", 100.0), id=a),
         replace(held_action("gpu-2", 101.0), id=b),
     ]
 
-    released = store.release(a, by="alice", at=200.0)
+    released = store.held.release(a, by="alice", at=200.0)
     assert released is not None
     assert (released.id, released.status, released.resolved_by, released.resolved_at) == (
         a,
@@ -301,36 +304,36 @@ def test_hold_release_discard(store: Store) -> None:
         200.0,
     )
     assert released.node == "gpu-1" and released.params == {"reason": "Xid 79"}
-    assert store.release(a, by="bob", at=201.0) is None  # second call: no-op
-    assert store.discard(a, by="bob", at=201.0) is None  # already resolved
+    assert store.held.release(a, by="bob", at=201.0) is None  # second call: no-op
+    assert store.held.discard(a, by="bob", at=201.0) is None  # already resolved
 
-    discarded = store.discard(b, by="bob", at=202.0)
+    discarded = store.held.discard(b, by="bob", at=202.0)
     assert discarded is not None and discarded.status == "discarded"
-    assert store.discard(b, by="bob", at=203.0) is None
-    assert store.release(999, by="x", at=1.0) is None
+    assert store.held.discard(b, by="bob", at=203.0) is None
+    assert store.held.release(999, by="x", at=1.0) is None
 
-    assert store.held() == []
-    assert [h.id for h in store.held("released")] == [a]
-    assert [h.id for h in store.held("discarded")] == [b]
-    assert store.get_held(a) == store.held("released")[0]
-    assert store.get_held(999) is None
+    assert store.held.list() == []
+    assert [h.id for h in store.held.list("released")] == [a]
+    assert [h.id for h in store.held.list("discarded")] == [b]
+    assert store.held.get(a) == store.held.list("released")[0]
+    assert store.held.get(999) is None
 
-    c = store.hold(held_action("gpu-3"))
-    assert store.prune_held(older_than=201.0) == 1  # released at 200; held ones are never pruned
-    assert [h.id for h in store.held()] == [c]
-    assert store.held("discarded") != [] and store.held("released") == []
+    c = store.held.hold(held_action("gpu-3"))
+    assert store.held.prune(older_than=201.0) == 1  # released at 200; held ones are never pruned
+    assert [h.id for h in store.held.list()] == [c]
+    assert store.held.list("discarded") != [] and store.held.list("released") == []
 
 
 # ---------------------------------------------------------------------------------------------- meta
 
 
 def test_meta(store: Store) -> None:
-    assert store.get_meta("k") is None
-    store.set_meta("k", "1")
-    store.set_meta("k", "2")
-    assert store.get_meta("k") == "2"
-    store.delete_meta("k")
-    assert store.get_meta("k") is None
+    assert store.meta.get("k") is None
+    store.meta.set("k", "1")
+    store.meta.set("k", "2")
+    assert store.meta.get("k") == "2"
+    store.meta.delete("k")
+    assert store.meta.get("k") is None
 
 
 # ---------------------------------------------------------------------------------------------- persistence
@@ -339,41 +342,41 @@ def test_meta(store: Store) -> None:
 def test_everything_survives_reopen(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     with Store.open(path) as s:
-        s.append_audit(audit(1.0, params={"reason": "r"}))
+        s.audit.append(audit(1.0, params={"reason": "r"}))
         begin(s, key="drain:gpu-1", at=1.0, cooldown_until=601.0)
         begin(s, key="drain:gpu-2", at=2.0)
-        s.finish_action("drain:gpu-2", "drained", "ok", 3.0)
-        s.set_cooldown("requeue:gpu-3", 900.0)
-        s.record_disruption("gpu", "gpu-1", 1.0)
-        held_id = s.hold(held_action())
-        released_id = s.hold(held_action("gpu-2"))
-        s.release(released_id, "alice", 5.0)
-        s.set_meta("started", "yes")
+        s.intents.finish("drain:gpu-2", "drained", "ok", 3.0)
+        s.intents.set_cooldown("requeue:gpu-3", 900.0)
+        s.breaker.record("gpu", "gpu-1", 1.0)
+        held_id = s.held.hold(held_action())
+        released_id = s.held.hold(held_action("gpu-2"))
+        s.held.release(released_id, "alice", 5.0)
+        s.meta.set("started", "yes")
     with Store.open(path) as s:
-        assert s.recent_audit(10) == [audit(1.0, params={"reason": "r"})]
-        assert [i.key for i in s.unfinished_actions()] == ["drain:gpu-1"]
+        assert s.audit.recent(10) == [audit(1.0, params={"reason": "r"})]
+        assert [i.key for i in s.intents.unfinished()] == ["drain:gpu-1"]
         assert not begin(s, key="drain:gpu-1", at=10.0)  # still in flight after the restart
-        assert s.last_action("drain:gpu-2") == 3.0
-        assert s.cooldown_until("drain:gpu-1") == 601.0
-        assert s.cooldown_until("requeue:gpu-3") == 900.0
-        assert s.disruptions_since("gpu", 0.0) == [("gpu-1", 1.0)]
-        assert [h.id for h in s.held()] == [held_id]
-        assert [h.resolved_by for h in s.held("released")] == ["alice"]
-        assert s.get_meta("started") == "yes"
+        assert s.intents.last_finished("drain:gpu-2") == 3.0
+        assert s.intents.cooldown_until("drain:gpu-1") == 601.0
+        assert s.intents.cooldown_until("requeue:gpu-3") == 900.0
+        assert s.breaker.since("gpu", 0.0) == [("gpu-1", 1.0)]
+        assert [h.id for h in s.held.list()] == [held_id]
+        assert [h.resolved_by for h in s.held.list("released")] == ["alice"]
+        assert s.meta.get("started") == "yes"
         s.check()
 
 
 def test_two_stores_on_one_file(tmp_path: Path) -> None:
     path = tmp_path / "shared.db"
     with Store.open(path) as engine, Store.open(path) as cli:
-        held_id = engine.hold(held_action())
-        assert [h.id for h in cli.held()] == [held_id]
-        assert cli.release(held_id, "alice", 10.0) is not None
-        assert engine.release(held_id, "engine", 11.0) is None  # released once, whoever races
+        held_id = engine.held.hold(held_action())
+        assert [h.id for h in cli.held.list()] == [held_id]
+        assert cli.held.release(held_id, "alice", 10.0) is not None
+        assert engine.held.release(held_id, "engine", 11.0) is None  # released once, whoever races
         assert begin(engine, key="k")
         assert not begin(cli, key="k")  # one in flight per key, across connections
-        cli.append_audit(audit(1.0))
-        assert len(engine.recent_audit(10)) == 1
+        cli.audit.append(audit(1.0))
+        assert len(engine.audit.recent(10)) == 1
 
 
 # ---------------------------------------------------------------------------------------------- kill -9
@@ -405,7 +408,7 @@ def test_kill_9_loses_nothing_committed(tmp_path: Path) -> None:
             held_seen += line.startswith("held ")
             if held_seen == 75:  # a second process opens and reads while the writer writes
                 with Store.open(path) as reader:
-                    assert len(reader.held()) >= 74
+                    assert len(reader.held.list()) >= 74
         os.kill(child.pid, signal.SIGKILL)  # mid-loop: it is writing flat out
         child.wait(timeout=5)
         rest = child.stdout.read()  # through our buffer, to EOF: communicate() would skip what is buffered
@@ -429,16 +432,16 @@ def test_kill_9_loses_nothing_committed(tmp_path: Path) -> None:
         intents = {int(k.removeprefix("drain:n")): f for k, f in _intent_keys(s).items()}
         assert reported["intent"] <= set(intents)
         assert all(intents[i] for i in reported["finished"])
-        unfinished = {int(i.key.removeprefix("drain:n")) for i in s.unfinished_actions()}
+        unfinished = {int(i.key.removeprefix("drain:n")) for i in s.intents.unfinished()}
         assert unfinished == {i for i, finished in intents.items() if not finished}
         assert unfinished - reported["intent"] <= {max(reported["intent"]) + 1}  # the last, maybe unreported
-        audited = {int(r.event_id[1:]) for r in s.recent_audit(1_000_000)}
+        audited = {int(r.event_id[1:]) for r in s.audit.recent(1_000_000)}
         assert reported["audit"] <= audited
-        disrupted = {int(node[1:]) for node, _ in s.disruptions_since("gpu", 0.0)}
+        disrupted = {int(node[1:]) for node, _ in s.breaker.since("gpu", 0.0)}
         assert reported["disruption"] <= disrupted
-        assert reported["held"] <= {h.id for h in s.held()}
+        assert reported["held"] <= {h.id for h in s.held.list()}
 
 
 def _intent_keys(s: Store) -> dict[str, bool]:
-    rows = s._live().execute("SELECT key, finished_at IS NOT NULL FROM intents").fetchall()
+    rows = s._db.live().execute("SELECT key, finished_at IS NOT NULL FROM intents").fetchall()
     return {str(r[0]): bool(r[1]) for r in rows}

@@ -172,8 +172,8 @@ def test_kill_9_mid_burst_neither_repeats_nor_loses_an_action(sim: SlurmCluster,
         assert engine.stop() == 0, engine.log()
     with Store.open(db) as store:
         store.check()
-        drains = [a for a in store.recent_audit(10_000) if a.action == "drain"]
-        intents = {node: store.intents(f"drain:{node}") for node in nodes}
+        drains = [a for a in store.audit.recent(10_000) if a.action == "drain"]
+        intents = {node: store.intents.under(f"drain:{node}") for node in nodes}
     done = [a.node for a in drains if a.outcome == "drained"]
     assert sorted(done) == sorted(set(done)), "a node was drained twice"
     for node in accepted:  # every decision taken before the kill was carried out exactly once
@@ -186,4 +186,4 @@ def test_kill_9_mid_burst_neither_repeats_nor_loses_an_action(sim: SlurmCluster,
 
 def _unfinished(db: Path) -> list[Any]:
     with Store.open(db) as store:
-        return store.unfinished_actions()
+        return store.intents.unfinished()

@@ -83,7 +83,7 @@ async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
     assert time.monotonic() - started < 5
     assert engine._processor is None
     with pytest.raises(Exception, match="closed"):
-        engine.store.held()  # the state is closed last
+        engine.store.held.list()  # the state is closed last
 
 
 async def test_status_document_has_the_same_shape(tmp_path: Path) -> None:
@@ -179,14 +179,14 @@ async def test_rule_state_snapshots_stretch_to_ten_times_a_slow_save(tmp_path: P
     cfg = config(tmp_path, state=StateConfig(path=tmp_path / "s.db", rules_snapshot_s=0.05))
     async with Engine(cfg, scheduler=FakeScheduler()) as engine:
         saves: list[float] = []
-        store_save = engine.store.save_rule_state
+        store_save = engine.store.rule_state.save
 
         def slow_save(*args: object) -> None:
             saves.append(time.monotonic())
             time.sleep(0.05)  # a save that takes as long as the interval
             store_save(*args)  # type: ignore[arg-type]
 
-        engine.store.save_rule_state = slow_save  # type: ignore[method-assign]
+        engine.store.rule_state.save = slow_save  # type: ignore[method-assign]
         engine._rule_state_saved = True  # a saved state must be replaced even when empty: every run saves
         await asyncio.sleep(1.3)
     gaps = [b - a for a, b in itertools.pairwise(saves)]

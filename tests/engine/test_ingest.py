@@ -54,7 +54,7 @@ async def test_accepts_and_acts(engine: Engine) -> None:
     status, body = await post(engine, batch(xid_event("gpu-1")))
     assert status == 200 and body == {"accepted": 1, "duplicates": 0}
     # acknowledged only once evaluated: the drain is already recorded (a crash now would re-drive it)
-    assert [i.rule for i in engine.store.intents("drain:gpu-1")] == ["xid-fatal-hardware"]
+    assert [i.rule for i in engine.store.intents.under("drain:gpu-1")] == ["xid-fatal-hardware"]
     assert engine.metrics.ingest_ack_timeouts._value.get() == 0
     await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="drain and requeue")
     assert engine.scheduler.nodes["gpu-1"].drained  # type: ignore[union-attr]

@@ -17,8 +17,8 @@ from tests.daemons import free_port
 from watchd.config import EngineConfig, Listen, TokenSource
 from watchd.engine.runner import Engine
 from watchd.errors import UsageError
-from watchd.integrations.base import WATCHD_REASON_PREFIX
 from watchd.integrations.fake.scheduler import FakeScheduler
+from watchd.model.nodes import WATCHD_REASON_PREFIX
 from watchd.operator_cli import engine_address, run_resume
 
 TOKEN = "t0ken"

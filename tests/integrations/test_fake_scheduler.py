@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from watchd.integrations.base import WATCHD_REASON_PREFIX, Scheduler, SchedulerError
+from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.integrations.fake.scheduler import FakeScheduler
+from watchd.model.nodes import WATCHD_REASON_PREFIX
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.slurm import SlurmCluster
-from watchd.integrations.base import WATCHD_REASON_PREFIX, SchedulerError
+from watchd.integrations.base import SchedulerError
 from watchd.integrations.slurm.scheduler import (
     SlurmScheduler,
     compress_hostlist,
@@ -23,6 +23,7 @@ from watchd.integrations.slurm.scheduler import (
     parse_node_line,
     parse_state,
 )
+from watchd.model.nodes import WATCHD_REASON_PREFIX
 
 slurm = pytest.mark.slurm
 
@@ -89,7 +90,7 @@ async def test_a_replacing_drain_changes_watchd_s_reason_and_only_watchd_s(
 ) -> None:
     """The lemon rule's drain: through the executor's batcher, on the real cluster, a node watchd drained
     gets the new reason; a node an admin drained is left alone even so."""
-    from watchd.actions.executor import DrainBatcher
+    from watchd.actions.drain_batcher import DrainBatcher
 
     assert (await sched.drain({"gpu-2": "watchd: xid 48"}))["gpu-2"].outcome == "drained"
     cluster.drain("gpu-3", "maintenance")

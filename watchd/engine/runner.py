@@ -167,7 +167,7 @@ class Engine:
         snapshot = self.evaluator.snapshot()  # a copy, here: evaluation may go on while it is encoded
         if snapshot or self._rule_state_saved:
             encoded = await asyncio.to_thread(_encode_snapshot, snapshot)
-            self.store.save_rule_state(encoded, self.clock.now())
+            self.store.rule_state.save(encoded, self.clock.now())
             self._rule_state_saved = bool(snapshot)
         # a huge state (100,000s of groups) takes seconds to encode: then save less often, so that
         # saving never takes more than a tenth of the engine's time
@@ -175,7 +175,7 @@ class Engine:
 
     def _save_rule_state_now(self) -> None:
         try:
-            self.store.save_rule_state(_encode_snapshot(self.evaluator.snapshot()), self.clock.now())
+            self.store.rule_state.save(_encode_snapshot(self.evaluator.snapshot()), self.clock.now())
         except Exception:  # shutdown goes on: the last periodic snapshot is what the next start gets
             _log.exception("rule_state_save_failed")
 
@@ -279,7 +279,7 @@ class Engine:
         self.metrics.rules_reload_ok.set(1)
         self.store = open_store(config)
         stack.callback(self.store.close)
-        saved = self.store.rule_state()
+        saved = self.store.rule_state.load()
         self._rule_state_saved = bool(saved)  # a saved state must be replaced, even by none
         self._restore_rule_state(saved)
         stack.callback(self._save_rule_state_now)  # after the processor stopped, before the close
@@ -407,9 +407,9 @@ class Engine:
 
     async def _prune(self) -> None:
         now = self.clock.now()
-        self.store.prune_audit(now - self.config.state.audit_retention_days * 86400)
-        self.store.prune_disruptions(now - max(self.config.safety.window_s, 86400.0))
-        self.store.prune_cooldowns(now)
+        self.store.audit.prune(now - self.config.state.audit_retention_days * 86400)
+        self.store.breaker.prune(now - max(self.config.safety.window_s, 86400.0))
+        self.store.intents.prune_cooldowns(now)
 
     async def _refresh_jobs(self) -> None:
         self._jobs_refreshed_at = self.clock.monotonic()

@@ -67,7 +67,7 @@ class EngineStatus:
         """Per pool: its size, the nodes watchd took out within the breaker's window, and the limit."""
         out = []
         for pool, size in sorted(self.executor.pools.sizes.items()) or [("all", 0)]:
-            taken = self.store.disruptions_since(pool, now - self.breaker_window_s)
+            taken = self.store.breaker.since(pool, now - self.breaker_window_s)
             out.append(
                 {
                     "pool": pool,
@@ -79,7 +79,7 @@ class EngineStatus:
         return out
 
     def held(self) -> list[dict[str, Any]]:
-        return [dataclasses.asdict(h) for h in self.store.held()]
+        return [dataclasses.asdict(h) for h in self.store.held.list()]
 
     def recent_actions(self, limit: int) -> list[dict[str, Any]]:
-        return [a.to_dict() for a in self.store.recent_audit(limit)]
+        return [a.to_dict() for a in self.store.audit.recent(limit)]

@@ -4,48 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
-DrainOutcome = Literal["drained", "already_drained", "skipped", "failed", "held"]
-ResumeOutcome = Literal["resumed", "not_drained", "refused", "failed"]
-
-WATCHD_REASON_PREFIX = "watchd:"
-
-
-def drain_reason(reason: str, prefix: str = WATCHD_REASON_PREFIX) -> str:
-    """The reason as the scheduler will show it: one line, starting with watchd's prefix."""
-    reason = " ".join(reason.split())  # one line: scontrol and sinfo -R show a single line
-    return reason if reason.startswith(prefix) else f"{prefix} {reason}"
-
-
-@dataclass(frozen=True, slots=True)
-class NodeState:
-    name: str
-    state: str  # base state, lower case: idle, allocated, mixed, down, unknown, ...
-    flags: frozenset[str] = frozenset()  # upper case: DRAIN, NOT_RESPONDING, ...
-    reason: str | None = None
-
-    @property
-    def drained(self) -> bool:
-        return "DRAIN" in self.flags
-
-    @property
-    def down(self) -> bool:
-        return self.state in ("down", "fail") or "FAIL" in self.flags
-
-
-@dataclass(frozen=True, slots=True)
-class DrainResult:
-    node: str
-    outcome: DrainOutcome
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ResumeResult:
-    node: str
-    outcome: ResumeOutcome
-    detail: str = ""
+# the node results every scheduler returns (DrainResult, ResumeResult, NodeState) are vocabulary; they are
+# named here too because the Scheduler protocol speaks them
+from watchd.model.nodes import DrainResult as DrainResult
+from watchd.model.nodes import NodeState as NodeState
+from watchd.model.nodes import ResumeResult as ResumeResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,50 +23,6 @@ class RequeueResult:
     @property
     def ok(self) -> bool:
         return not self.failed
-
-
-def describe(st: NodeState) -> str:
-    """A node's state as scontrol shows it, e.g. ``IDLE+DRAIN``."""
-    return "+".join([st.state.upper(), *sorted(st.flags)])
-
-
-def drained_by_watchd(st: NodeState, prefix: str = WATCHD_REASON_PREFIX) -> bool:
-    return st.drained and st.reason is not None and st.reason.startswith(prefix)
-
-
-def plan_drain(
-    reasons: Mapping[str, str], states: Mapping[str, NodeState], prefix: str = WATCHD_REASON_PREFIX
-) -> tuple[dict[str, DrainResult], dict[str, list[str]]]:
-    """The safety decision every scheduler shares, before it touches anything.
-
-    Returns the nodes settled without a change (unknown, already drained by watchd, or drained or down for
-    someone else's reason: never touched) and the nodes to drain, grouped by their final reason."""
-    settled: dict[str, DrainResult] = {}
-    groups: dict[str, list[str]] = {}
-    for node, reason in reasons.items():
-        st = states.get(node)
-        if st is None:
-            settled[node] = DrainResult(node, "failed", "unknown node")
-        elif drained_by_watchd(st, prefix):
-            settled[node] = DrainResult(node, "already_drained", st.reason or "")
-        elif st.drained or st.down:
-            settled[node] = DrainResult(
-                node, "skipped", f"node is {describe(st)} for reason {st.reason!r}, not set by watchd"
-            )
-        else:
-            groups.setdefault(drain_reason(reason, prefix), []).append(node)
-    return settled, groups
-
-
-def refuse_resume(st: NodeState | None, node: str, prefix: str = WATCHD_REASON_PREFIX) -> ResumeResult | None:
-    """Why a node must not be resumed by watchd, or None when it may (watchd drained it)."""
-    if st is None:
-        return ResumeResult(node, "failed", "unknown node")
-    if not st.drained:
-        return ResumeResult(node, "not_drained", describe(st))
-    if not drained_by_watchd(st, prefix):
-        return ResumeResult(node, "refused", f"drained by someone else: {st.reason!r}")
-    return None
 
 
 def job_selected(job: str | None, *names: str) -> bool:

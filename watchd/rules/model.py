@@ -2,77 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from watchd.actions.handlers import HANDLERS
 from watchd.rules.durations import Duration
 from watchd.strict import Strict as _Strict
 
-ActionKind = Literal["drain", "resume", "requeue", "alert", "webhook", "log"]
-DISRUPTIVE: frozenset[str] = frozenset({"drain", "requeue"})
+#: The action kinds, in the order of the handler table (watchd.actions.handlers): rules derive from it.
+ACTION_NAMES: tuple[str, ...] = tuple(HANDLERS)
+DISRUPTIVE: frozenset[str] = frozenset(kind for kind, handler in HANDLERS.items() if handler.disruptive)
+if TYPE_CHECKING:
+    ActionKind = str
+else:
+    ActionKind = Literal[ACTION_NAMES]  # validated (and listed in the schema) as the table's names
 Mode = Literal["dry-run", "enforce"]
 
 
-class DrainParams(_Strict):
-    """Take the node out of service (Slurm: State=DRAIN with the reason, prefixed ``watchd:``)."""
-
-    reason: str = Field("{{ kind }} on {{ node }}", description="template; shown by sinfo -R")
-    replace_reason: bool = Field(
-        False,
-        description="a node watchd already drained for another reason gets this one instead (lemon nodes)",
-    )
-
-
-class ResumeParams(_Strict):
-    """Return the node to service, only if watchd drained it."""
-
-
-class RequeueParams(_Strict):
-    """Requeue the requeueable jobs on the node (only ``job`` when given)."""
-
-    job: str = Field(
-        "",
-        description="template, e.g. '{{ job }}' for a finding: requeue only this job; nothing when unknown",
-    )
-
-
-class AlertParams(_Strict):
-    """Fire an alert to Alertmanager (labels: alertname=rule name, severity, node, the rule's labels)."""
-
-    summary: str = Field("{{ rule }} on {{ node }}", description="template")
-    description: str = Field("", description="template")
-    labels: dict[str, str] = Field(default_factory=dict, description="extra labels (templates)")
-    resolve_after: Duration = Field(3600.0, description="resolved automatically after this long")
-
-
-class WebhookParams(_Strict):
-    """POST a JSON document (the decision) to a URL."""
-
-    url: Annotated[str, Field(pattern=r"^https?://")]
-    headers: dict[str, str] = Field(default_factory=dict)
-    timeout_s: Annotated[float, Field(gt=0)] = 5.0
-    retries: Annotated[int, Field(ge=0, le=10)] = 3
-
-
-class LogParams(_Strict):
-    """Record the event in the audit log with a message."""
-
-    message: str = Field("{{ kind }} on {{ node }}", description="template")
-
-
-class ActionSpec(_Strict):
+class _OneAction(_Strict):
     """Exactly one action per list item."""
 
-    drain: DrainParams | None = None
-    resume: ResumeParams | None = None
-    requeue: RequeueParams | None = None
-    alert: AlertParams | None = None
-    webhook: WebhookParams | None = None
-    log: LogParams | None = None
-
     @model_validator(mode="after")
-    def _exactly_one(self) -> ActionSpec:
+    def _exactly_one(self) -> _OneAction:
         given = [k for k in ACTION_NAMES if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"name exactly one action of {', '.join(ACTION_NAMES)}")
@@ -92,7 +44,16 @@ class ActionSpec(_Strict):
         return value
 
 
-ACTION_NAMES: tuple[ActionKind, ...] = ("drain", "resume", "requeue", "alert", "webhook", "log")
+# One optional field per handler, named by its kind: "- drain: {reason: ...}".
+if TYPE_CHECKING:
+    ActionSpec = _OneAction
+else:
+    ActionSpec = create_model(
+        "ActionSpec",
+        __base__=_OneAction,
+        __doc__=_OneAction.__doc__,
+        **{kind: (handler.params | None, None) for kind, handler in HANDLERS.items()},
+    )
 
 
 class UnlessSpec(_Strict):

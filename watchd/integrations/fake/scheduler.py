@@ -10,14 +10,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from watchd.config import FakeSchedulerConfig
-from watchd.integrations.base import (
+from watchd.integrations.base import RequeueResult, SchedulerError, job_selected
+from watchd.model.nodes import (
     WATCHD_REASON_PREFIX,
     DrainResult,
     NodeState,
-    RequeueResult,
     ResumeResult,
-    SchedulerError,
-    job_selected,
     plan_drain,
     refuse_resume,
 )

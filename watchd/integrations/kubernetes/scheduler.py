@@ -1,7 +1,7 @@
 """Kubernetes scheduler adapter: cordon, taint and evict; requeue by deleting a job's pods; resume only what
 watchd did. Through lightkube (asynchronous; see docs/kubernetes.md for the choice).
 
-How a node maps to :class:`~watchd.integrations.base.NodeState`, so that the shared safety decisions
+How a node maps to :class:`~watchd.model.nodes.NodeState`, so that the shared safety decisions
 (``plan_drain``, ``refuse_resume``) apply unchanged:
 
 - cordoned (``spec.unschedulable``) = the ``DRAIN`` flag;
@@ -37,21 +37,19 @@ from lightkube.resources.core_v1 import Node, Pod, PodEviction
 from lightkube.types import PatchType
 
 from watchd.config import KubernetesConfig
-from watchd.integrations.base import (
-    WATCHD_REASON_PREFIX,
-    DrainResult,
-    NodeState,
-    RequeueResult,
-    ResumeResult,
-    SchedulerError,
-    job_selected,
-    plan_drain,
-    refuse_resume,
-)
+from watchd.integrations.base import RequeueResult, SchedulerError, job_selected
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, label_selector, status_code
 from watchd.integrations.kubernetes.jobs import JobRef, KubernetesJobProvider, job_of_pod, owned_by
 from watchd.jobs.model import JobProvider
 from watchd.logs import get_logger
+from watchd.model.nodes import (
+    WATCHD_REASON_PREFIX,
+    DrainResult,
+    NodeState,
+    ResumeResult,
+    plan_drain,
+    refuse_resume,
+)
 
 _log = get_logger("watchd.kubernetes")
 

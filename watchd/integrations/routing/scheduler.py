@@ -14,18 +14,16 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from watchd.integrations.base import (
+from watchd.integrations.base import RequeueResult, Scheduler, SchedulerError
+from watchd.jobs.model import JobProvider, job_providers_of
+from watchd.model.nodes import (
     WATCHD_REASON_PREFIX,
     DrainResult,
     NodeState,
-    RequeueResult,
     ResumeResult,
-    Scheduler,
-    SchedulerError,
     drained_by_watchd,
     plan_drain,
 )
-from watchd.jobs.model import JobProvider, job_providers_of
 
 _DRAIN_ORDER = ("failed", "held", "drained", "already_drained", "skipped")
 

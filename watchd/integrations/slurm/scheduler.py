@@ -44,17 +44,7 @@ from types import TracebackType
 from typing import Any
 
 from watchd.config import SlurmConfig
-from watchd.integrations.base import (
-    WATCHD_REASON_PREFIX,
-    DrainResult,
-    NodeState,
-    RequeueResult,
-    ResumeResult,
-    SchedulerError,
-    job_selected,
-    plan_drain,
-    refuse_resume,
-)
+from watchd.integrations.base import RequeueResult, SchedulerError, job_selected
 from watchd.integrations.slurm.scontrol_session import (
     ScontrolSession,
     SessionError,
@@ -63,6 +53,14 @@ from watchd.integrations.slurm.scontrol_session import (
     interactive_line,
 )
 from watchd.jobs.model import JobInfo, JobProviderError
+from watchd.model.nodes import (
+    WATCHD_REASON_PREFIX,
+    DrainResult,
+    NodeState,
+    ResumeResult,
+    plan_drain,
+    refuse_resume,
+)
 
 # Job states in which a job holds a node and can be requeued.
 _ACTIVE_JOB_STATES = ("RUNNING", "CONFIGURING", "SUSPENDED")

@@ -1,0 +1,39 @@
+"""One action on its way through the pipeline: what it is, where it comes from, and what the stages have
+learnt about it so far."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from watchd.actions.outcome import Outcome
+
+if TYPE_CHECKING:
+    from watchd.actions.gates import SafetyGate
+    from watchd.actions.handler import ActionHandler
+    from watchd.rules.ruleset import Decision, PlannedAction
+
+Mode = Literal["dry-run", "enforce"]
+
+
+@dataclass(slots=True)
+class Attempt:
+    action: PlannedAction
+    handler: ActionHandler
+    mode: Mode
+    #: The rule and event it comes from (for an operator's release: "operator" and the held action).
+    rule: str
+    event_id: str
+    #: When it was decided; the intent, the breaker count and a hold are all dated by it.
+    now: float
+    #: Its parameters as the store and the audit trail keep them (JSON values).
+    params: dict[str, Any] = field(default_factory=dict)
+    decision: Decision | None = None
+    #: False for what is counted but never held: an operator's release, a re-drive, a requeue after a drain.
+    check_safety: bool = True
+    #: A requeue comes later in its decision (kept with a held drain, so a release requeues too).
+    requeue_follows: bool = False
+    #: The outcome of the drain earlier in its decision, if any.
+    after_drain: Outcome | None = None
+    #: The safety check of a disruptive action, set by the safety stage.
+    gate: SafetyGate | None = None

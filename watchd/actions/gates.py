@@ -1,0 +1,85 @@
+"""The safety gate of a disruptive action: the rule's rate limit and the blast-radius breaker, asked at the
+last moment, with the disruption counted in the durable window as soon as it is allowed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from watchd.actions.pools import Pools
+from watchd.actions.safety import BreakerLimits, Verdict, breaker_verdict, rate_verdict
+from watchd.store import keys
+
+if TYPE_CHECKING:
+    from watchd.actions.attempt import Attempt, Mode
+    from watchd.store.database import Store
+
+Gate = Callable[[], Verdict]
+
+
+class SafetyGate:
+    """A safety check to run at the last moment; remembers its verdict (the pool that held the action)."""
+
+    def __init__(self, check: Gate) -> None:
+        self._check = check
+        self.verdict: Verdict | None = None
+
+    def __call__(self) -> Verdict:
+        self.verdict = self._check()
+        return self.verdict
+
+
+def held_pool(gate: SafetyGate | None) -> str:
+    return gate.verdict.pool if gate is not None and gate.verdict is not None else ""
+
+
+class Safety:
+    """Builds the gates; ``limits`` and ``pools`` may be replaced at any time (the engine refreshes pools)."""
+
+    def __init__(self, store: Store, limits: BreakerLimits, pools: Pools) -> None:
+        self._store = store
+        self.limits = limits
+        self.pools = pools
+
+    def gate(self, attempt: Attempt) -> SafetyGate | None:
+        """The gate of a disruptive action, None for any other. Every disruptive action is counted in the
+        breaker window; only those with ``check_safety`` are also checked (an operator's release, a
+        follow-up requeue and a re-driven action are counted, not held)."""
+        if not attempt.handler.disruptive:
+            return None
+        rate_limit = attempt.decision.rate_limit if attempt.decision is not None else None
+        a = attempt
+
+        def decide() -> Verdict:
+            verdict = self._verdict(a, rate_limit) if a.check_safety else Verdict(True)
+            if verdict.allowed:
+                self._count(a.rule, a.action.node, a.mode, a.now)
+            return verdict
+
+        return SafetyGate(decide)
+
+    def _verdict(self, attempt: Attempt, limit: Any) -> Verdict:
+        rule, node, now = attempt.rule, attempt.action.node, attempt.now
+        if limit is not None:
+            pool = _counted(keys.rule_pool(rule), attempt.mode)
+            times = [t for _, t in self._store.breaker.since(pool, now - limit.per)]
+            verdict = rate_verdict(rule, times, now, limit.max, limit.per)
+            if not verdict.allowed:
+                return Verdict(False, verdict.reason, keys.rule_pool(rule))
+        if not attempt.handler.takes_node_out:  # the breaker counts nodes taken out of service
+            return Verdict(True)
+        pools = self.pools.pools(node)
+        since = now - self.limits.window_s
+        recent = {
+            p: [n for n, _ in self._store.breaker.since(_counted(p, attempt.mode), since)] for p in pools
+        }
+        return breaker_verdict(node, pools, self.pools.sizes, recent, self.limits)
+
+    def _count(self, rule: str, node: str, mode: Mode, now: float) -> None:
+        for pool in (keys.rule_pool(rule), *self.pools.pools(node)):
+            self._store.breaker.record(_counted(pool, mode), node, now)
+
+
+def _counted(pool: str, mode: Mode) -> str:
+    """Dry-run counts in a window of its own: it must never fill the real one."""
+    return keys.dry_run_pool(pool) if mode == "dry-run" else pool

@@ -1,0 +1,72 @@
+"""What one kind of action is: its parameters, how the pipeline treats it, and how it runs.
+
+Every kind is one module in :mod:`watchd.actions.handlers` that exports ``HANDLER``; the rule schema, the
+safety limits and the executor's pipeline all read what it says here, so a new action is that one module
+(and its documentation)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from watchd.actions.outcome import ActionResult
+
+if TYPE_CHECKING:
+    from watchd.actions.attempt import Attempt
+    from watchd.actions.runtime import Runtime
+    from watchd.rules.ruleset import PlannedAction
+
+
+class ActionParams(BaseModel):
+    """The parameters of an action in a rule file: strict (a misspelt name is an error) and frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ActionHandler(Protocol):
+    #: The action's name in rule files (``- drain: {...}``), the audit trail and the metrics.
+    kind: str
+    #: Its parameters as the rule file gives them (templates rendered per event before it runs).
+    params: type[ActionParams]
+    #: Takes capacity away (counted by the rule's rate limit and the blast-radius breaker, held beyond).
+    disruptive: bool
+    #: Touches something outside watchd (a scheduler, Alertmanager, a URL): only the leader may do it.
+    side_effect: bool
+    #: Takes its node out of service: a requeue later in the same decision follows its outcome.
+    takes_node_out: bool
+    #: Acts on what a drain earlier in its decision left: skipped when the drain did not take the node out.
+    follows_drain: bool
+    #: Asks the safety gate itself, at the last moment (the drain round), instead of before it runs.
+    gate_at_dispatch: bool
+
+    def key(self, action: PlannedAction) -> str | None:
+        """Its de-duplication key (one intent in flight and one cooldown per key); None: never
+        de-duplicated (every decision runs it)."""
+        ...
+
+    def describe(self, action: PlannedAction) -> str | None:
+        """What dry-run records instead of running it; None: it touches no node and runs in dry-run too."""
+        ...
+
+    async def run(self, attempt: Attempt, runtime: Runtime) -> ActionResult:
+        """Carry it out (past de-duplication, mode, leadership and safety)."""
+        ...
+
+
+class Handler:
+    """Defaults for a handler: harmless, not de-duplicated, run in dry-run too."""
+
+    kind: ClassVar[str]
+    params: ClassVar[type[ActionParams]]
+    disruptive: ClassVar[bool] = False
+    side_effect: ClassVar[bool] = True
+    takes_node_out: ClassVar[bool] = False
+    follows_drain: ClassVar[bool] = False
+    gate_at_dispatch: ClassVar[bool] = False
+
+    def key(self, action: PlannedAction) -> str | None:
+        return None
+
+    def describe(self, action: PlannedAction) -> str | None:
+        return None

@@ -1,0 +1,124 @@
+"""Actions held for an operator: holding one (and paging about its pool), then its release or discard."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from watchd.actions.alerting import AlertKeeper
+from watchd.actions.attempt import Attempt, Mode
+from watchd.actions.audit import AuditRecord
+from watchd.actions.handlers import handler_for
+from watchd.actions.handlers.requeue import HANDLER as REQUEUE
+from watchd.actions.outcome import DRAINED_BY_US, ActionResult, Outcome
+from watchd.actions.stages import Pipeline
+from watchd.actions.trail import AuditTrail, scalars
+from watchd.clock import Clock
+from watchd.rules.ruleset import PlannedAction
+from watchd.store import keys
+from watchd.store.database import Store
+from watchd.store.held import HeldAction
+
+REQUEUE_AFTER_RELEASE = "requeue_after_release"  # in a held drain's params: its decision requeued after it
+
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+class Hold:
+    """Keep an action the safety limits stopped, for an operator, and page about its pool."""
+
+    def __init__(self, store: Store, alerts: AlertKeeper, spawn: Spawn) -> None:
+        self._store = store
+        self._alerts = alerts
+        self._spawn = spawn
+
+    def __call__(self, attempt: Attempt, reason: str, pool: str) -> ActionResult:
+        action, decision = attempt.action, attempt.decision
+        already = next(
+            (h for h in self._store.held.list() if h.kind == action.kind and h.node == action.node), None
+        )
+        if already is not None:  # a repeated event (a condition re-reported) adds no second held row
+            return ActionResult(Outcome.HELD, f"already held as #{already.id}: {reason}")
+        params = attempt.params
+        if attempt.requeue_follows:
+            params = {**params, REQUEUE_AFTER_RELEASE: True}
+        held = self._store.held.hold(
+            HeldAction(
+                rule=decision.rule if decision is not None else "operator",
+                kind=action.kind,
+                node=action.node,
+                pool=pool,
+                params=params,
+                event=decision.event.to_wire() if decision is not None else {},
+                reason=reason,
+                held_at=attempt.now,
+            )
+        )
+        self._spawn(self._alerts.breaker_open(reason, action.kind, action.node, pool))
+        return ActionResult(Outcome.HELD, f"held as #{held}: {reason}")
+
+
+class HeldActions:
+    """An operator's release (the action runs now, past the breaker, still de-duplicated) or discard."""
+
+    def __init__(
+        self, store: Store, clock: Clock, mode: Mode, run: Pipeline, alerts: AlertKeeper, audit: AuditTrail
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._mode: Mode = mode
+        self._run = run
+        self._alerts = alerts
+        self._audit = audit
+
+    async def release(self, held_id: int, by: str) -> ActionResult:
+        held = self._store.held.release(held_id, by, self._clock.now())
+        if held is None:
+            return ActionResult(Outcome.NOT_HELD, f"no held action #{held_id}")
+        params = {k: v for k, v in held.params.items() if k != REQUEUE_AFTER_RELEASE}
+        result = await self._run.run(self._attempt(PlannedAction(held.kind, held.node, params), held_id))
+        if held.params.get(REQUEUE_AFTER_RELEASE) and result.outcome in DRAINED_BY_US:
+            requeue = PlannedAction(REQUEUE.kind, held.node, {})
+            requeued = await self._run.run(self._attempt(requeue, held_id))
+            result = ActionResult(
+                result.outcome, f"{result.detail}; then requeue: {requeued.outcome} {requeued.detail}"
+            )
+        self._resolved(held, result.outcome, f"released by {by}: {result.detail}")
+        return result
+
+    def discard(self, held_id: int, by: str) -> ActionResult:
+        held = self._store.held.discard(held_id, by, self._clock.now())
+        if held is None:
+            return ActionResult(Outcome.NOT_HELD, f"no held action #{held_id}")
+        result = ActionResult(Outcome.DISCARDED, f"{held.kind} of {held.node} discarded by {by}")
+        self._resolved(held, result.outcome, result.detail)
+        return result
+
+    def _attempt(self, action: PlannedAction, held_id: int) -> Attempt:
+        return Attempt(
+            action=action,
+            handler=handler_for(action.kind),
+            mode=self._mode,
+            rule="operator",
+            event_id=keys.held_event(held_id),
+            now=self._clock.now(),
+            params=scalars(action.params),
+            check_safety=False,
+        )
+
+    def _resolved(self, held: HeldAction, outcome: Outcome, detail: str) -> None:
+        """Audited, and the pool's breaker alert ends once none is held."""
+        self._alerts.breaker_cleared(held.pool)
+        self._audit.record(
+            AuditRecord(
+                time=self._clock.now(),
+                rule=held.rule,
+                event_id=keys.held_event(held.id),
+                node=held.node,
+                action=held.kind,
+                mode=self._mode,
+                outcome=outcome.value,
+                detail=detail,
+                params=held.params,
+            )
+        )

@@ -1,0 +1,44 @@
+"""What became of an action: one name per outcome, as the audit trail, the metrics and the API show it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    DRAINED = "drained"
+    ALREADY_DRAINED = "already_drained"
+    REQUEUED = "requeued"
+    PARTIAL = "partial"  # some of the jobs requeued, some failed
+    NOTHING_TO_REQUEUE = "nothing_to_requeue"
+    RESUMED = "resumed"
+    NOT_DRAINED = "not_drained"
+    REFUSED = "refused"  # drained by someone else: watchd does not resume it
+    FIRED = "fired"
+    DELIVERED = "delivered"
+    REJECTED = "rejected"
+    LOGGED = "logged"
+    DRY_RUN = "dry_run"
+    DEDUPLICATED = "deduplicated"
+    SKIPPED = "skipped"
+    HELD = "held"
+    FAILED = "failed"
+    NO_SCHEDULER = "no_scheduler"
+    NO_ALERTMANAGER = "no_alertmanager"
+    NOT_HELD = "not_held"
+    DISCARDED = "discarded"
+
+
+#: The node is out of service, by watchd.
+TOOK_OUT = frozenset({Outcome.DRAINED, Outcome.ALREADY_DRAINED})
+#: The node is (or, in dry-run, would be) out of service by watchd: its jobs may be requeued.
+DRAINED_BY_US = TOOK_OUT | {Outcome.DRY_RUN}
+#: Nothing was done: the key's cooldown is lifted so that the next event tries again.
+NOT_DONE = frozenset({Outcome.FAILED, Outcome.NO_SCHEDULER, Outcome.HELD})
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    outcome: Outcome
+    detail: str = ""

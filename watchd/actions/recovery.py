@@ -1,0 +1,141 @@
+"""After a crash: actions decided but never finished are driven once more (they are idempotent), and a
+requeue that a crash kept from following its finished drain is done now."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from watchd.actions.attempt import Attempt, Mode
+from watchd.actions.audit import AuditRecord
+from watchd.actions.handlers import handler_for
+from watchd.actions.handlers.drain import HANDLER as DRAIN
+from watchd.actions.handlers.requeue import HANDLER as REQUEUE
+from watchd.actions.outcome import NOT_DONE, TOOK_OUT, ActionResult
+from watchd.actions.stages import Pipeline
+from watchd.actions.trail import AuditTrail, scalars
+from watchd.clock import Clock
+from watchd.logs import get_logger
+from watchd.rules.ruleset import Decision, PlannedAction
+from watchd.store import keys
+from watchd.store.database import Store
+from watchd.store.intents import Intent
+
+_log = get_logger("watchd.executor")
+
+REQUEUE_FOLLOWS = "requeue_follows"  # in a drain's intent: its decision requeues the node after it
+
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+def intent_params(decision: Decision, index: int, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of a decision's action as its intent keeps them: a drain followed by a requeue of the
+    whole node says so, so that a restart between the two still requeues."""
+    if not handler_for(decision.actions[index].kind).takes_node_out:
+        return params
+    later = decision.actions[index + 1 :]
+    whole_node = any(REQUEUE.whole_node(a) for a in decision.actions if handler_for(a.kind).follows_drain)
+    if whole_node and any(handler_for(a.kind).follows_drain for a in later):
+        return {**params, REQUEUE_FOLLOWS: True}
+    return params
+
+
+class Recovery:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        mode: Mode,
+        cooldown_s: float,
+        redrive: Pipeline,
+        requeue: Pipeline,
+        audit: AuditTrail,
+        spawn: Spawn,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._mode: Mode = mode
+        self._cooldown = cooldown_s
+        self._redrive_pipeline = redrive
+        self._requeue_pipeline = requeue
+        self._audit = audit
+        self._spawn = spawn
+
+    def start(self) -> None:
+        """The requeues a crash kept from following their finished drain, then every unfinished action."""
+        self._requeue_missed()
+        for intent in self._store.intents.unfinished():
+            _log.warning(
+                "redriving_unfinished_action", key=intent.key, rule=intent.rule, decided_at=intent.decided_at
+            )
+            self._spawn(self._redrive(intent))
+
+    def _requeue_missed(self) -> None:
+        """A drain that took its node out within the cooldown, decided with a requeue after it, and no
+        requeue of the node decided since: the crash came between the two. Requeue now (de-duplicated)."""
+        for drain in self._store.intents.since(DRAIN.kind, self._clock.now() - self._cooldown):
+            if not drain.params.get(REQUEUE_FOLLOWS) or drain.outcome not in TOOK_OUT:
+                continue
+            requeues = self._store.intents.under(keys.requeue(drain.node), limit=1)
+            if requeues and requeues[-1].decided_at >= drain.decided_at:
+                continue
+            _log.warning("requeue_after_restart", node=drain.node, rule=drain.rule)
+            self._spawn(self._requeue_after(drain))
+
+    async def _requeue_after(self, drain: Intent) -> None:
+        requeue = PlannedAction(REQUEUE.kind, drain.node, {})
+        attempt = self._attempt(requeue, drain.rule, drain.event_id, check_safety=False)
+        result = await self._requeue_pipeline.run(attempt)
+        self._audit.record(
+            AuditRecord(
+                time=self._clock.now(),
+                rule=drain.rule,
+                event_id=drain.event_id,
+                node=drain.node,
+                action=REQUEUE.kind,
+                mode=self._mode,
+                outcome=result.outcome.value,
+                detail=f"after a restart, the requeue that follows the drain: {result.detail}",
+            )
+        )
+
+    async def _redrive(self, intent: Intent) -> None:
+        """Drive an interrupted action once more, through the same safety limits as a new one (and the
+        requeue its decision had after it, for a drain)."""
+        action = PlannedAction(intent.kind, intent.node, intent.params)
+        now = self._clock.now()
+        result: ActionResult = await self._redrive_pipeline.run(
+            self._attempt(action, intent.rule, intent.key)
+        )
+        detail = f"re-driven after a restart: {result.detail}"
+        failed = result.outcome in NOT_DONE
+        self._store.intents.finish(
+            intent.key, result.outcome, detail, self._clock.now(), cooldown_until=now if failed else None
+        )
+        self._audit.record(
+            AuditRecord(
+                time=self._clock.now(),
+                rule=intent.rule,
+                event_id=intent.key,
+                node=action.node,
+                action=action.kind,
+                mode=self._mode,
+                outcome=result.outcome.value,
+                detail=detail,
+                params=scalars(action.params),
+            )
+        )
+        if intent.params.get(REQUEUE_FOLLOWS) and result.outcome in TOOK_OUT:
+            await self._requeue_after(intent)
+
+    def _attempt(self, action: PlannedAction, rule: str, event_id: str, check_safety: bool = True) -> Attempt:
+        return Attempt(
+            action=action,
+            handler=handler_for(action.kind),
+            mode=self._mode,
+            rule=rule,
+            event_id=event_id,
+            now=self._clock.now(),
+            params=scalars(action.params),
+            check_safety=check_safety,
+        )

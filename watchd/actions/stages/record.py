@@ -1,0 +1,77 @@
+"""The first stage of a decided action: whatever happens after, its outcome is audited, counted, and fed
+back to the rules as a ``watchd_action`` event."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from watchd.actions.attempt import Attempt
+from watchd.actions.audit import AuditRecord
+from watchd.actions.outcome import ActionResult, Outcome
+from watchd.actions.stages import Next
+from watchd.actions.trail import AuditTrail, scalars
+from watchd.clock import Clock
+from watchd.engine.metrics import EngineMetrics
+from watchd.logs import get_logger
+from watchd.model.events import Event, stable_id
+
+_log = get_logger("watchd.executor")
+
+
+class Record:
+    def __init__(
+        self,
+        clock: Clock,
+        metrics: EngineMetrics,
+        audit: AuditTrail,
+        feedback: Callable[[Event], None] | None,
+    ) -> None:
+        self._clock = clock
+        self._metrics = metrics
+        self._audit = audit
+        self._feedback = feedback
+
+    async def __call__(self, attempt: Attempt, next: Next) -> ActionResult:
+        action = attempt.action
+        start = self._clock.monotonic()
+        try:
+            result = await next(attempt)
+        except Exception as exc:  # a bug in one action must not lose the audit of the others
+            _log.exception("action_crashed", action=action.kind, node=action.node)
+            result = ActionResult(Outcome.FAILED, f"internal error: {exc!r}")
+        try:
+            self._record(attempt, result, self._clock.monotonic() - start)
+        except Exception:  # the store is full or locked: the actions that follow still run
+            _log.exception("audit_failed", action=action.kind, node=action.node)
+        return result
+
+    def _record(self, attempt: Attempt, result: ActionResult, elapsed: float) -> None:
+        action, decision, mode = attempt.action, attempt.decision, attempt.mode
+        assert decision is not None, "only decided actions are recorded here"
+        outcome = result.outcome.value  # what the trail, the metrics and the rules see: the plain name
+        self._metrics.actions.labels(action.kind, mode, outcome).inc()
+        self._audit.record(
+            AuditRecord(
+                time=self._clock.now(),
+                rule=decision.rule,
+                event_id=decision.event.id,
+                node=action.node,
+                action=action.kind,
+                mode=mode,
+                outcome=outcome,
+                detail=result.detail,
+                duration_s=round(elapsed, 6),
+                params=scalars(action.params),
+            )
+        )
+        if self._feedback is not None and decision.event.kind != "watchd_action":
+            self._feedback(
+                Event(
+                    id=stable_id("action", decision.event.id, decision.rule, action.kind, action.node),
+                    node=action.node,
+                    source="watchd",
+                    kind="watchd_action",
+                    time=self._clock.now(),
+                    attrs={"action": action.kind, "outcome": outcome, "rule": decision.rule, "mode": mode},
+                )
+            )

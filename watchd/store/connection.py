@@ -1,0 +1,77 @@
+"""The one SQLite connection every repository of the state database shares, and its error handling."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from watchd.errors import UsageError
+
+
+class StoreError(UsageError):
+    """The state database cannot be used; the message names the file and says why (printed as one line)."""
+
+
+class Connection:
+    """One open database: transactions, reads, and every sqlite3 failure as a StoreError naming the file."""
+
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+        self._conn: sqlite3.Connection | None = conn
+        self.path = path
+
+    def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("PRAGMA optimize")
+            conn.close()
+
+    def live(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"{self.path}: the state database is closed")
+        return self._conn
+
+    def error(self, doing: str, exc: sqlite3.Error) -> StoreError:
+        return StoreError(f"{self.path}: {doing}: {exc}")
+
+    @contextlib.contextmanager
+    def write(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction. IMMEDIATE takes the write lock up front, so a read-then-write can never
+        fail half-way on a lock upgrade, and busy_timeout applies."""
+        conn = self.live()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise self.error(doing, exc) from None
+
+    def one(self, doing: str, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Row | None:
+        try:
+            row: sqlite3.Row | None = self.live().execute(sql, args).fetchone()
+        except sqlite3.Error as exc:
+            raise self.error(doing, exc) from None
+        return row
+
+    def all(self, doing: str, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        try:
+            return self.live().execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise self.error(doing, exc) from None
+
+    def delete(self, doing: str, sql: str, args: tuple[Any, ...]) -> int:
+        with self.write(doing) as conn:
+            return conn.execute(sql, args).rowcount
+
+
+def dump(value: Mapping[str, Any]) -> str:
+    """A JSON column, canonical (sorted keys, no spaces)."""
+    return json.dumps(dict(value), sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,82 @@
+"""The state database's schema: append-only migrations, one per version."""
+
+from __future__ import annotations
+
+# Each migration takes the schema from version N-1 to N, in one transaction with the version bump.
+# Append only: a released migration is never edited.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # 1: the first schema
+        """CREATE TABLE audit (
+            id INTEGER PRIMARY KEY,
+            time REAL NOT NULL,
+            rule TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            node TEXT NOT NULL,
+            action TEXT NOT NULL,
+            mode TEXT NOT NULL,
+            outcome TEXT NOT NULL,
+            detail TEXT NOT NULL,
+            duration_s REAL NOT NULL,
+            params TEXT NOT NULL
+        )""",
+        "CREATE INDEX audit_time ON audit (time)",
+        "CREATE INDEX audit_node ON audit (node, id)",
+        """CREATE TABLE intents (
+            id INTEGER PRIMARY KEY,
+            key TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            node TEXT NOT NULL,
+            rule TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            params TEXT NOT NULL,
+            decided_at REAL NOT NULL,
+            finished_at REAL,
+            outcome TEXT,
+            detail TEXT NOT NULL DEFAULT ''
+        )""",
+        # At most one unfinished intent per key, enforced by the database itself.
+        "CREATE UNIQUE INDEX intents_in_flight ON intents (key) WHERE finished_at IS NULL",
+        "CREATE INDEX intents_key ON intents (key, id)",
+        "CREATE INDEX intents_finished ON intents (finished_at)",
+        "CREATE TABLE cooldowns (key TEXT PRIMARY KEY, until REAL NOT NULL) WITHOUT ROWID",
+        """CREATE TABLE disruptions (
+            id INTEGER PRIMARY KEY,
+            pool TEXT NOT NULL,
+            node TEXT NOT NULL,
+            at REAL NOT NULL
+        )""",
+        "CREATE INDEX disruptions_pool_at ON disruptions (pool, at)",
+        "CREATE INDEX disruptions_at ON disruptions (at)",
+        """CREATE TABLE held (
+            id INTEGER PRIMARY KEY,
+            rule TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            node TEXT NOT NULL,
+            pool TEXT NOT NULL,
+            params TEXT NOT NULL,
+            event TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            held_at REAL NOT NULL,
+            status TEXT NOT NULL DEFAULT 'held' CHECK (status IN ('held', 'released', 'discarded')),
+            resolved_by TEXT NOT NULL DEFAULT '',
+            resolved_at REAL
+        )""",
+        "CREATE INDEX held_status ON held (status, id)",
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    ),
+    (  # 2: what the rules remember (windows, holds, sightings, cooldowns), one JSON document per rule
+        """CREATE TABLE rule_state (
+            rule TEXT PRIMARY KEY,
+            fingerprint TEXT NOT NULL,
+            state TEXT NOT NULL,
+            saved_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+        # the alerts watchd has firing, so a restart re-fires them instead of letting the pages expire
+        """CREATE TABLE firing_alerts (
+            key TEXT PRIMARY KEY,
+            alert TEXT NOT NULL,
+            resolve_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
