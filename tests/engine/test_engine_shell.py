@@ -16,7 +16,7 @@ from watchd.config import EngineConfig, ReloadConfig, StateConfig
 from watchd.engine.runner import Engine
 from watchd.errors import ConfigError
 from watchd.integrations.fake.scheduler import FakeScheduler
-from watchd.integrations.kubernetes.lease import LeaderGuard, LeaseElector
+from watchd.integrations.kubernetes.lease import LeaseElector
 from watchd.integrations.leadership import AlwaysLeader
 from watchd.periodic import Periodic
 
@@ -127,7 +127,7 @@ async def test_the_engine_owns_the_elected_leadership(tmp_path: Path) -> None:
         async with engine:
             elector = engine.leadership
             assert isinstance(elector, LeaseElector) and elector.takeover_wait_s == 2 * 2 + 2 * 0.2
-            assert isinstance(engine.scheduler, LeaderGuard) and engine.scheduler.elector is elector
+            assert engine.executor.leader_gate.leadership is elector  # every side effect asks it
             assert await elector.wait_leader(3)
             assert engine.ready() == (True, "leader")
             assert api.state.leases[("watchd", "watchd-engine")]["spec"]["holderIdentity"] == "engine-a"

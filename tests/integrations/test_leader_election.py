@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -16,12 +17,16 @@ import yaml
 
 from tests.daemons import Daemon, free_port
 from tests.harness.kube_api import KubeApiServer, in_thread
-from tests.support import wait_for
-from watchd.integrations.base import SchedulerError
+from tests.support import wait_for, xid_event
+from watchd.actions.audit import MemoryAudit
+from watchd.actions.executor import ActionExecutor
+from watchd.clock import SystemClock
+from watchd.engine.metrics import EngineMetrics
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.integrations.kubernetes.client import make_client
-from watchd.integrations.kubernetes.lease import LeaderGuard, LeaseElector
+from watchd.integrations.kubernetes.lease import LeaseElector
 from watchd.model.events import INGEST_PATH, Event, batch_to_wire
+from watchd.rules import Decision, PlannedAction
 
 LEASE = ("watchd", "watchd-engine")
 
@@ -102,24 +107,44 @@ async def test_leader_steps_down_when_it_cannot_renew(api: KubeApiServer, tmp_pa
     await a.client.close()
 
 
-async def test_guard_acts_only_while_leading(api: KubeApiServer, tmp_path: Path) -> None:
+async def test_the_executor_acts_only_while_leading(api: KubeApiServer, tmp_path: Path) -> None:
+    """The elector is the executor's leadership gate: a follower's drain fails naming the leader and touches
+    nothing (reads go through); once it leads, the same drain is carried out."""
     fake = FakeScheduler()
     fake.add_nodes(["gpu-1"])
     a, b = elector(api, tmp_path, "a"), elector(api, tmp_path, "b")
     a.start()
     assert await a.wait_leader(3)
-    guard = LeaderGuard(fake, b, takeover_wait_s=0.5)
-    b.start()  # the guard does not campaign: its owner (the engine) starts and stops the elector
-    with pytest.raises(SchedulerError, match=r"not the leader .*held by a"):
-        await guard.drain({"gpu-1": "Xid 79"})
-    assert fake.calls_of("drain") == []
-    assert (await guard.node_states(["gpu-1"]))["gpu-1"].name == "gpu-1"  # reads go through
-    await a.stop()
-    guard.takeover_wait_s = 5
-    assert (await guard.drain({"gpu-1": "Xid 79"}))["gpu-1"].outcome == "drained"
-    await guard.aclose()
+    b.takeover_wait_s = 0.5
+    b.start()  # the executor does not campaign: its owner (the engine) starts and stops the elector
+    audit = MemoryAudit()
+    executor = ActionExecutor(fake, "enforce", SystemClock(), EngineMetrics(), audit, leadership=b)
+    drain = PlannedAction("drain", "gpu-1", {"reason": "Xid 79"})
+    async with executor:
+        executor.submit(_decision(drain, "e1"), 0.0)
+        await executor.drain_in_flight(5)
+        assert audit.entries[-1].outcome == "failed"
+        assert re.search(r"not the leader .*held by a", audit.entries[-1].detail)
+        assert fake.calls_of("drain") == []
+        assert (await fake.node_states(["gpu-1"]))["gpu-1"].name == "gpu-1"  # reads go through
+        await a.stop()
+        b.takeover_wait_s = 5
+        executor.submit(_decision(drain, "e2"), 0.0)
+        await executor.drain_in_flight(10)
+        assert audit.entries[-1].outcome == "drained"
     await b.stop()
     await a.client.close()
+
+
+def _decision(action: PlannedAction, event_id: str) -> Decision:
+    return Decision(
+        rule="fatal-xid",
+        severity="critical",
+        event=xid_event("gpu-1", event_id=event_id),
+        actions=(action,),
+        labels={},
+        group={"node": "gpu-1"},
+    )
 
 
 # ------------------------------------------------------------------------------------- two real engines

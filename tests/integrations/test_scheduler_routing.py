@@ -12,9 +12,9 @@ from watchd.config import EngineConfig, load_config
 from watchd.errors import ConfigError
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.integrations.kubernetes.jobs import KubernetesJobProvider
-from watchd.integrations.kubernetes.lease import LeaderGuard, LeaseElector
+from watchd.integrations.kubernetes.lease import LeaseElector
 from watchd.integrations.kubernetes.scheduler import KubernetesScheduler
-from watchd.integrations.registry import build_leadership, build_scheduler, guarded
+from watchd.integrations.registry import build_leadership, build_scheduler
 from watchd.integrations.routing.scheduler import Route, RoutedScheduler
 from watchd.integrations.slurm.scheduler import SlurmScheduler
 from watchd.jobs.model import job_providers_of
@@ -138,12 +138,11 @@ async def test_scheduler_from_config(tmp_path: Path) -> None:
         elector = build_leadership(both)
         assert isinstance(elector, LeaseElector) and elector.identity == "engine-a"
         assert elector.takeover_wait_s == 2 * 15.0 + 2 * 2.0  # two lease durations and two retry periods
-        guard = guarded(build_scheduler(both), elector)
-        assert isinstance(guard, LeaderGuard) and isinstance(guard.inner, RoutedScheduler)
-        assert [type(r.scheduler) for r in guard.inner.routes] == [SlurmScheduler, KubernetesScheduler]
-        assert guard.elector is elector and guard.takeover_wait_s == elector.takeover_wait_s
-        # the detectors' job lists are found behind the leader guard and the routes, one per scheduler
-        assert [type(p) for p in job_providers_of(guard)] == [SlurmScheduler, KubernetesJobProvider]
+        routed = build_scheduler(both)
+        assert isinstance(routed, RoutedScheduler)
+        assert [type(r.scheduler) for r in routed.routes] == [SlurmScheduler, KubernetesScheduler]
+        # the detectors' job lists are found behind the routes, one per scheduler
+        assert [type(p) for p in job_providers_of(routed)] == [SlurmScheduler, KubernetesJobProvider]
         assert job_providers_of(FakeScheduler()) == [] and job_providers_of(None) == []
-        await guard.aclose()
+        await routed.aclose()
         await elector.stop()  # never started: it only closes the client it owns

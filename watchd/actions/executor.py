@@ -90,7 +90,7 @@ class ActionExecutor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._batcher = DrainBatcher(scheduler) if scheduler is not None else None
         self._safety = Safety(self.store, limits or BreakerLimits(), pools or Pools())
-        leader = LeaderGate(leadership)
+        self.leader_gate = leader = LeaderGate(leadership)
         trail = AuditTrail(audit, self.store)
         self.alerts = AlertKeeper(
             alerts, self.store, clock, leader, self._spawn, lambda: self.limits.window_s

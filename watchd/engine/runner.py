@@ -30,7 +30,7 @@ from watchd.httputil import serve
 from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier
 from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.integrations.leadership import AlwaysLeader, Leadership
-from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler, guarded
+from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler
 from watchd.integrations.webhook.sender import WebhookSender
 from watchd.jobs.model import JobProvider, JobProviderError, job_providers_of
 from watchd.jobs.topology import JobTopology
@@ -285,7 +285,7 @@ class Engine:
         stack.callback(self._save_rule_state_now)  # after the processor stopped, before the close
         if self._scheduler_from_config:
             self._elector = build_leadership(config)
-            self.scheduler = guarded(build_scheduler(config), self._elector)
+            self.scheduler = build_scheduler(config)
         if self._elector is not None:
             self.leadership = self._elector
         aclose = getattr(self.scheduler, "aclose", None)
@@ -322,6 +322,7 @@ class Engine:
             max_concurrent=config.actions.max_concurrent,
             feedback=self._feed_back,
             generator_url=config.external_url.rstrip("/"),
+            leadership=self.leadership,
         )
         self.status_model = EngineStatus(
             clock=self.clock,

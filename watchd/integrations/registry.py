@@ -74,13 +74,3 @@ def build_leadership(config: EngineConfig) -> ElectedLeadership | None:
     from watchd.integrations.kubernetes.lease import elector_from_settings
 
     return elector_from_settings(config.kubernetes)
-
-
-def guarded(scheduler: Scheduler | None, leadership: Leadership | None) -> Scheduler | None:
-    """The scheduler behind the leader guard when replicas elect a leader: only the leader drains, requeues
-    and resumes (reads go through)."""
-    if scheduler is None or leadership is None:
-        return scheduler
-    from watchd.integrations.kubernetes.lease import LeaderGuard
-
-    return LeaderGuard(scheduler, leadership)

@@ -1,6 +1,6 @@
 """Leader election through a coordination.k8s.io Lease, as client-go's leaderelection does it (the elector
-is a :class:`~watchd.integrations.leadership.Leadership`; the engine starts and stops it), and a Scheduler
-wrapper that lets only the leader act.
+is a :class:`~watchd.integrations.leadership.Leadership`; the engine starts and stops it, and the action
+pipeline asks it before every side effect: scheduler calls, alerts, webhooks).
 
 - Every ``retry_period`` each replica reads the Lease. The holder renews it (``renewTime``); another replica
   takes it only when the record has not changed for ``lease_duration`` *by its own clock* (the time it
@@ -11,7 +11,7 @@ wrapper that lets only the leader act.
   (``renew_deadline < lease_duration``), so two leaders never act at once.
 - On a clean shutdown the leader releases the Lease (empty holder, 1 s duration): the next takes over at once.
 
-Followers keep everything warm (rules, state, scheduler connection, pools); their disruptive calls wait for
+Followers keep everything warm (rules, state, scheduler connection, pools); their side effects wait for
 leadership (bounded), so an event that reached a follower during a fail-over is acted on once it leads.
 Actions are idempotent at the cluster (a node the old leader drained answers ``already_drained``).
 """
@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from httpx2 import HTTPStatusError
@@ -32,17 +32,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 
 from watchd.config import KubernetesConfig
-from watchd.integrations.base import (
-    DrainResult,
-    NodeState,
-    RequeueResult,
-    ResumeResult,
-    Scheduler,
-    SchedulerError,
-)
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, status_code
-from watchd.integrations.leadership import Leadership
-from watchd.jobs.model import JobProvider, job_providers_of
 from watchd.logs import get_logger
 
 _log = get_logger("watchd.leader")
@@ -225,55 +215,6 @@ class LeaseElector:
             _log.info("lease_released", identity=self.identity)
         except API_ERRORS as exc:
             _log.warning("lease_release_failed", error=describe_error(f"PUT leases/{self.name}", exc))
-
-
-class LeaderGuard:
-    """A Scheduler that acts only while ``leadership`` leads. Reads (states, pools) go through at once;
-    drains, requeues and resumes wait up to ``takeover_wait_s`` (the leadership's own by default) for
-    leadership, then fail with ``not the leader``. It neither starts nor stops the election: the engine does.
-    """
-
-    def __init__(
-        self, inner: Scheduler, leadership: Leadership, takeover_wait_s: float | None = None
-    ) -> None:
-        self.inner = inner
-        self.elector = leadership
-        self.takeover_wait_s = leadership.takeover_wait_s if takeover_wait_s is None else takeover_wait_s
-        self.name = inner.name
-
-    def job_providers(self) -> list[JobProvider]:
-        return job_providers_of(self.inner)  # listing jobs is a read: followers keep their topology warm
-
-    async def aclose(self) -> None:
-        aclose = getattr(self.inner, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-    async def _lead(self, what: str) -> None:
-        if not await self.elector.wait_leader(self.takeover_wait_s):
-            holder = self.elector.holder or "nobody"
-            raise SchedulerError(f"{what}: not the leader (the lease is held by {holder}); nothing done")
-
-    async def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
-        return await self.inner.node_states(nodes)
-
-    async def pools(self) -> dict[str, list[str]]:
-        return await self.inner.pools()
-
-    async def drain(
-        self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
-    ) -> dict[str, DrainResult]:
-        await self._lead("drain")
-        # states read while following may be stale by the time leadership came: read them again
-        return await self.inner.drain(reasons, None)
-
-    async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
-        await self._lead(f"requeue on {node}")
-        return await self.inner.requeue_jobs_on(node, job)
-
-    async def resume(self, node: str) -> ResumeResult:
-        await self._lead(f"resume {node}")
-        return await self.inner.resume(node)
 
 
 def elector_from_settings(cfg: KubernetesConfig) -> LeaseElector:
