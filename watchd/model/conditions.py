@@ -13,7 +13,9 @@ one out, not of a fault), ``slowdown`` (clock-event reasons: attribute a straggl
 hang's culprit) and ``none`` (not evidence either way).
 
 To add a GPU condition: the :class:`~watchd.gpu.model.GpuSample` field, the backends that read it, and one
-row here (a ``flag`` row needs nothing else: the deriver reports it while the field is true).
+row here (a ``flag`` row needs nothing else: the deriver reports it while the field is true), then paste
+``python -m watchd.model.conditions`` into docs/rules.md. A row whose ``response`` is not :data:`NO_RULE`
+promises a rule in the shipped pack (gpu-health.yaml) that acts on it; the tests hold both to it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "HARDWARE_CONDITIONS",
     "HARDWARE_XID_BUCKETS",
     "LEGACY_APPLICATION_XIDS",
+    "NO_RULE",
     "REPEATED_APPLICATION_XIDS",
     "SLOWDOWN_CONDITIONS",
     "XID_BUCKETS",
@@ -41,6 +44,10 @@ __all__ = [
     "buckets_markdown",
     "conditions_markdown",
 ]
+
+
+#: ``response`` of a condition no shipped rule acts on (evidence for the detectors, or recorded only).
+NO_RULE = "none (no shipped rule)"
 
 
 class Evidence(StrEnum):
@@ -339,3 +346,7 @@ def buckets_markdown() -> str:
         listed = ", ".join(str(x) for x in xids.get(b.name, [])) or "any other"
         rows.append(f"| `{b.name}` | {listed} | {b.evidence} | {b.response} |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":  # the tables of docs/rules.md
+    print(conditions_markdown(), buckets_markdown(), sep="\n\n")
