@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from watchd.model.events import Scalar
+from watchd.model.events import Event, Scalar
 from watchd.model.kinds import Attrs
 
 __all__ = ["KINDS", "MEASUREMENTS", "SOURCE", "Detection"]
@@ -24,7 +24,7 @@ class Detection(Attrs):
     """A finding's attributes. ``hardware`` is true only with hardware attribution (the shipped rules drain
     only then); ``suspects`` is a comma-separated list of nodes; ``gpu`` repeats ``culprit_gpu``."""
 
-    KIND: ClassVar[str] = "finding"  # one of KINDS: to_event(kind=...)
+    KIND: ClassVar[str] = KINDS[0]  # the class stands for every one of KINDS: to_event names the kind
     EXTRA_BEFORE: ClassVar[str | None] = "partition"
 
     job: str
@@ -52,6 +52,12 @@ class Detection(Attrs):
     culprit_gpu: int | None = None
     gpu: int | None = None
     extra: Mapping[str, Scalar] = field(default_factory=dict)
+
+    def to_event(self, *, id: str, node: str, source: str, time: float, kind: str | None = None) -> Event:
+        """The finding's event; ``kind`` is required (one of :data:`KINDS`)."""
+        if kind not in KINDS:
+            raise ValueError(f"a finding's kind is one of {', '.join(KINDS)}, not {kind!r}")
+        return Attrs.to_event(self, id=id, node=node, source=source, time=time, kind=kind)
 
 
 #: The detector-specific measurements, by name.
