@@ -176,12 +176,17 @@ _INLINE: dict[Check, str] = {
 }
 
 
+def _slot_setter(cls: type, name: str) -> Callable[[object, object], None]:
+    descriptor = cls.__dict__[name]  # a slots dataclass: the field's member descriptor
+    return descriptor.__set__  # type: ignore[no-any-return]
+
+
 def _compile_reader(cls: type[Attrs]) -> Callable[[type, Mapping[str, Scalar]], Any]:
     """``from_attrs`` for one class, generated once: one ``get`` and one inline check per field (reading
     a summary is on the engine's ingest path)."""
     lines = ["def read(cls, attrs):", "    get = attrs.get", "    bad = None"]
-    args = []
-    for i, spec in enumerate(cls.specs()):
+    specs = cls.specs()
+    for i, spec in enumerate(specs):
         var = f"f{i}"
         check = _INLINE[spec.check]
         lines.append(f"    {var} = v = get({spec.name!r})")
@@ -197,16 +202,23 @@ def _compile_reader(cls: type[Attrs]) -> Callable[[type, Mapping[str, Scalar]], 
                 f"        {var} = None",
                 f"        bad = (bad or ()) + ({spec.name!r},)",
             ]
-        args.append(f"{spec.name}={var}")
+    # The instance is filled through its slots, not __init__: a frozen dataclass's __init__ sets each field
+    # with object.__setattr__, several times slower (and the reader has checked every value already).
     lines += [
+        "    o = new(cls)",
+        *[f"    S{i}(o, f{i})" for i in range(len(specs))],
         "    if bad is None and NAMES.issuperset(attrs):",
-        f"        return cls({', '.join(args)})",
-        "    extra = {k: v for k, v in attrs.items() if k not in NAMES or (bad is not None and k in bad)}",
-        f"    return cls({', '.join([*args, 'extra=extra'])})",
+        "        SX(o, {})",
+        "    else:",
+        "        SX(o, {k: v for k, v in attrs.items() if k not in NAMES or (bad is not None and k in bad)})",
+        "    return o",
     ]
     namespace: dict[str, Any] = {
         "KindError": KindError,
-        "NAMES": frozenset(s.name for s in cls.specs()),
+        "NAMES": frozenset(s.name for s in specs),
+        "new": object.__new__,
+        "SX": _slot_setter(cls, "extra"),
+        **{f"S{i}": _slot_setter(cls, spec.name) for i, spec in enumerate(specs)},
         **{f.__name__: f for f in _INLINE},
     }
     exec(compile("\n".join(lines), f"<{cls.__name__}.from_attrs>", "exec"), namespace)
