@@ -13,12 +13,9 @@ import re
 from dataclasses import dataclass, field
 
 from watchd.clock import Clock
-from watchd.model.events import Event, Scalar, stable_id
+from watchd.model.events import Event, stable_id
+from watchd.model.heartbeat import DEFAULT_PHASE, SOURCE, Heartbeat
 
-SOURCE = "heartbeat"
-KIND = "heartbeat"
-DEFAULT_PHASE = "train"
-QUIET_PHASES = frozenset({"checkpoint", "eval", "init", "done"})
 #: reports further ahead of the agent's clock are refused (the engine refuses events 300 s ahead)
 MAX_FUTURE_S = 60.0
 MAX_JOB_LEN = 128
@@ -208,18 +205,20 @@ class Coalescer:
 
 
 def heartbeat_event(node: str, report: Report, reports: int) -> Event:
-    attrs: dict[str, Scalar] = {"job": report.job, "rank": report.rank, "step": report.step}
-    for name in _OPTIONAL:
-        value = getattr(report, name)
-        if value is not None:
-            attrs[name] = value
-    attrs["phase"] = report.phase
-    attrs["reports"] = reports
-    return Event(
+    return Heartbeat(
+        job=report.job,
+        rank=report.rank,
+        step=report.step,
+        step_time_s=report.step_time_s,
+        compute_time_s=report.compute_time_s,
+        collective_seq=report.collective_seq,
+        local_rank=report.local_rank,
+        gpu=report.gpu,
+        phase=report.phase,
+        reports=reports,
+    ).to_event(
         id=stable_id(node, SOURCE, report.job, report.rank, report.step, report.phase, report.collective_seq),
         node=node,
         source=SOURCE,
-        kind=KIND,
         time=report.time,
-        attrs=attrs,
     )

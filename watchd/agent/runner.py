@@ -32,7 +32,7 @@ from watchd.sources.base import FakeLogSource, LogLine, LogSource
 from watchd.sources.filefollow import FileFollowSource
 from watchd.sources.kmsg import KmsgSource
 from watchd.xid import XidParser, XidRecord
-from watchd.xid.render import record_to_json
+from watchd.xid.render import xid_of_record
 
 _log = get_logger("watchd.agent")
 
@@ -41,14 +41,9 @@ _RESTART_MAX_S = 30.0
 
 
 def xid_event(node: str, source: str, line: LogLine, record: XidRecord, index: int) -> Event:
-    attrs = {k: v for k, v in record_to_json(record).items() if v is None or isinstance(v, str | int | float)}
-    return Event(
-        id=stable_id(node, source, line.key, index),
-        node=node,
-        source=source,
-        kind="xid",
-        time=line.time,
-        attrs=attrs,
+    """The event of one Xid the parser found in a kernel-log line (``index``: its place among the line's)."""
+    return xid_of_record(record).to_event(
+        id=stable_id(node, source, line.key, index), node=node, source=source, time=line.time
     )
 
 

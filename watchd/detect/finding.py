@@ -1,12 +1,13 @@
 """What a detector concludes: a finding about one job, turned into an event the rules can match.
 
 Finding events (``kind`` ``nccl_hang``, ``host_stall`` or ``straggler``, ``source`` ``detector``) are on the
-culprit's node, or on the first suspect's when there is no culprit. Attrs: ``job``, ``partition``,
-``culprit_node``, ``culprit_gpu`` (absent when unknown), ``evidence`` (how the culprit was found),
-``hardware`` (true only with hardware attribution: the default rules drain only then), ``confidence`` (0-1),
-``suspects`` (comma-separated nodes), ``onset`` (when the condition began), ``duration_s``, ``signal``
-(``nvml``, ``heartbeat`` or ``nvml+heartbeat``), ``summary`` (one readable line) and detector-specific
-measurements (``gpus``, ``gpus_spinning``, ``metric``, ``value``, ``job_median`` ...).
+culprit's node, or on the first suspect's when there is no culprit. Their attributes are the model's
+:class:`~watchd.model.finding.Detection`: ``job``, ``partition``, ``culprit_node``, ``culprit_gpu`` (absent
+when unknown), ``evidence`` (how the culprit was found), ``hardware`` (true only with hardware attribution:
+the default rules drain only then), ``confidence`` (0-1), ``suspects`` (comma-separated nodes), ``onset``
+(when the condition began), ``duration_s``, ``signal`` (``nvml``, ``heartbeat`` or ``nvml+heartbeat``),
+``summary`` (one readable line) and detector-specific measurements (``extra``: ``gpus``, ``gpus_matching``,
+``metric``, ``value``, ``job_median`` ...; :data:`~watchd.model.finding.MEASUREMENTS` names them).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from watchd.model.events import Event, Scalar, stable_id
+from watchd.model.finding import KINDS, MEASUREMENTS, SOURCE, Detection
 
-KINDS = ("nccl_hang", "host_stall", "straggler")
-SOURCE = "detector"
+__all__ = ["KINDS", "SOURCE", "Finding"]
+
+_MEASUREMENTS = frozenset(MEASUREMENTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,28 +47,31 @@ class Finding:
             return self.culprit_node
         return self.suspects[0] if self.suspects else "-"
 
+    def detection(self) -> Detection:
+        """The finding's attributes as the rules see them."""
+        measured = {k: v for k, v in self.extra.items() if k in _MEASUREMENTS}
+        other = {k: v for k, v in self.extra.items() if k not in _MEASUREMENTS}
+        return Detection(
+            job=self.job,
+            evidence=self.evidence,
+            hardware=self.hardware,
+            confidence=round(self.confidence, 3),
+            suspects=",".join(self.suspects),
+            onset=round(self.onset, 3),
+            duration_s=round(max(0.0, self.time - self.onset), 1),
+            signal=self.signal,
+            summary=self.summary,
+            revision=self.revision,
+            partition=self.partition,
+            culprit_node=self.culprit_node,
+            culprit_gpu=self.culprit_gpu,
+            gpu=self.culprit_gpu,
+            extra=other,
+            **measured,  # type: ignore[arg-type]
+        )
+
     def to_event(self) -> Event:
-        attrs: dict[str, Scalar] = {
-            "job": self.job,
-            "evidence": self.evidence,
-            "hardware": self.hardware,
-            "confidence": round(self.confidence, 3),
-            "suspects": ",".join(self.suspects),
-            "onset": round(self.onset, 3),
-            "duration_s": round(max(0.0, self.time - self.onset), 1),
-            "signal": self.signal,
-            "summary": self.summary,
-            "revision": self.revision,
-            **self.extra,
-        }
-        if self.partition is not None:
-            attrs["partition"] = self.partition
-        if self.culprit_node is not None:
-            attrs["culprit_node"] = self.culprit_node
-        if self.culprit_gpu is not None:
-            attrs["culprit_gpu"] = self.culprit_gpu
-            attrs["gpu"] = self.culprit_gpu
-        return Event(
+        return self.detection().to_event(
             id=stable_id(
                 SOURCE, self.kind, self.job, self.onset, self.culprit_node, self.culprit_gpu, self.time
             ),
@@ -73,5 +79,4 @@ class Finding:
             source=SOURCE,
             kind=self.kind,
             time=self.time,
-            attrs=attrs,
         )

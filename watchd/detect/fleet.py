@@ -7,64 +7,35 @@ that fell silent are pruned.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchd.gpu.jobs import parse_job_label
 from watchd.jobs.topology import JobTopology
+from watchd.model.conditions import (
+    APPLICATION_XID_BUCKETS,
+    HARDWARE_CONDITIONS,
+    HARDWARE_XID_BUCKETS,
+    SLOWDOWN_CONDITIONS,
+)
 from watchd.model.events import Event
+from watchd.model.gpu import HEALTH_KIND, SUMMARY_KIND, GpuHealth, GpuSummary
+from watchd.model.heartbeat import DEFAULT_PHASE, Heartbeat
+from watchd.model.heartbeat import KIND as HEARTBEAT_KIND
+from watchd.model.heartbeat import QUIET_PHASES as QUIET_PHASES  # the detectors' name for it
+from watchd.model.jobs import job_label
+from watchd.model.xid import KIND as XID_KIND
+from watchd.model.xid import Xid
 from watchd.xid.pci import normalize_pci
 
-# Conditions that are hardware faults (docs/rules.md, gpu_health); the clock-event ones are attribution for
-# stragglers, not culprits of a hang.
-HARDWARE_CONDITIONS = frozenset(
-    {
-        "gpu_lost",
-        "ecc_dbe",
-        "row_remap_failure",
-        "row_remap_pending",
-        "nvlink_down",
-        "pcie_downtrain",
-        "recovery_action",
-    }
-)
-SLOWDOWN_CONDITIONS = frozenset({"hw_slowdown", "thermal_slowdown", "power_brake"})
-# Xid buckets that implicate the GPU's hardware (not the application, not informational).
-HARDWARE_XID_BUCKETS = frozenset(
-    {
-        "RESET_GPU",
-        "RESTART_BM",
-        "WORKFLOW_XID_48",
-        "WORKFLOW_NVLINK_ERR",
-        "WORKFLOW_NVLINK5_ERR",
-        "XID_154",
-        "CHECK_MECHANICALS",
-        "CONTACT_SUPPORT",
-    }
-)
-QUIET_PHASES = frozenset({"checkpoint", "eval", "init", "done"})
+# Which signals are hardware evidence, which are slowdown attribution: the model's table
+# (watchd.model.conditions): HARDWARE_CONDITIONS, SLOWDOWN_CONDITIONS, HARDWARE_XID_BUCKETS.
 _EWMA = 0.2
 
 
-def job_label(value: object) -> str | None:
-    """A job as the agents label it; a bare Slurm job id (``1234``: SLURM_JOB_ID) becomes ``slurm:1234``."""
-    if value is None:
-        return None
-    text = str(value)
-    if parse_job_label(text) is not None:
-        return text
-    if text.isascii() and text.isdigit():
-        return f"slurm:{text}"
-    return text or None
-
-
-def _num(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,44 +133,43 @@ class FleetState:
 
     def observe(self, event: Event) -> None:
         kind = event.kind
-        if kind == "gpu_summary":
+        if kind == SUMMARY_KIND:
             self._summary(event)
-        elif kind == "heartbeat":
+        elif kind == HEARTBEAT_KIND:
             self._heartbeat(event)
-        elif kind == "xid":
+        elif kind == XID_KIND:
             self._xid(event)
-        elif kind == "gpu_health":
+        elif kind == HEALTH_KIND:
             self._health(event)
 
     def _summary(self, e: Event) -> None:
-        a = e.attrs
-        gpu = a.get("gpu")
-        if not isinstance(gpu, int) or isinstance(gpu, bool):
+        s = GpuSummary.read(e)
+        if s is None:
             return
+        gpu = s.gpu
         key = (e.node, gpu)
         track = self.gpus.get(key)
         if track is None:
             track = self.gpus[key] = GpuTrack(e.node, gpu)
-        job = job_label(a.get("job"))
+        job = job_label(s.job)
         if job != track.job:
             track.job, track.computed_s = job, 0.0
             track.power_base = track.link_base = None
-        pci = a.get("pci_bus_id")
-        if isinstance(pci, str):
-            self.pci.setdefault(e.node, {})[normalize_pci(pci) or pci] = gpu
-        model = a.get("model")
-        track.model = model if isinstance(model, str) else track.model
-        links = [_num(a.get(k)) for k in ("nvlink_tx_mean", "nvlink_rx_mean", "pcie_tx_mean", "pcie_rx_mean")]
-        present = [x for x in links if x is not None]
+        if s.pci_bus_id is not None:
+            self.pci.setdefault(e.node, {})[normalize_pci(s.pci_bus_id) or s.pci_bus_id] = gpu
+        track.model = s.model if s.model is not None else track.model
+        # the model read the numbers: each is finite or None
+        links = (s.nvlink_tx_mean, s.nvlink_rx_mean, s.pcie_tx_mean, s.pcie_rx_mean)
+        present = [float(x) for x in links if x is not None]
         w = Window(
             end=e.time,
-            util=_num(a.get("util_mean")),
-            power=_num(a.get("power_mean")),
-            clock=_num(a.get("sm_clock_mean")),
+            util=_float(s.util_mean),
+            power=_float(s.power_mean),
+            clock=_float(s.sm_clock_mean),
             link=sum(present) if present else None,
-            hw_slowdown=_num(a.get("hw_slowdown_frac")) or 0.0,
-            thermal=_num(a.get("thermal_frac")) or 0.0,
-            power_brake=_num(a.get("power_brake_frac")) or 0.0,
+            hw_slowdown=float(s.hw_slowdown_frac or 0.0),
+            thermal=float(s.thermal_frac or 0.0),
+            power_brake=float(s.power_brake_frac or 0.0),
         )
         if track.windows and w.end <= track.windows[-1].end:
             return  # a re-sent or late window: history stays in time order
@@ -207,7 +177,7 @@ class FleetState:
         horizon = w.end - self.history_s
         while track.windows and track.windows[0].end < horizon:
             track.windows.popleft()
-        self._learn_baseline(track, w, _num(a.get("window_s")) or 5.0)
+        self._learn_baseline(track, w, float(s.window_s or 5.0))
         track.last_seen = e.time
         self.lost.pop(key, None)
         self.topology.observe_gpu(e.node, gpu, job, e.time)
@@ -226,12 +196,12 @@ class FleetState:
         track.computed_s += window_s
 
     def _heartbeat(self, e: Event) -> None:
-        a = e.attrs
-        job = job_label(a.get("job"))
-        rank = a.get("rank")
-        step = a.get("step")
-        if job is None or not isinstance(rank, int) or not isinstance(step, int):
+        hb = Heartbeat.read(e)
+        job = job_label(hb.job) if hb is not None else None
+        if hb is None or job is None:
             return
+        rank = hb.rank
+        step = hb.step
         ranks = self.ranks.setdefault(job, {})
         track = ranks.get(rank)
         if track is None:
@@ -239,53 +209,49 @@ class FleetState:
         if e.time < track.last_report:
             return  # out of order: an older report
         track.node = e.node
-        gpu = a.get("gpu")
-        track.gpu = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else track.gpu
-        phase = a.get("phase")
+        track.gpu = hb.gpu if hb.gpu is not None else track.gpu
         was_quiet = track.phase in QUIET_PHASES
-        track.phase = phase if isinstance(phase, str) and phase else "train"
+        track.phase = hb.phase or DEFAULT_PHASE
         if step > track.step:
             track.step = step
             track.steps_seen += 1
             track.last_advance = e.time
-            st, ct = _num(a.get("step_time_s")), _num(a.get("compute_time_s"))
+            st, ct = _float(hb.step_time_s), _float(hb.compute_time_s)
             if st is not None:
                 track.step_times.append(st)
             if ct is not None:
                 track.compute_times.append(ct)
         elif was_quiet or track.phase in QUIET_PHASES:
             track.last_advance = e.time  # a declared pause restarts the clock, and so does its end
-        seq = a.get("collective_seq")
-        if isinstance(seq, int) and not isinstance(seq, bool):
-            track.collective_seq = seq
+        if hb.collective_seq is not None:
+            track.collective_seq = hb.collective_seq
         track.last_report = e.time
         if track.phase != "done":
             self.topology.observe_rank(e.node, job, track.gpu, e.time)
 
     def _xid(self, e: Event) -> None:
-        xid = e.attrs.get("xid")
-        bucket = e.attrs.get("bucket")
-        bucket = bucket if isinstance(bucket, str) else "UNKNOWN"
+        x = Xid.read(e)
+        if x is None:
+            return
+        bucket = x.bucket if x.bucket is not None else "UNKNOWN"
         hardware = bucket in HARDWARE_XID_BUCKETS
-        if not hardware and bucket != "RESTART_APP":
+        if not hardware and bucket not in APPLICATION_XID_BUCKETS:
             return  # informational Xids say nothing about a culprit
-        gpu = self._gpu_of_pci(e.node, e.attrs.get("pci_bus_id"))
-        self._hardware(HardwareEvent(e.time, e.node, gpu, f"xid {xid} ({bucket})", hardware, bucket))
+        gpu = self._gpu_of_pci(e.node, x.pci_bus_id)
+        self._hardware(HardwareEvent(e.time, e.node, gpu, f"xid {x.xid} ({bucket})", hardware, bucket))
 
     def _health(self, e: Event) -> None:
-        condition = e.attrs.get("condition")
-        value = _num(e.attrs.get("value"))
-        if not isinstance(condition, str) or not value:
+        h = GpuHealth.read(e)
+        if h is None or not h.value:
             return  # value 0: the condition cleared
-        gpu = e.attrs.get("gpu")
-        gpu_index = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None
-        if condition == "gpu_lost" and gpu_index is not None:
-            self.lost[(e.node, gpu_index)] = e.time
+        condition = h.condition
+        if condition == "gpu_lost" and h.gpu is not None:
+            self.lost[(e.node, h.gpu)] = e.time
         if condition in HARDWARE_CONDITIONS or condition in SLOWDOWN_CONDITIONS:
-            evidence = e.attrs.get("evidence")
-            what = f"{condition}: {evidence}" if isinstance(evidence, str) and evidence else condition
+            evidence = h.evidence
+            what = f"{condition}: {evidence}" if evidence else condition
             hardware = condition in HARDWARE_CONDITIONS
-            self._hardware(HardwareEvent(e.time, e.node, gpu_index, what, hardware, condition))
+            self._hardware(HardwareEvent(e.time, e.node, h.gpu, what, hardware, condition))
 
     def _hardware(self, h: HardwareEvent) -> None:
         self.hardware.setdefault(h.node, deque(maxlen=64)).append(h)

@@ -13,12 +13,12 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from watchd.clock import Clock
-from watchd.detect.finding import KINDS as FINDING_KINDS
 from watchd.engine.dedup import SeenIds
 from watchd.engine.metrics import EngineMetrics
 from watchd.httputil import metrics_handler
 from watchd.logs import get_logger
 from watchd.model.events import INGEST_PATH, Event, WireError, batch_from_wire
+from watchd.model.registry import ALL_KINDS
 
 _log = get_logger("watchd.ingest")
 
@@ -27,9 +27,7 @@ Accepted = tuple[Event, float]  # the event and its arrival time (monotonic)
 # Metric labels come from what clients send: only known values become labels, so a client cannot create
 # unbounded series.
 SOURCES = frozenset({"kmsg", "file", "nvml", "dcgm", "fake", "watchd", "sim", "detector", "heartbeat"})
-KINDS = frozenset(
-    {"xid", "gpu_health", "gpu_summary", "watchd_action", "heartbeat", "node_repaired", *FINDING_KINDS}
-)
+KINDS = ALL_KINDS
 #: Events stamped further ahead than this take their arrival time (one bad clock must not push cooldowns and
 #: windows into the future); the node's own stamp is kept in ``attrs["node_time"]``.
 MAX_FUTURE_S = 300.0

@@ -31,44 +31,16 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from watchd.gpu.model import (
-    CLOCK_HW_POWER_BRAKE,
-    CLOCK_HW_SLOWDOWN,
-    CLOCK_HW_THERMAL,
-    CLOCK_SW_THERMAL,
-    GpuSample,
-)
-from watchd.model.events import Event, Scalar, stable_id
+from watchd.gpu.model import GpuSample
+from watchd.model.conditions import BY_NAME, GpuCondition
+from watchd.model.conditions import CONDITIONS as CONDITION_NAMES
+from watchd.model.events import Event, stable_id
+from watchd.model.gpu import HEALTH_KIND as KIND
+from watchd.model.gpu import GpuHealth
 from watchd.xid.catalog import RECOVERY_ACTIONS
 
-KIND = "gpu_health"
-
-#: The conditions, in the order their events are returned for one sample.
-CONDITIONS = (
-    "gpu_lost",
-    "ecc_dbe",
-    "row_remap_failure",
-    "row_remap_pending",
-    "retired_pages_pending",
-    "recovery_action",
-    "pcie_downtrain",
-    "pcie_replay_burst",
-    "nvlink_down",
-    "nvlink_errors",
-    "hw_slowdown",
-    "thermal_slowdown",
-    "power_brake",
-)
-
-# NVML field 230 (GPU recovery action) codes and their names, as ``evidence`` carries them: the same
-# values Xid 154 reports, so one table serves both.
-
-#: condition -> (clock-event reason bits, their names for the evidence line)
-_CLOCK_CONDITIONS: dict[str, tuple[tuple[int, str], ...]] = {
-    "hw_slowdown": ((CLOCK_HW_SLOWDOWN, "HwSlowdown"),),
-    "thermal_slowdown": ((CLOCK_HW_THERMAL, "HwThermal"), (CLOCK_SW_THERMAL, "SwThermal")),
-    "power_brake": ((CLOCK_HW_POWER_BRAKE, "HwPowerBrake"),),
-}
+#: The conditions, in the order their events are returned for one sample (rows of the model's table).
+CONDITIONS = CONDITION_NAMES
 
 _EPSILON_S = 1e-3  # float noise in sample times must not postpone a re-report by a whole sampling period
 
@@ -231,23 +203,20 @@ class HealthDeriver:
 
     def _event(self, name: str, sample: GpuSample, node: str, value: int | float, r: _Reading) -> Event:
         gpu = sample.gpu
-        attrs: dict[str, Scalar] = {
-            "condition": name,
-            "gpu": gpu.index,
-            "uuid": gpu.uuid,
-            "pci_bus_id": gpu.pci_bus_id,
-            "value": value,
-        }
-        if r.threshold is not None:
-            attrs["threshold"] = r.threshold
-        attrs["evidence"] = r.evidence
-        return Event(
+        health = GpuHealth(
+            condition=name,
+            gpu=gpu.index,
+            uuid=gpu.uuid,
+            pci_bus_id=gpu.pci_bus_id,
+            value=value,
+            threshold=r.threshold,
+            evidence=r.evidence,
+        )
+        return health.to_event(
             id=stable_id(node, KIND, gpu.uuid, name, sample.time),
             node=node,
             source=self.source,
-            kind=KIND,
             time=sample.time,
-            attrs=attrs,
         )
 
     # --- one reading per condition -------------------------------------------------------------------
@@ -261,18 +230,9 @@ class HealthDeriver:
             return None
         if name == "ecc_dbe":
             return self._ecc(st, s.ecc_volatile_uncorrected)
-        if name == "row_remap_failure":
-            rows = s.remapped_rows_uncorrectable
-            extra = f" ({rows} rows remapped for uncorrectable errors)" if rows is not None else ""
-            return _flag(
-                s.remap_failure, "row remapping failure flag set" + extra, "row remapping failure flag clear"
-            )
-        if name == "row_remap_pending":
-            return _flag(s.remap_pending, "remapped rows pending, reset needed", "no remapped rows pending")
-        if name == "retired_pages_pending":
-            return _flag(
-                s.retired_pages_pending, "retired pages pending, reset needed", "no retired pages pending"
-            )
+        cond = BY_NAME[name]
+        if cond.flag is not None:
+            return _flag(cond, s)
         if name == "recovery_action":
             if s.recovery_action is None:
                 return None
@@ -298,7 +258,9 @@ class HealthDeriver:
             active = n > (t.nvlink_error_clear if st.conds[name].active else t.nvlink_error_burst)
             evidence = f"{n} NVLink errors (CRC, replay, recovery) in {self.report_interval_s:g}s"
             return _Reading(active, n, evidence, t.nvlink_error_burst)
-        return self._clock_reason(name, st, s)
+        if cond.clock_reasons:
+            return self._clock_reason(cond, st, s)
+        raise AssertionError(f"condition {name!r} has no derivation")  # a table row without a flag or bits
 
     def _ecc(self, st: _GpuState, count: int | None) -> _Reading | None:
         if count is None:
@@ -372,9 +334,10 @@ class HealthDeriver:
             evidence = f"all NVLinks up ({n_up} of {len(up)})"
         return _Reading(bool(down), len(down), evidence, 0, report_change=True)
 
-    def _clock_reason(self, name: str, st: _GpuState, s: GpuSample) -> _Reading | None:
+    def _clock_reason(self, cond: GpuCondition, st: _GpuState, s: GpuSample) -> _Reading | None:
         t = self.thresholds
-        if name == "hw_slowdown":  # the first of the three: maintain the window once per sample
+        name = cond.name
+        if name == _FIRST_CLOCK:  # the first clock condition: maintain the window once per sample
             if s.clock_event_reasons is None:
                 return None
             st.clock.append((s.time, s.clock_event_reasons))
@@ -385,7 +348,7 @@ class HealthDeriver:
             return None
         if len(st.clock) < t.slowdown_min_samples:
             return None
-        bits = _CLOCK_CONDITIONS[name]
+        bits = cond.clock_reasons
         mask = 0
         for bit, _ in bits:
             mask |= bit
@@ -406,10 +369,23 @@ class HealthDeriver:
         return _Reading(active, round(fraction, 3), evidence, t.slowdown_fire)
 
 
-def _flag(flag: bool | None, set_evidence: str, clear_evidence: str) -> _Reading | None:
+def _flag(cond: GpuCondition, s: GpuSample) -> _Reading | None:
+    """A condition that holds while a boolean sample field is true (the table's ``flag``)."""
+    assert cond.flag is not None
+    flag: bool | None = getattr(s, cond.flag)
     if flag is None:
         return None
-    return _Reading(True, 1, set_evidence) if flag else _Reading(False, 0, clear_evidence)
+    if not flag:
+        return _Reading(False, 0, cond.clear_evidence)
+    evidence = cond.set_evidence
+    if cond.detail is not None:
+        detail = getattr(s, cond.detail[0])
+        if detail is not None:
+            evidence += cond.detail[1].format(detail)
+    return _Reading(True, 1, evidence)
+
+
+_FIRST_CLOCK = next(c.name for c in BY_NAME.values() if c.clock_reasons)
 
 
 __all__ = [

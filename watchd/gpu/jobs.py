@@ -22,46 +22,14 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from watchd.clock import Clock, SystemClock
+from watchd.model.jobs import JobRef, parse_job_label
 
 __all__ = ["JobRef", "JobResolver", "job_from_cgroup", "job_from_environ", "parse_job_label"]
 
-JobKind = Literal["slurm", "k8s"]
-
-
-@dataclass(frozen=True, slots=True)
-class JobRef:
-    kind: JobKind
-    id: str  # Slurm job id (digits) or Kubernetes pod UID (lower case, with dashes)
-
-    @property
-    def label(self) -> str:
-        """``slurm:1234`` or ``k8s:<pod-uid>``."""
-        return f"{self.kind}:{self.id}"
-
-    def __str__(self) -> str:
-        return self.label
-
-
-def parse_job_label(label: str) -> JobRef | None:
-    """The inverse of :attr:`JobRef.label`; None when ``label`` is not one."""
-    kind, sep, ident = label.partition(":")
-    if not sep or not ident:
-        return None
-    if kind == "slurm" and ident.isascii() and ident.isdigit():
-        return JobRef("slurm", ident)
-    if kind == "k8s" and _K8S_UID_RE.fullmatch(ident):
-        return JobRef("k8s", ident.lower())
-    return None
-
-
 _SLURM_JOB_RE = re.compile(r"job_(\d+)", re.ASCII)
-# Pod UIDs are UUIDs; static (mirror) pods use a 32-hex config hash. Both are hex with optional dashes.
-_K8S_UID_RE = re.compile(r"[0-9a-fA-F][0-9a-fA-F-]{7,63}", re.ASCII)
 # systemd cgroup driver: kubepods-pod<uid>.slice (Guaranteed) or kubepods-<qos>-pod<uid>.slice, dashes -> _.
 _K8S_SYSTEMD_RE = re.compile(r"kubepods(?:-[a-z]+)?-pod([0-9a-fA-F][0-9a-fA-F_]{7,63})\.slice", re.ASCII)
 # cgroupfs driver: /kubepods[/<qos>]/pod<uid>/<container>

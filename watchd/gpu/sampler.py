@@ -15,7 +15,7 @@ from watchd.gpu.model import BackendUnavailable, GpuIdentity, GpuLostError, GpuS
 from watchd.gpu.summary import WindowSummarizer
 from watchd.logs import get_logger
 from watchd.model.events import Event, stable_id
-from watchd.xid.catalog import lookup
+from watchd.model.xid import Xid
 
 _log = get_logger("watchd.gpu")
 
@@ -111,25 +111,13 @@ class GpuSampler:
             for gpu, xid, text in found:
                 if not self._xid_filter(gpu.pci_bus_id, xid, self.backend.name):
                     continue
-                info = lookup(xid)
                 self._emit(
-                    Event(
+                    Xid.build(
+                        xid=xid, pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid, gpu=gpu.index, message=text
+                    ).to_event(
                         id=stable_id(self.node, self.backend.name, "xid", gpu.uuid, xid, now),
                         node=self.node,
                         source=self.backend.name,
-                        kind="xid",
                         time=now,
-                        attrs={
-                            "xid": xid,
-                            "pci_bus_id": gpu.pci_bus_id,
-                            "uuid": gpu.uuid,
-                            "gpu": gpu.index,
-                            "pid": None,
-                            "process": None,
-                            "message": text,
-                            "meaning": info.meaning,
-                            "bucket": info.bucket,
-                            "action": info.action,
-                        },
                     )
                 )

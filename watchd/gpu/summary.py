@@ -7,12 +7,7 @@ transport delay plus at most one sampling interval); ``window_start`` is its sta
 memory is constant per open window (running sums, not samples). Lost samples (``sample.lost``) are not
 summarized, though they close a window.
 
-Attributes (flat scalars; a key whose inputs were all ``None`` is left out): ``gpu``, ``uuid``,
-``pci_bus_id``, ``model``, ``job``, ``window_s``, ``window_start``, ``samples``, ``util_mean/min/max``,
-``power_mean/min/max``, ``sm_clock_mean/min/max``, ``sm_clock_max_rated``, ``clock_reasons`` (OR of the
-window's clock-event reason bits), ``hw_slowdown_frac``, ``thermal_frac`` (HwThermal or SwThermal),
-``power_brake_frac`` (fractions of the samples reporting reasons), ``nvlink_tx_mean``, ``nvlink_rx_mean``,
-``pcie_tx_mean``, ``pcie_rx_mean`` (bytes/s), ``temp_mean``.
+Attributes: :class:`watchd.model.gpu.GpuSummary` (a statistic whose inputs were all ``None`` is left out).
 """
 
 from __future__ import annotations
@@ -29,9 +24,9 @@ from watchd.gpu.model import (
     GpuIdentity,
     GpuSample,
 )
-from watchd.model.events import Event, Scalar, stable_id
-
-KIND = "gpu_summary"
+from watchd.model.events import Event, stable_id
+from watchd.model.gpu import SUMMARY_KIND as KIND
+from watchd.model.gpu import GpuSummary
 
 
 @dataclass(slots=True)
@@ -49,13 +44,14 @@ class _Stat:
         self.low = min(self.low, value)
         self.high = max(self.high, value)
 
-    def put(self, attrs: dict[str, Scalar], prefix: str, extremes: bool = True) -> None:
-        if not self.n:
-            return
-        attrs[f"{prefix}_mean"] = round(self.total / self.n, 3)
-        if extremes:
-            attrs[f"{prefix}_min"] = self.low
-            attrs[f"{prefix}_max"] = self.high
+    def mean(self) -> float | None:
+        return round(self.total / self.n, 3) if self.n else None
+
+    def min(self) -> float | None:
+        return self.low if self.n else None
+
+    def max(self) -> float | None:
+        return self.high if self.n else None
 
 
 @dataclass(slots=True)
@@ -153,41 +149,42 @@ class WindowSummarizer:
         if not w.samples:
             return []
         gpu = w.gpu
-        attrs: dict[str, Scalar] = {
-            "gpu": gpu.index,
-            "uuid": gpu.uuid,
-            "pci_bus_id": gpu.pci_bus_id,
-            "model": gpu.model,
-        }
-        job = w.job()
-        if job is not None:
-            attrs["job"] = job
-        attrs["window_s"] = self.window_s
-        attrs["window_start"] = w.start
-        attrs["samples"] = w.samples
-        w.util.put(attrs, "util")
-        w.power.put(attrs, "power")
-        w.sm_clock.put(attrs, "sm_clock")
-        if w.sm_clock_rated is not None:
-            attrs["sm_clock_max_rated"] = w.sm_clock_rated
-        if w.reasons_n:
-            attrs["clock_reasons"] = w.reasons
-            attrs["hw_slowdown_frac"] = round(w.hw_slowdown / w.reasons_n, 4)
-            attrs["thermal_frac"] = round(w.thermal / w.reasons_n, 4)
-            attrs["power_brake_frac"] = round(w.power_brake / w.reasons_n, 4)
-        w.nvlink_tx.put(attrs, "nvlink_tx", extremes=False)
-        w.nvlink_rx.put(attrs, "nvlink_rx", extremes=False)
-        w.pcie_tx.put(attrs, "pcie_tx", extremes=False)
-        w.pcie_rx.put(attrs, "pcie_rx", extremes=False)
-        w.temp.put(attrs, "temp", extremes=False)
+        reasons = w.reasons_n
+        summary = GpuSummary(
+            gpu=gpu.index,
+            uuid=gpu.uuid,
+            pci_bus_id=gpu.pci_bus_id,
+            model=gpu.model,
+            job=w.job(),
+            window_s=self.window_s,
+            window_start=w.start,
+            samples=w.samples,
+            util_mean=w.util.mean(),
+            util_min=w.util.min(),
+            util_max=w.util.max(),
+            power_mean=w.power.mean(),
+            power_min=w.power.min(),
+            power_max=w.power.max(),
+            sm_clock_mean=w.sm_clock.mean(),
+            sm_clock_min=w.sm_clock.min(),
+            sm_clock_max=w.sm_clock.max(),
+            sm_clock_max_rated=w.sm_clock_rated,
+            clock_reasons=w.reasons if reasons else None,
+            hw_slowdown_frac=round(w.hw_slowdown / reasons, 4) if reasons else None,
+            thermal_frac=round(w.thermal / reasons, 4) if reasons else None,
+            power_brake_frac=round(w.power_brake / reasons, 4) if reasons else None,
+            nvlink_tx_mean=w.nvlink_tx.mean(),
+            nvlink_rx_mean=w.nvlink_rx.mean(),
+            pcie_tx_mean=w.pcie_tx.mean(),
+            pcie_rx_mean=w.pcie_rx.mean(),
+            temp_mean=w.temp.mean(),
+        )
         return [
-            Event(
+            summary.to_event(
                 id=stable_id(node, KIND, gpu.uuid, w.start),
                 node=node,
                 source=self.source,
-                kind=KIND,
                 time=w.start + self.window_s,  # when the window's observation is complete
-                attrs=attrs,
             )
         ]
 

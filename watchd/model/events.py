@@ -2,8 +2,8 @@
 
 An :class:`Event` is one observation on one node: it names the node and the source that saw it, the time of
 the observation (not of its arrival at the engine) and carries a stable ``id`` so that a re-sent or re-read
-event is recognised as the same one. Kind-specific fields live in ``attrs`` (for ``kind == "xid"``: ``xid``,
-``pci_bus_id``, ``pid``, ``process``, ``message``, ``meaning``, ``action``).
+event is recognised as the same one. Kind-specific fields live in ``attrs``, plain scalars: each kind declares
+them once, as a typed class (:mod:`watchd.model.registry` lists the kinds and their classes).
 """
 
 from __future__ import annotations

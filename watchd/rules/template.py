@@ -15,94 +15,20 @@ from jinja2 import TemplateSyntaxError, Undefined, meta
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from watchd.model.events import TOP_LEVEL_FIELDS
+from watchd.model.gpu import GPU_IDENTITY_FIELDS
+from watchd.model.registry import KINDS, fields_of
 from watchd.rules.codegen import Namespace
 
 #: Fields any event may carry, and what every template may name besides them.
-COMMON_FIELDS = frozenset({"id", "node", "source", "kind", "time"})
+COMMON_FIELDS = TOP_LEVEL_FIELDS
 CONTEXT_NAMES = frozenset({"event", "node", "job", "rule", "count", "group", "severity"})
-#: Fields of the event kinds watchd produces (a template naming another field is an error).
-KIND_FIELDS: dict[str, frozenset[str]] = {
-    "xid": frozenset(
-        {
-            "xid",
-            "pci_bus_id",
-            "uuid",
-            "pid",
-            "process",
-            "message",
-            "meaning",
-            "bucket",
-            "action",
-            "raw",
-            "recovery_action",
-            "recovery_action_from",
-            "recovery_action_to",
-            "pci_device_id",
-            "nvlink_subcode",
-            "nvlink_severity",
-            "nvlink_link",
-            "nvlink_intr_info",
-            "gpu",
-            "job",
-        }
-    ),
-}
-KIND_FIELDS["gpu_health"] = frozenset({"condition"})
-KIND_FIELDS["gpu_summary"] = frozenset(
-    {
-        "window_s",
-        "window_start",
-        "samples",
-        "util_mean",
-        "util_min",
-        "util_max",
-        "power_mean",
-        "power_min",
-        "power_max",
-        "sm_clock_mean",
-        "sm_clock_min",
-        "sm_clock_max",
-        "sm_clock_max_rated",
-        "clock_reasons",
-        "hw_slowdown_frac",
-        "thermal_frac",
-        "power_brake_frac",
-        "nvlink_tx_mean",
-        "nvlink_rx_mean",
-        "pcie_tx_mean",
-        "pcie_rx_mean",
-        "temp_mean",
-    }
-)
-KIND_FIELDS["watchd_action"] = frozenset({"action", "outcome", "mode", "rule"})
-_FINDING_FIELDS = frozenset(
-    {
-        "job",
-        "partition",
-        "culprit_node",
-        "culprit_gpu",
-        "evidence",
-        "hardware",
-        "confidence",
-        "suspects",
-        "onset",
-        "duration_s",
-        "signal",
-        "summary",
-        "revision",
-        "detail",
-        "gpus",
-        "gpus_matching",
-        "metric",
-        "value",
-        "job_median",
-        "deviation",
-        "rank",
-    }
-)
-for _kind in ("nccl_hang", "host_stall", "straggler"):
-    KIND_FIELDS[_kind] = _FINDING_FIELDS
-GPU_FIELDS = frozenset({"gpu", "uuid", "pci_bus_id", "model", "job", "value", "threshold", "evidence"})
+#: Fields of the event kinds watchd produces, from their classes (a template naming another field is an
+#: error).
+KIND_FIELDS: dict[str, frozenset[str]] = {kind: fields_of(kind) for kind in KINDS}
+#: Fields any rule may name whatever its kinds: how GPU kinds name their GPU, the job the engine attaches,
+#: and a ``gpu_health`` measurement.
+GPU_FIELDS = frozenset({*GPU_IDENTITY_FIELDS, "job", "value", "threshold", "evidence"})
 
 
 class _Undefined(Undefined):

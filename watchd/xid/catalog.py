@@ -5,7 +5,8 @@ Buckets are NVIDIA's "Resolution Bucket (Immediate Action)" from the Xid catalog
 ``RESET_GPU``, ``RESTART_BM`` (restart bare metal: reboot the node), ``WORKFLOW_XID_45``,
 ``WORKFLOW_XID_48``, ``WORKFLOW_NVLINK_ERR``, ``WORKFLOW_NVLINK5_ERR``, ``XID_154``, ``CHECK_MECHANICALS``,
 ``UPDATE_SWFW``, ``RESTART_VM``, ``CHECK_UVM`` and ``CONTACT_SUPPORT`` (used by the catalog for Xids that
-are unused on current GPUs). An Xid this module does not know gets the bucket ``UNKNOWN``.
+are unused on current GPUs). An Xid this module does not know gets the bucket ``UNKNOWN``. The buckets, their
+class (hardware, application) and default advice are rows of :data:`watchd.model.conditions.XID_BUCKETS`.
 
 Application Xids (``RESTART_APP``: 13, 31, 43, ...) are not hardware faults on their own; repeated on one GPU
 across different jobs they are. That judgement belongs to the rules, not to this table.
@@ -16,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
+
+from watchd.model.conditions import XID_BUCKETS
 
 __all__ = ["BUCKETS", "RECOVERY_ACTIONS", "XidInfo", "known_xids", "lookup"]
 
@@ -42,29 +45,11 @@ RECOVERY_ACTIONS: Final[dict[int, str]] = {
     7: "SYSTEM_REBOOT",
 }
 
-# Default recommended action per bucket; entries below override where the Xid needs something specific.
-_ACTIONS: Final[dict[str, str]] = {
-    "RESTART_APP": "restart the application; if it repeats on this GPU across different jobs, drain the node "
-    "and run diagnostics",
-    "IGNORE": "none; informational",
-    "RESET_GPU": "drain the node and reset the GPU (or reboot the node)",
-    "RESTART_BM": "drain node and reboot",
-    "WORKFLOW_XID_45": "none if it follows another Xid (act on that one); alone: restart the fabric manager",
-    "WORKFLOW_XID_48": "drain the node and reset the GPU; check ECC and row-remap counters, RMA if "
-    "thresholds are exceeded",
-    "WORKFLOW_NVLINK_ERR": "drain the node and reset the GPU or reboot; check 'nvidia-smi nvlink -e', "
-    "contact the vendor if it persists",
-    "WORKFLOW_NVLINK5_ERR": "follow the NVLink5 workflow: act on the recovery action of the Xid 154 that "
-    "follows (drain and reset the GPU when required)",
-    "XID_154": "perform the recovery action named in the message",
-    "CHECK_MECHANICALS": "drain the node and check the GPU's auxiliary power connection",
-    "UPDATE_SWFW": "check the vGPU software and firmware versions",
-    "RESTART_VM": "restart the VM",
-    "CHECK_UVM": "check the application's unified-memory use; reset the GPU if it repeats",
-    "CONTACT_SUPPORT": "collect nvidia-bug-report.sh and contact NVIDIA support",
-}
+# Default recommended action per bucket (watchd.model.conditions, the one table of buckets); entries below
+# override it where the Xid needs something specific.
+_ACTIONS: Final[dict[str, str]] = {b.name: b.action for b in XID_BUCKETS}
 
-BUCKETS: Final[frozenset[str]] = frozenset(_ACTIONS) | {"UNKNOWN"}
+BUCKETS: Final[frozenset[str]] = frozenset(_ACTIONS)
 
 # xid: (meaning, bucket[, action override])
 _ENTRIES: Final[dict[int, tuple[str, str] | tuple[str, str, str]]] = {
@@ -252,7 +237,7 @@ def lookup(xid: int) -> XidInfo:
     info = _CATALOG.get(xid)
     if info is not None:
         return info
-    return XidInfo(xid=xid, meaning="unknown Xid", bucket="UNKNOWN", action="consult the NVIDIA Xid catalog")
+    return XidInfo(xid=xid, meaning="unknown Xid", bucket="UNKNOWN", action=_ACTIONS["UNKNOWN"])
 
 
 def known_xids() -> frozenset[int]:

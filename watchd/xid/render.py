@@ -7,10 +7,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, TextIO
 
 from watchd.errors import UsageError
+from watchd.model.xid import Xid
 from watchd.xid.catalog import lookup
 from watchd.xid.parser import XidParser, XidRecord
 
-__all__ = ["record_to_json", "render_table", "run_xid"]
+__all__ = ["record_to_json", "render_table", "run_xid", "xid_of_record"]
 
 _COLUMNS = ("PCI", "XID", "PID", "PROCESS", "MEANING", "ACTION")
 NO_XID_FOUND = "no Xid found"
@@ -38,27 +39,24 @@ def render_table(records: Sequence[XidRecord]) -> str:
     return "\n".join(lines)
 
 
-def record_to_json(rec: XidRecord) -> dict[str, Any]:
-    """A JSON-ready dict: the record, its catalog entry (meaning, bucket, action) and its details flattened.
+def xid_of_record(rec: XidRecord) -> Xid:
+    """The ``xid`` kind of a parsed record: the record, its catalog entry and its decoded details."""
+    return Xid.build(
+        xid=rec.xid,
+        pci_bus_id=rec.pci_bus_id,
+        uuid=rec.uuid,
+        pid=rec.pid,
+        process=rec.process,
+        message=rec.message,
+        raw=rec.raw,
+        details=rec.details,
+    )
 
-    A detail never replaces one of the fixed keys.
-    """
-    info = lookup(rec.xid)
-    out: dict[str, Any] = {
-        "xid": rec.xid,
-        "pci_bus_id": rec.pci_bus_id,
-        "uuid": rec.uuid,
-        "pid": rec.pid,
-        "process": rec.process,
-        "message": rec.message,
-        "meaning": info.meaning,
-        "bucket": info.bucket,
-        "action": info.action,
-        "raw": rec.raw,
-    }
-    for key, value in rec.details.items():
-        out.setdefault(key, value)
-    return out
+
+def record_to_json(rec: XidRecord) -> dict[str, Any]:
+    """A JSON-ready dict: the record, its catalog entry (meaning, bucket, action) and its details flattened
+    (the attributes of its ``xid`` event). A detail never replaces one of the fixed keys."""
+    return dict(xid_of_record(rec).to_attrs())
 
 
 def _lines(stream: BinaryIO) -> Iterator[str]:

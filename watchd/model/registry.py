@@ -1,0 +1,45 @@
+"""The registry of event kinds: every kind watchd builds, its class, and the fields rules may name on it.
+
+Whatever lists kind names (ingest metrics labels, the template field check, the detectors' dispatch) reads
+this table; a kind's fields are its class's (:meth:`~watchd.model.kinds.Attrs.fields`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from watchd.model import action, finding, gpu, heartbeat, xid
+from watchd.model.kinds import Attrs
+
+__all__ = ["ALL_KINDS", "ENGINE_FIELDS", "EXTERNAL_KINDS", "FINDING_KINDS", "KINDS", "fields_of"]
+
+FINDING_KINDS: tuple[str, ...] = finding.KINDS
+
+#: kind -> its class.
+KINDS: Mapping[str, type[Attrs]] = MappingProxyType(
+    {
+        xid.KIND: xid.Xid,
+        gpu.HEALTH_KIND: gpu.GpuHealth,
+        gpu.SUMMARY_KIND: gpu.GpuSummary,
+        heartbeat.KIND: heartbeat.Heartbeat,
+        action.KIND: action.ActionFeedback,
+        **{kind: finding.Detection for kind in finding.KINDS},
+    }
+)
+#: Kinds watchd accepts but does not build itself (no attributes of their own): a repair system's
+#: ``node_repaired``.
+EXTERNAL_KINDS: tuple[str, ...] = ("node_repaired",)
+ALL_KINDS = frozenset(KINDS) | frozenset(EXTERNAL_KINDS)
+#: Fields the engine adds at ingest: ``job`` to an ``xid`` or ``gpu_health`` event that names a GPU, from
+#: the agents' summaries of that GPU.
+ENGINE_FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {xid.KIND: ("job",), gpu.HEALTH_KIND: ("job",)}
+)
+
+
+def fields_of(kind: str) -> frozenset[str]:
+    """The attributes an event of ``kind`` may carry (its class's, and what the engine adds)."""
+    cls = KINDS.get(kind)
+    own = cls.fields() if cls is not None else ()
+    return frozenset(own) | frozenset(ENGINE_FIELDS.get(kind, ()))
