@@ -68,6 +68,8 @@ async def test_xid_line_becomes_an_event_at_the_engine(engine: Engine) -> None:
     async with Agent(agent_config(engine.port), sources=[source]) as agent:
         source.inject_log("some unrelated kernel line\n" + XID79)
         await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="decisions")
+        # the engine answers once the batch is evaluated: the agent counts it shipped after the decisions
+        await eventually(lambda: agent.metrics.shipped._value.get() >= 1, what="the reply")
         assert agent.metrics.shipped._value.get() == 1
     drain = scheduler_actions(engine.audit.entries)[0]
     assert (drain.node, drain.action, drain.outcome) == ("gpu-3", "drain", "dry_run")

@@ -13,6 +13,8 @@ from watchd.actions.trail import AuditTrail, scalars
 from watchd.clock import Clock
 from watchd.engine.metrics import EngineMetrics
 from watchd.logs import get_logger
+from watchd.model.action import SOURCE as FEEDBACK_SOURCE
+from watchd.model.action import ActionFeedback
 from watchd.model.events import Event, stable_id
 
 _log = get_logger("watchd.executor")
@@ -64,14 +66,13 @@ class Record:
                 params=scalars(action.params),
             )
         )
-        if self._feedback is not None and decision.event.kind != "watchd_action":
+        if self._feedback is not None and decision.event.kind != ActionFeedback.KIND:
+            feedback = ActionFeedback(action=action.kind, outcome=outcome, rule=decision.rule, mode=mode)
             self._feedback(
-                Event(
+                feedback.to_event(
                     id=stable_id("action", decision.event.id, decision.rule, action.kind, action.node),
                     node=action.node,
-                    source="watchd",
-                    kind="watchd_action",
+                    source=FEEDBACK_SOURCE,
                     time=self._clock.now(),
-                    attrs={"action": action.kind, "outcome": outcome, "rule": decision.rule, "mode": mode},
                 )
             )
