@@ -31,7 +31,7 @@ from benchmarks.common import best_of, make_events, max_rss_mib, rate, synthetic
 from watchd.errors import ConfigError  # noqa: E402
 from watchd.model.events import Event  # noqa: E402
 from watchd.rules import RuleEngine, RuleSet, load_rules, parse_rule_file  # noqa: E402
-from watchd.rules.ruleset import Rule  # noqa: E402
+from watchd.rules.rule import Rule  # noqa: E402
 
 TARGET = 50_000  # events/s with the pack + 1,000 synthetic rules
 TARGET_ROW = "pack + 1,000 synthetic"

@@ -15,7 +15,7 @@ from jinja2 import TemplateSyntaxError, Undefined, meta
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from watchd.rules.codegen import Namespace
+from watchd.rules.compiled.codegen import Namespace
 
 #: Fields any event may carry, and what every template may name besides them.
 COMMON_FIELDS = frozenset({"id", "node", "source", "kind", "time"})

@@ -22,7 +22,8 @@ actions the rules must decide for it::
 ``null`` or strings; a quoted value (``"..."`` with JSON escapes, or ``'...'``) is always a string.
 ``source=`` and ``id=`` set the event's source and id instead of an attribute.
 
-Evaluation is the engine's own (:class:`~watchd.rules.state.RuleEngine`), driven by the events' times only.
+Evaluation is the engine's own (:class:`~watchd.rules.rule_engine.RuleEngine`), driven by the events' times
+only.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from watchd.rules.durations import Duration, parse_duration
 from watchd.rules.loader import Problem, check_rules
 from watchd.rules.model import ActionKind
 from watchd.rules.positions import YamlPath, YamlPositions, load_with_position
-from watchd.rules.ruleset import Rule
-from watchd.rules.state import RuleEngine
+from watchd.rules.rule import Rule
+from watchd.rules.rule_engine import RuleEngine
 
 __all__ = [
     "ActualAction",
