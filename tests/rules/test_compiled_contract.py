@@ -11,6 +11,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from benchmarks.common import make_events, synthetic_rules_yaml
 from tests.rules.rule_helpers import rules_of, xid
@@ -182,3 +184,144 @@ def test_generated_code_never_runs_text_from_a_rule() -> None:
     assert rule.matches(event)
     [action] = plan(rule, event).actions
     assert action.params["message"] == "\"\"\"'{x} gpu-3 {__import__('os')}\\"
+
+
+# ------------------------------------------------------------------ property-based: any rules, any timeline
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+VALUES: list[Any] = [
+    0,
+    1,
+    13,
+    31,
+    45,
+    79,
+    2.5,
+    -1,
+    True,
+    False,
+    "13",
+    "1",
+    "2",
+    "gpu-1",
+    "python3",
+    "fallen off",
+    "",
+]
+REGEXES = ["^gpu", "13", "off$", "python", "^1", "x|3", "^(py)thon3$", "(?i)^PYTHON", "fallen off"]
+FIELDS = ["kind", "node", "xid", "job", "process", "value", "gpu"]
+ATTRS: dict[str, list[Any]] = {  # attribute -> values an event may carry (or not carry it at all)
+    "xid": [13, 31, 45, 79, "13"],
+    "job": ["1", "2", "3", None],
+    "process": ["python3", "torchrun", "PYTHON", "fallen off"],
+    "value": [0, 1, 2.5, 95, True],
+    "gpu": [0, 1],
+}
+ACTIONS: list[list[Any]] = [
+    ["log"],
+    [{"log": {"message": "{{ node }}/{{ kind }} n={{ count }} job {{ job }} {{ group }} {{ event.xid }}"}}],
+    [{"drain": {"reason": "{{ kind }} on {{ node }} x{{ count }} ({{ rule }})"}}, "requeue"],
+    [{"alert": {"summary": "{{ rule }} {{ severity }} {{ gpu }}", "labels": {"gpu": "{{ gpu }}"}}}],
+]
+
+scalars = st.sampled_from(VALUES)
+conditions = st.one_of(
+    scalars,
+    st.none(),
+    st.builds(
+        lambda op, vs: {op: vs}, st.sampled_from(["in", "not_in"]), st.lists(scalars, min_size=1, max_size=3)
+    ),
+    st.builds(lambda r: {"regex": r}, st.sampled_from(REGEXES)),
+    st.builds(lambda b: {"exists": b}, st.booleans()),
+    st.builds(
+        lambda op, n: {op: n}, st.sampled_from(["gt", "ge", "lt", "le"]), st.sampled_from([0, 1, 13, 2.5, 79])
+    ),
+    st.just({"ge": 1, "le": 79}),
+)
+flat_matches = st.dictionaries(st.sampled_from(FIELDS), conditions, max_size=3)
+any_matches = st.recursive(
+    flat_matches,
+    lambda inner: st.builds(
+        lambda m, alternatives: {**m, "any": alternatives},
+        flat_matches,
+        st.lists(inner, min_size=1, max_size=3),
+    ),
+    max_leaves=6,
+)
+
+
+@st.composite
+def timelines(draw: st.DrawFn) -> list[Event]:
+    """Time-ordered events of two kinds on two nodes, attributes present or not, ids now and then reused
+    (an event is no ``unless`` sighting against itself)."""
+    events, t = [], 0.0
+    for i in range(draw(st.integers(1, 40))):
+        t += draw(st.sampled_from([0, 0, 1, 5, 10, 30, 60, 61, 120, 299, 300, 301, 3600]))
+        attrs = {name: draw(st.sampled_from(values)) for name, values in ATTRS.items() if draw(st.booleans())}
+        node = draw(st.sampled_from(["gpu-1", "gpu-2"]))
+        kind = draw(st.sampled_from(["xid", "gpu_health"]))
+        eid = draw(st.sampled_from([f"e{i}", f"e{i}", "same"]))
+        events.append(Event(eid, node, "test", kind, t, {k: v for k, v in attrs.items() if v is not None}))
+    return events
+
+
+@st.composite
+def rule_sets(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """1-5 rules using every step (count/window, distinct, for, unless, cooldown), group_by, mode and
+    rate_limit."""
+    specs = []
+    for i in range(draw(st.integers(1, 5))):
+        match = draw(st.one_of(st.just({}), any_matches))  # often empty: rules that fire, then their steps
+        kind = draw(st.sampled_from([None, "xid", "gpu_health", {"in": ["xid", "gpu_health"]}]))
+        if kind is not None:
+            match["kind"] = kind
+        spec: dict[str, Any] = {"name": f"r{i}", "match": match, "actions": draw(st.sampled_from(ACTIONS))}
+        spec["group_by"] = draw(
+            st.sampled_from([["node"], ["node", "gpu"], ["job"], ["node", "job"], ["kind"]])
+        )
+        steps = draw(st.sampled_from(["plain", "count", "distinct", "for"]))
+        if steps in ("count", "distinct"):
+            spec["window"] = draw(st.sampled_from([10, 60, 300, "1h"]))
+            spec["count"] = draw(st.integers(1 if steps == "distinct" else 2, 4))
+        if steps == "distinct":
+            spec["distinct"] = {"job": draw(st.integers(1, 2))}
+        if steps == "for":
+            spec["for"] = draw(st.sampled_from([0, 30, 120, 600]))
+        if draw(st.booleans()):
+            spec["unless"] = {"match": draw(flat_matches), "within": draw(st.sampled_from([0, 10, 120]))}
+        if draw(st.booleans()):
+            spec["cooldown"] = draw(st.sampled_from([0, 30, 3600]))
+        if draw(st.integers(0, 3)) == 0:
+            spec.update(
+                mode="dry-run", rate_limit={"max": 2, "per": "1h"}, severity="critical", labels={"a": "b"}
+            )
+        specs.append(spec)
+    return specs
+
+
+@PROPERTY
+@given(any_matches, st.lists(timelines(), min_size=1, max_size=3))
+def test_any_generated_match_agrees_with_the_specification(
+    match: dict[str, Any], streams: list[list[Event]]
+) -> None:
+    compiled = compile_match(match)
+    for event in (e for stream in streams for e in stream):
+        assert compiled(event) is matches(match, event)
+
+
+@PROPERTY
+@given(rule_sets(), timelines(), st.sampled_from([1, 2, 3, 100_000]))
+def test_the_engine_decides_and_remembers_as_the_specification(
+    specs: list[dict[str, Any]], events: list[Event], max_groups: int
+) -> None:
+    """Any rule set over any timeline, tables bounded to a few groups or not: the same decisions (rules,
+    actions with their rendered parameters, groups, counts), and afterwards the same memory."""
+    from watchd.rules.persist import copy_state, is_empty
+
+    rules = rules_of(*specs)
+    engine, specification = RuleEngine(rules, max_groups), Interpreter(rules, max_groups)
+    for event in events:
+        assert engine.evaluate(event) == specification.evaluate(event), event
+    remembered = {name: copy for name, (_, copy) in engine.snapshot().items()}
+    assert remembered == {n: copy_state(s) for n, s in specification.state.items() if not is_empty(s)}
