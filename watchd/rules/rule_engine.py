@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from watchd.model.events import Event, Scalar
+from watchd.model.events import Event
 from watchd.rules.compiled.dispatch import compile_rules
 from watchd.rules.decision import Decision
 from watchd.rules.persist import StateCopy, copy_state, fingerprint, is_empty, state_from_data
@@ -98,4 +98,4 @@ def decisions_for(rules: tuple[Rule, ...], events: list[Event]) -> list[Decision
     return out
 
 
-__all__ = ["GroupKey", "RuleEngine", "Scalar", "decisions_for"]
+__all__ = ["RuleEngine", "decisions_for"]
