@@ -11,7 +11,7 @@ from watchd.actions.outcome import Outcome
 if TYPE_CHECKING:
     from watchd.actions.gates import SafetyGate
     from watchd.actions.handler import ActionHandler
-    from watchd.rules.ruleset import Decision, PlannedAction
+    from watchd.rules.decision import Decision, PlannedAction
 
 Mode = Literal["dry-run", "enforce"]
 

@@ -55,7 +55,7 @@ from watchd.integrations.leadership import Leadership
 from watchd.integrations.webhook.sender import WebhookSender
 from watchd.model.events import Event
 from watchd.rules import Decision
-from watchd.rules.ruleset import PlannedAction
+from watchd.rules.decision import PlannedAction
 from watchd.store import keys
 from watchd.store.database import Store
 

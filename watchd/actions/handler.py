@@ -15,7 +15,7 @@ from watchd.actions.outcome import ActionResult
 if TYPE_CHECKING:
     from watchd.actions.attempt import Attempt
     from watchd.actions.runtime import Runtime
-    from watchd.rules.ruleset import PlannedAction
+    from watchd.rules.decision import PlannedAction
 
 
 class ActionParams(BaseModel):

@@ -14,7 +14,7 @@ from watchd.actions.outcome import DRAINED_BY_US, ActionResult, Outcome
 from watchd.actions.stages import Pipeline
 from watchd.actions.trail import AuditTrail, scalars
 from watchd.clock import Clock
-from watchd.rules.ruleset import PlannedAction
+from watchd.rules.decision import PlannedAction
 from watchd.store import keys
 from watchd.store.database import Store
 from watchd.store.held import HeldAction

@@ -16,7 +16,7 @@ from watchd.actions.stages import Pipeline
 from watchd.actions.trail import AuditTrail, scalars
 from watchd.clock import Clock
 from watchd.logs import get_logger
-from watchd.rules.ruleset import Decision, PlannedAction
+from watchd.rules.decision import Decision, PlannedAction
 from watchd.store import keys
 from watchd.store.database import Store
 from watchd.store.intents import Intent

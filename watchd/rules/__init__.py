@@ -1,15 +1,21 @@
-"""Remediation rules: a strict YAML language (model), compiled once (match, template, ruleset), evaluated
-over event streams (state), loaded with positions for every problem (loader)."""
+"""Remediation rules: a strict YAML language (model, loader, rule_set), its meaning interpreted in
+specification (docs/rules.md, written as code), evaluated in production by rule_engine over the generated
+fast path (compiled/, held to the specification by tests/rules/test_compiled_contract.py); unit_tests is
+``watchd rules test``, commands the ``watchd rules`` command line."""
 
-from watchd.rules.loader import Problem, RuleSet, check_rules, default_rules, load_rules, parse_rule_file
+from watchd.rules.decision import Decision, PlannedAction
+from watchd.rules.loader import Problem, check_rules, default_rules, load_rules, parse_rule_file
 from watchd.rules.model import DISRUPTIVE, ActionKind, Mode, RuleSpec, json_schema
-from watchd.rules.ruleset import Decision, PlannedAction, Rule, plan
-from watchd.rules.state import RuleEngine, decisions_for
+from watchd.rules.rule import Rule, plan
+from watchd.rules.rule_engine import RuleEngine, decisions_for
+from watchd.rules.rule_set import RuleSet
+from watchd.rules.specification import Interpreter
 
 __all__ = [
     "DISRUPTIVE",
     "ActionKind",
     "Decision",
+    "Interpreter",
     "Mode",
     "PlannedAction",
     "Problem",

@@ -11,7 +11,7 @@ from typing import TextIO
 from watchd.errors import ConfigError
 from watchd.rules.loader import EMBEDDED, check_rules
 from watchd.rules.model import json_schema
-from watchd.rules.testing import run_test_files
+from watchd.rules.unit_tests import run_test_files
 
 __all__ = ["run_check", "run_schema", "run_test"]
 
@@ -39,7 +39,7 @@ def run_check(paths: Sequence[Path], out: TextIO) -> int:
 
 
 def run_test(files: Sequence[Path], out: TextIO) -> int:
-    """``watchd rules test FILE...``: run rule unit tests (see :mod:`watchd.rules.testing`)."""
+    """``watchd rules test FILE...``: run rule unit tests (see :mod:`watchd.rules.unit_tests`)."""
     return run_test_files(files, out)
 
 

@@ -1,4 +1,5 @@
-"""Load rule files strictly: every problem is reported with file:line:column, nothing is half-loaded."""
+"""Load rule files strictly into a :class:`~watchd.rules.rule_set.RuleSet`: every problem is reported with
+file:line:column, nothing is half-loaded."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from watchd.errors import ConfigError
-from watchd.rules.match import MatchError, compile_match, match_kinds
+from watchd.rules.compiled.match import compile_match
 from watchd.rules.model import ACTION_NAMES, RuleSpec
 from watchd.rules.positions import YamlPath, YamlPositions, load_with_position
-from watchd.rules.ruleset import Rule
-from watchd.rules.state import RuleEngine
+from watchd.rules.rule import Rule
+from watchd.rules.rule_set import RuleSet
+from watchd.rules.specification import MatchError, match_kinds
 from watchd.rules.template import Template, TemplateError, allowed_names
 
 EMBEDDED = "<embedded rules>"
@@ -30,18 +32,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.column}: {self.message}"
-
-
-@dataclass(frozen=True)
-class RuleSet:
-    rules: tuple[Rule, ...]
-
-    @property
-    def names(self) -> list[str]:
-        return [r.name for r in self.rules]
-
-    def engine(self) -> RuleEngine:
-        return RuleEngine(self.rules)
 
 
 def _read(path: Path) -> str:

@@ -12,8 +12,8 @@ import hashlib
 from collections import deque
 from typing import Any, NamedTuple
 
-from watchd.rules.evaluator import GroupKey, RuleState
-from watchd.rules.ruleset import Rule
+from watchd.rules.rule import Rule
+from watchd.rules.rule_state import GroupKey, RuleState
 
 #: Bumped when the layout below changes: a state in another layout is not restored.
 LAYOUT = 1

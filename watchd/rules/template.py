@@ -18,7 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from watchd.model.events import TOP_LEVEL_FIELDS
 from watchd.model.gpu import GPU_IDENTITY_FIELDS
 from watchd.model.registry import KINDS, fields_of
-from watchd.rules.codegen import Namespace
+from watchd.rules.compiled.codegen import Namespace
 
 #: Fields any event may carry, and what every template may name besides them.
 COMMON_FIELDS = TOP_LEVEL_FIELDS

@@ -14,7 +14,7 @@ from watchd.store import keys
 if TYPE_CHECKING:
     from watchd.actions.attempt import Attempt
     from watchd.actions.runtime import Runtime
-    from watchd.rules.ruleset import PlannedAction
+    from watchd.rules.decision import PlannedAction
 
 
 class DrainParams(ActionParams):

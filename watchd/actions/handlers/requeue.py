@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from watchd.actions.attempt import Attempt
     from watchd.actions.drain_batcher import DrainBatcher
     from watchd.actions.runtime import Runtime
-    from watchd.rules.ruleset import PlannedAction
+    from watchd.rules.decision import PlannedAction
 
 _UNKNOWN_JOB = "?"  # what a template renders for a field the event does not carry
 

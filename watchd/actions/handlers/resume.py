@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from watchd.actions.attempt import Attempt
     from watchd.actions.drain_batcher import DrainBatcher
     from watchd.actions.runtime import Runtime
-    from watchd.rules.ruleset import PlannedAction
+    from watchd.rules.decision import PlannedAction
 
 
 class ResumeParams(ActionParams):

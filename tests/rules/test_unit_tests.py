@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from watchd.rules.commands import run_check, run_schema, run_test
-from watchd.rules.testing import format_duration, parse_event_line
+from watchd.rules.unit_tests import format_duration, parse_event_line
 
 RULES = textwrap.dedent(
     """\

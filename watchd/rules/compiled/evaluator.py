@@ -1,50 +1,32 @@
 """A rule's whole evaluation of one event it matches, as one generated function ``event -> Decision | None``
 built per engine over that engine's state for the rule: only the steps the rule uses (``unless``, ``for``,
-count within a window, distinct values, cooldown), with its group key, group and actions inline.
+count within a window, distinct values, cooldown), with its group key, group and actions inline; and one
+function per event kind that runs the ``unless`` checks, the index and the evaluators of the rules found.
 
-The engine's interpreted path (``RuleEngine(..., indexed=False)``) is the reference these functions must
-agree with (tests/test_rules.py). Like all generated code here (watchd/rules/codegen.py), the source never
-holds a rule's text: every value is bound in the namespace.
+They must decide exactly as the specification's ``Interpreter`` (watchd/rules/specification.py) does:
+tests/rules/test_compiled_contract.py. Like all generated code here (watchd/rules/compiled/codegen.py), the
+source never holds a rule's text: every value is bound in the namespace.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from watchd.model.events import Event
-from watchd.rules.codegen import Namespace
-from watchd.rules.index import RuleIndex
-from watchd.rules.match import Source
-from watchd.rules.ruleset import Decision, PlannedAction, Rule, actions_source
+from watchd.rules.compiled.codegen import Namespace
+from watchd.rules.compiled.index import RuleIndex
+from watchd.rules.compiled.match import Source
+from watchd.rules.compiled.planner import actions_source
+from watchd.rules.decision import Decision, PlannedAction
+from watchd.rules.rule import Rule
+from watchd.rules.rule_state import GroupKey, RuleState
+from watchd.rules.specification import FOR_STALE_S
 
-GroupKey = tuple[Any, ...]
-#: A ``for`` hold ends when its group has not matched for this long (a lost clear, an agent gone quiet):
-#: conditions are re-reported every 30 s while they hold.
-FOR_STALE_S = 300.0
 Evaluator = Callable[[Event], "Decision | None"]
 #: Drops the least recently inserted entry of a table that grew past its bound (and counts it).
 Evict = Callable[[dict[GroupKey, Any]], None]
-
-
-@dataclass(slots=True)
-class RuleState:
-    """What one stateful rule remembers, by group key. Evaluators hold these very tables: a reload carries
-    state by filling them (``take``), never by replacing them."""
-
-    window: dict[GroupKey, deque[tuple[float, tuple[Any, ...]]]] = field(default_factory=dict)
-    held_since: dict[GroupKey, list[float]] = field(default_factory=dict)  # [since, last seen]
-    fired_hold: set[GroupKey] = field(default_factory=set)
-    unless_seen: dict[GroupKey, tuple[float, str]] = field(default_factory=dict)
-    last_fired: dict[GroupKey, float] = field(default_factory=dict)
-
-    def take(self, other: RuleState) -> None:
-        for table in ("window", "held_since", "fired_hold", "unless_seen", "last_fired"):
-            mine = getattr(self, table)
-            mine.clear()
-            mine.update(getattr(other, table))
 
 
 def compile_evaluator(rule: Rule, state: RuleState | None, evict: Evict, max_groups: int) -> Evaluator:
@@ -152,7 +134,7 @@ def compile_kind(
         add(f"    if {src.condition(first.spec.unless.match, first.unless)}:")
         recorded: set[int] = set()
         for rule, state in group:
-            if id(state.unless_seen) in recorded:  # a table rules share (state.py): recorded once
+            if id(state.unless_seen) in recorded:  # a table rules share (dispatch.py): recorded once
                 continue
             recorded.add(id(state.unless_seen))
             seen = bind(state.unless_seen)

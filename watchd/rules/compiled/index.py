@@ -1,26 +1,22 @@
-"""Finding the rules an event matches without trying every rule.
+"""Finding the rules an event matches without trying every rule (the fast path's index).
 
 Rules are indexed by the event ``kind`` they pin, then by one more field they pin (``xid: {in: [...]}``);
 each candidate comes with the predicate left to check (what the index did not already guarantee). Within a
 bucket, rules that test the same field with a regex are gated by one search of all their patterns OR-ed
-together: when it fails, each of them would fail, and none is tried. ``ScanIndex`` tries every rule with its
-whole match: the reference the index must agree with (tests/test_rules.py); ~40x slower with 1,000 rules.
+together: when it fails, each of them would fail, and none is tried. The specification
+(watchd/rules/specification.py) tries every rule with its whole match: the index must find exactly the rules
+it finds (tests/rules/test_compiled_contract.py).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from watchd.model.events import Event
-from watchd.rules.match import (
-    Source,
-    index_guarantees,
-    index_plan,
-    regex_gates,
-)
-from watchd.rules.ruleset import Rule
+from watchd.rules.compiled.match import Source
+from watchd.rules.rule import Rule
 
 #: A rule in a bucket, and the keys of its match the index already guarantees there (not checked again).
 Candidate = tuple[Rule, frozenset[str]]
@@ -30,25 +26,10 @@ Candidate = tuple[Rule, frozenset[str]]
 Found = Callable[[Rule], Any]
 
 
-class Index(Protocol):
-    def matching(self, event: Event, out: list[Any]) -> None:
-        """Append what was found for each rule ``event`` matches to ``out``, in no particular order."""
-
-
-class ScanIndex:
-    """Every rule, tried with its whole match."""
-
-    def __init__(self, rules: Iterable[Rule]) -> None:
-        self._collect = Bucket([(r, frozenset()) for r in rules], gate=False).compiled()
-
-    def matching(self, event: Event, out: list[Any]) -> None:
-        self._collect(event, out)
-
-
 class RuleIndex:
-    """``found(rule)`` is appended for a matching rule (the rule itself by default). Each event kind the
-    rules name gets one generated function (``source`` gives its body to inline elsewhere); events of any
-    other kind share one, so a stream of made-up kinds costs no memory."""
+    """``found(rule)`` is appended for a matching rule (the rule itself by default). ``source`` gives the
+    checks for an event of one kind as lines to inline into that kind's generated function; events of a kind
+    no rule names share one, so a stream of made-up kinds costs no memory."""
 
     def __init__(self, rules: Iterable[Rule], found: Found | None = None) -> None:
         any_kind: list[Candidate] = []
@@ -78,11 +59,6 @@ class RuleIndex:
             )
             for kind in self.kinds
         }
-        self._matching = {kind: self._compile(kind) for kind in self.kinds}
-        self._other = self._compile(None)
-
-    def matching(self, event: Event, out: list[Any]) -> None:
-        self._matching.get(event.kind, self._other)(event, out)
 
     def source(self, kind: str | None, src: Source) -> list[str]:
         """Lines (indented one level) that call ``add`` with what was found for each rule an event of
@@ -92,11 +68,6 @@ class RuleIndex:
             lines.append(f"    b = {src.bind(table)}.get({src.field(name)})")
             lines.append("    if b is not None: b(e, out)")
         return lines
-
-    def _compile(self, kind: str | None) -> Collect:
-        src = Source()
-        lines = ["def matching(e, out):", "    add = out.append", "    a = e.attrs", *self.source(kind, src)]
-        return src.ns.define("\n".join(lines) + "\n", "matching", "<rule index>")  # type: ignore[no-any-return]
 
 
 Search = Callable[[str], "re.Match[str] | None"]
@@ -109,11 +80,11 @@ class Bucket:
 
     __slots__ = ("found", "gated", "plain")
 
-    def __init__(self, candidates: list[Candidate], gate: bool = True, found: Found | None = None) -> None:
+    def __init__(self, candidates: list[Candidate], found: Found | None = None) -> None:
         by_field: dict[str, list[tuple[str, Candidate]]] = {}
         plain: list[Candidate] = []
         for candidate in candidates:
-            gates = regex_gates(candidate[0].spec.match) if gate else []
+            gates = regex_gates(candidate[0].spec.match)
             if gates:
                 name, source = gates[0]
                 by_field.setdefault(name, []).append((source, candidate))
@@ -155,3 +126,47 @@ class Bucket:
             lines.append(f"{indent}if x is not None and {bound(search)}({text}) is not None:")
             lines.extend(check(rule, skip, indent + "    ") for rule, skip in members)
         return lines
+
+
+def index_guarantees(match: Mapping[str, Any]) -> frozenset[str]:
+    """The keys of a match that the rule index guarantees for the rules it finds (see ``index_plan``)."""
+    kinds, pinned = index_plan(match)
+    return frozenset(({"kind"} if kinds is not None else set()) | ({pinned[0]} if pinned else set()))
+
+
+def index_plan(match: Mapping[str, Any]) -> tuple[frozenset[Any] | None, tuple[str, frozenset[Any]] | None]:
+    """How the rule index finds a rule: by the kinds it pins (None: any kind) and, within them, by the one
+    other pinned field with the fewest values (None: none). Both are then guaranteed for candidates."""
+    keys = dict(index_keys(match))
+    kinds = keys.pop("kind", None)
+    field = min(keys.items(), key=lambda kv: (len(kv[1]), kv[0])) if keys else None
+    return kinds, field
+
+
+def index_keys(match: Mapping[str, Any]) -> list[tuple[str, frozenset[Any]]]:
+    """Fields the match pins to a set of values (equality or ``in``): used to index rules by event."""
+    keys = []
+    for key, cond in match.items():
+        if key == "any":
+            continue
+        if isinstance(cond, str | int | float | bool):
+            keys.append((key, frozenset({cond})))
+        elif isinstance(cond, dict) and set(cond) == {"in"} and isinstance(cond["in"], list):
+            keys.append((key, frozenset(cond["in"])))
+    return keys
+
+
+def regex_gates(match: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The match's top-level ``field: {regex: ...}`` conditions whose pattern can be OR-ed with others into
+    one search that fails exactly when each fails: no groups (so no backreferences) and no flags."""
+    gates = []
+    for key, cond in match.items():
+        if key == "any" or not isinstance(cond, dict) or not isinstance(cond.get("regex"), str):
+            continue
+        try:
+            pattern = re.compile(cond["regex"])
+        except re.error:
+            continue
+        if pattern.groups == 0 and pattern.flags == re.UNICODE:
+            gates.append((key, cond["regex"]))
+    return gates
