@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict
-
 from watchd.actions.outcome import ActionResult
+from watchd.strict import Strict
 
 if TYPE_CHECKING:
     from watchd.actions.attempt import Attempt
@@ -18,10 +17,8 @@ if TYPE_CHECKING:
     from watchd.rules.decision import PlannedAction
 
 
-class ActionParams(BaseModel):
+class ActionParams(Strict):
     """The parameters of an action in a rule file: strict (a misspelt name is an error) and frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ActionHandler(Protocol):
