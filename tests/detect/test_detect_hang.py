@@ -1,4 +1,4 @@
-"""NCCL hangs and host stalls from hand-built window sequences: FleetState + the detectors + Correlator episodes."""
+"""NCCL hangs and host stalls from hand-built window sequences: the detectors and the correlator episodes."""
 
 from __future__ import annotations
 
