@@ -22,7 +22,7 @@ from watchd.config import (
 )
 from watchd.engine.runner import Engine
 from watchd.model.events import Event, WireError, event_from_wire, fit_to_wire
-from watchd.sources.base import FakeLogSource
+from watchd.sources.base import FakeLogSource, LogLine, NothingToAcknowledge
 
 
 def free_port() -> int:
@@ -68,7 +68,8 @@ async def test_xid_line_becomes_an_event_at_the_engine(engine: Engine) -> None:
     async with Agent(agent_config(engine.port), sources=[source]) as agent:
         source.inject_log("some unrelated kernel line\n" + XID79)
         await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="decisions")
-        assert agent.metrics.shipped._value.get() == 1
+        # the engine decides before it answers; the agent counts the batch shipped once the answer is read
+        await eventually(lambda: agent.metrics.shipped._value.get() == 1, what="shipped")
     drain = scheduler_actions(engine.audit.entries)[0]
     assert (drain.node, drain.action, drain.outcome) == ("gpu-3", "drain", "dry_run")
     assert drain.params["reason"] == "Xid 79 GPU 0000:3b:00.0 GPU has fallen off the bus"
@@ -151,7 +152,7 @@ async def test_large_backlog_is_shipped_in_batches(engine: Engine) -> None:
 
 
 async def test_failing_source_is_restarted_and_counted(engine: Engine) -> None:
-    class Broken:
+    class Broken(NothingToAcknowledge):
         name = "broken"
         calls = 0
 
@@ -187,3 +188,38 @@ def test_fit_to_wire_cuts_only_what_the_wire_refuses() -> None:
     event_from_wire(cut.to_wire(), "events[0]")  # now valid on the wire
     with pytest.raises(WireError):
         event_from_wire(long.to_wire(), "events[0]")
+
+
+class AcknowledgedSource(FakeLogSource):
+    """Records what the agent holds and acknowledges."""
+
+    def __init__(self) -> None:
+        super().__init__("kmsg")
+        self.held: list[str] = []
+        self.acked: list[str] = []
+
+    def hold(self, line: LogLine) -> None:
+        self.held.append(line.text)
+
+    def ack(self, line: LogLine) -> None:
+        self.acked.append(line.text)
+
+
+async def test_each_delivered_event_is_acknowledged_to_the_source_it_was_read_from(engine: Engine) -> None:
+    source = AcknowledgedSource()
+    async with Agent(agent_config(engine.port), sources=[source]):
+        source.inject_log("some unrelated kernel line\n" + XID79)
+        await eventually(lambda: source.acked == [XID79], what="the Xid's line acknowledged")
+        assert source.held == [XID79]  # only lines events were read from
+
+
+async def test_an_event_the_full_queue_refused_is_never_acknowledged() -> None:
+    port = free_port()
+    source = AcknowledgedSource()
+    async with Agent(agent_config(port, queue_size=1), sources=[source]) as agent:
+        source.inject_log(xid_lines(3))
+        await eventually(lambda: len(source.held) == 3, what="three events read")
+        assert len(agent.shipper) == 1 and source.acked == []
+        async with Engine(engine_config(port), use_config_scheduler=False):
+            await eventually(lambda: len(source.acked) == 1, what="the queued one delivered")
+            assert source.acked == source.held[:1]
