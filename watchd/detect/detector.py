@@ -46,19 +46,31 @@ Sighting = Onset | Persisting
 
 @dataclass(slots=True)
 class Cycle:
-    """One pass of the detectors over the fleet at ``now``. What several jobs or detectors read is computed
-    once per pass with :meth:`once` and dropped with the pass."""
+    """One pass of the detectors over the fleet at ``now``, job after job. What several jobs read is computed
+    once per pass (:meth:`once`); what several detectors of one job read, once per job
+    (:meth:`once_for_job`)."""
 
     fleet: FleetState
     now: float
     defaults: DetectorParams  # the top-level parameters: for references taken across the whole fleet
     _memo: dict[Hashable, object] = field(default_factory=dict)
+    _job: str | None = None
+    _job_memo: dict[Hashable, object] = field(default_factory=dict)
 
     def once(self, key: Hashable, compute: Callable[[], T]) -> T:
         """``compute()``, the first time ``key`` is asked for in this pass; the same value afterwards."""
         if key not in self._memo:
             self._memo[key] = compute()
         return cast(T, self._memo[key])
+
+    def once_for_job(self, job: JobView, key: Hashable, compute: Callable[[], T]) -> T:
+        """:meth:`once` for the job being judged. Kept only until the next job: held for the whole pass,
+        thousands of per-GPU objects would outlive the young garbage generation and cost full collections."""
+        if job.id != self._job:
+            self._job, self._job_memo = job.id, {}
+        if key not in self._job_memo:
+            self._job_memo[key] = compute()
+        return cast(T, self._job_memo[key])
 
 
 class Detector(Protocol[P]):

@@ -96,7 +96,7 @@ def members(fleet: FleetState, job: JobView, now: float, p: HangParams) -> list[
 def job_members(cycle: Cycle, job: JobView, p: HangParams) -> list[Member]:
     """:func:`members`, computed once per job and cycle (``p`` is the job's partition's, the same for every
     detector that asks)."""
-    return cycle.once(("members", job.id), lambda: members(cycle.fleet, job, cycle.now, p))
+    return cycle.once_for_job(job, "members", lambda: members(cycle.fleet, job, cycle.now, p))
 
 
 def warmed_up(ms: Sequence[Member], p: HangParams) -> bool:
