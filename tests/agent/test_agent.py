@@ -22,7 +22,7 @@ from watchd.config import (
 )
 from watchd.engine.runner import Engine
 from watchd.model.events import Event, WireError, event_from_wire, fit_to_wire
-from watchd.sources.base import FakeLogSource
+from watchd.sources.base import FakeLogSource, LogLine, NothingToAcknowledge
 
 
 def free_port() -> int:
@@ -153,7 +153,7 @@ async def test_large_backlog_is_shipped_in_batches(engine: Engine) -> None:
 
 
 async def test_failing_source_is_restarted_and_counted(engine: Engine) -> None:
-    class Broken:
+    class Broken(NothingToAcknowledge):
         name = "broken"
         calls = 0
 
@@ -189,3 +189,38 @@ def test_fit_to_wire_cuts_only_what_the_wire_refuses() -> None:
     event_from_wire(cut.to_wire(), "events[0]")  # now valid on the wire
     with pytest.raises(WireError):
         event_from_wire(long.to_wire(), "events[0]")
+
+
+class AcknowledgedSource(FakeLogSource):
+    """Records what the agent holds and acknowledges."""
+
+    def __init__(self) -> None:
+        super().__init__("kmsg")
+        self.held: list[str] = []
+        self.acked: list[str] = []
+
+    def hold(self, line: LogLine) -> None:
+        self.held.append(line.text)
+
+    def ack(self, line: LogLine) -> None:
+        self.acked.append(line.text)
+
+
+async def test_each_delivered_event_is_acknowledged_to_the_source_it_was_read_from(engine: Engine) -> None:
+    source = AcknowledgedSource()
+    async with Agent(agent_config(engine.port), sources=[source]):
+        source.inject_log("some unrelated kernel line\n" + XID79)
+        await eventually(lambda: source.acked == [XID79], what="the Xid's line acknowledged")
+        assert source.held == [XID79]  # only lines events were read from
+
+
+async def test_an_event_the_full_queue_refused_is_never_acknowledged() -> None:
+    port = free_port()
+    source = AcknowledgedSource()
+    async with Agent(agent_config(port, queue_size=1), sources=[source]) as agent:
+        source.inject_log(xid_lines(3))
+        await eventually(lambda: len(source.held) == 3, what="three events read")
+        assert len(agent.shipper) == 1 and source.acked == []
+        async with Engine(engine_config(port), use_config_scheduler=False):
+            await eventually(lambda: len(source.acked) == 1, what="the queued one delivered")
+            assert source.acked == source.held[:1]

@@ -119,6 +119,26 @@ async def test_real_dev_kmsg_starts_at_end_and_sees_new_records(tmp_path: Path) 
     assert (tmp_path / "state").exists()
 
 
+async def test_held_records_keep_the_resume_point_before_them_until_acknowledged() -> None:
+    writer, reader = pair()
+    source = KmsgSource(opener=lambda: os.dup(reader.fileno()), boot_id="b1")
+    for seq in (4, 5, 6, 7):
+        writer.send(record(seq, f"line {seq}"))
+    lines = await take(source, 4)
+    assert source.resume_seq == 7
+    source.hold(lines[0])
+    source.hold(lines[3])
+    assert source.resume_seq == 3
+    source.ack(lines[0])
+    assert source.resume_seq == 6
+    source.ack(lines[3])
+    assert source.resume_seq == 7
+    source.hold(LogLine("no record", 0.0, "k"))  # a line without a sequence number holds nothing
+    assert source.resume_seq == 7
+    writer.close()
+    reader.close()
+
+
 async def test_an_agent_restart_re_reads_records_whose_events_were_not_delivered(tmp_path: Path) -> None:
     """The engine is down; the agent reads an Xid, cannot ship it, stops: the next agent reads it again."""
     from tests.agent.test_agent import agent_config, engine_config, free_port

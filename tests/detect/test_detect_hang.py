@@ -1,4 +1,4 @@
-"""NCCL hangs and host stalls from hand-built window sequences: FleetState + judge() + Correlator episodes."""
+"""NCCL hangs and host stalls from hand-built window sequences: the detectors and the correlator episodes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from collections.abc import Mapping
 import pytest
 
 from watchd.detect.correlator import Correlator
+from watchd.detect.detector import Cycle, Onset
 from watchd.detect.finding import Finding
-from watchd.detect.hang import Verdict, judge
 from watchd.detect.params import DetectorsConfig
+from watchd.detect.registry import DETECTORS
 from watchd.jobs.model import JobInfo
 from watchd.model.events import Event, Scalar, stable_id
 
@@ -141,10 +142,18 @@ class Job:
     def observe(self, event: Event) -> None:
         self.c.observe(event)
 
-    def verdict(self, now: float | None = None) -> Verdict:
+    def condition(self, now: float | None = None) -> Finding | None:
+        """The job's condition at ``now`` as the detectors judge it (the first that sees one), reported or
+        not."""
         now = self.t if now is None else now
         view = self.c.topology.jobs(now)[JOB]
-        return judge(self.c.fleet, view, now, self.c.config.for_partition(view.partition))
+        cycle = Cycle(self.c.fleet, now, self.c.config)
+        params = self.c.config.for_partition(view.partition)
+        for detector in DETECTORS:
+            for sighting in detector.judge(cycle, view, detector.params(params)):
+                assert isinstance(sighting, Onset)
+                return sighting.finding
+        return None
 
 
 def warmed(job: Job | None = None, seconds: float = 60.0) -> Job:
@@ -163,7 +172,7 @@ def hangs(findings: list[Finding]) -> list[Finding]:
 def test_healthy_job_gives_nothing() -> None:
     job = warmed(seconds=600.0)
     assert job.findings == []
-    assert job.verdict().kind is None
+    assert job.condition() is None
 
 
 def test_spin_on_every_gpu_for_for_s_is_a_hang_and_not_one_window_earlier() -> None:
@@ -172,7 +181,7 @@ def test_spin_on_every_gpu_for_for_s_is_a_hang_and_not_one_window_earlier() -> N
     for_s = job.c.config.hang.for_s
     assert for_s == 20.0
     assert job.run_for(for_s - WS, "spin") == []  # 15 s of spin
-    assert job.verdict().kind is None
+    assert job.condition() is None
     [f] = job.step("spin")  # 20 s
     assert f.kind == "nccl_hang"
     assert f.onset == onset
@@ -332,7 +341,7 @@ def test_a_job_that_never_computed_is_not_judged() -> None:
     job = Job()
     job.run_for(300.0, "idle")  # loading for 5 minutes: no host stall either
     assert job.findings == []
-    assert job.verdict().kind is None
+    assert job.condition() is None
 
 
 def test_job_shrinking_mid_hang_is_judged_on_the_remaining_members() -> None:
@@ -414,7 +423,7 @@ def test_the_end_of_a_long_quiet_phase_is_not_a_stall() -> None:
     job.run_for(30.0, "compute")  # 30 s of checkpoint, longer than the stall threshold, no reports
     _hb_all(job, job.t, 12)  # back to training, no step finished yet
     job.step("compute")
-    assert job.verdict().kind is None
+    assert job.condition() is None
     _hb_all(job, job.t, 13)
     job.run_for(5.0, "compute")  # the first step after it finished; the stall threshold is 10 s
     assert job.findings == []
@@ -466,7 +475,7 @@ def test_heartbeat_hang_names_the_rank_whose_collective_lags(step_time: float, s
             job.observe(heartbeat(key[0], key[1], job.rank(key), job.t, 12, seq, step_time=step_time))
         if job.t < last_advance + stall_after:
             assert job.findings == []
-    assert job.verdict(last_advance + stall_after - 0.1).kind is None
+    assert job.condition(last_advance + stall_after - 0.1) is None
     [f] = job.findings
     assert f.kind == "nccl_hang"
     assert f.time == last_advance + stall_after
@@ -515,8 +524,8 @@ def test_heartbeats_find_the_hang_before_nvml_and_both_signals_agree_later() -> 
     assert f.time == stopped + 10.0
     assert f.signal == "heartbeat"
     assert (f.culprit_node, f.culprit_gpu, f.evidence) == ("n1", 3, "heartbeat_lag")
-    v = job.verdict()  # at 20 s of spin
-    assert v.kind == "nccl_hang" and v.signal == "nvml+heartbeat"
+    v = job.condition()  # at 20 s of spin
+    assert v is not None and v.kind == "nccl_hang" and v.signal == "nvml+heartbeat"
 
 
 # --------------------------------------------------------------------------- correlator episodes

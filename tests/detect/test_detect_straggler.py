@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from watchd.detect.correlator import Correlator
 from watchd.detect.finding import Finding
+from watchd.detect.outliers import Outlier, clock_outliers, node_outliers, whole_nodes
 from watchd.detect.params import DetectorsConfig, StragglerParams
-from watchd.detect.straggler import Outlier, clock_outliers, node_outliers, whole_nodes
 from watchd.jobs.model import JobInfo
 from watchd.model.events import Event, stable_id
 

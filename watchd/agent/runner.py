@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from functools import partial
 from types import TracebackType
 
 from aiohttp import web
@@ -17,20 +17,15 @@ from watchd.agent.shipper import Shipper
 from watchd.agent.xid_dedup import XidDeduplicator
 from watchd.clock import SystemClock
 from watchd.config import AgentConfig
-from watchd.gpu.backend import GpuBackend
-from watchd.gpu.dcgm_backend import DcgmBackend
 from watchd.gpu.jobs import JobResolver
 from watchd.gpu.metrics import GpuCollector
-from watchd.gpu.nvml import NvmlBackend
+from watchd.gpu.registry import backend_from_config
 from watchd.gpu.sampler import GpuSampler
 from watchd.httputil import metrics_handler, serve
 from watchd.logs import get_logger
 from watchd.model.events import Event, stable_id
-from watchd.sim.gpu import FakeGpuBackend
-from watchd.sim.scenario import load_scenario
-from watchd.sources.base import FakeLogSource, LogLine, LogSource
-from watchd.sources.filefollow import FileFollowSource
-from watchd.sources.kmsg import KmsgSource
+from watchd.sources.base import LogLine, LogSource
+from watchd.sources.registry import SourceContext, sources_from_config
 from watchd.xid import XidParser, XidRecord
 from watchd.xid.render import xid_of_record
 
@@ -52,21 +47,12 @@ def gpu_sampler_from_config(
     metrics: AgentMetrics,
     emit: Callable[[Event], None],
     dedup: XidDeduplicator,
-    kernel_log: FakeLogSource,
+    kernel_log: Callable[[str], None],
 ) -> GpuSampler | None:
     gpu = config.sources.gpu
-    if gpu.backend == "none":
+    backend = backend_from_config(gpu, kernel_log)
+    if backend is None:
         return None
-    backend: GpuBackend
-    if gpu.backend == "fake":
-        assert gpu.scenario is not None
-        backend = FakeGpuBackend(
-            load_scenario(gpu.scenario), time.time(), on_kernel_log=kernel_log.inject_log_threadsafe
-        )
-    elif gpu.backend == "dcgm":
-        backend = DcgmBackend(gpu.dcgm_url, max_age_s=gpu.interval_s / 2)
-    else:
-        backend = NvmlBackend()
     collector = GpuCollector()
     metrics.registry.register(collector)
     up = metrics.source_up.labels(backend.name)
@@ -84,27 +70,17 @@ def gpu_sampler_from_config(
     )
 
 
-def sources_from_config(config: AgentConfig, metrics: AgentMetrics) -> list[LogSource]:
-    sources: list[LogSource] = []
-    if config.sources.kmsg.enabled:
-        sources.append(
-            KmsgSource(
-                config.sources.kmsg.path,
-                config.sources.kmsg.state_file,
-                on_lost=metrics.kmsg_lost.inc,
-            )
-        )
-    for f in config.sources.files:
-        sources.append(FileFollowSource(f.path, f.poll_interval_s))
-    return sources
-
-
 class Agent:
     def __init__(self, config: AgentConfig, sources: list[LogSource] | None = None) -> None:
+        """``sources``: these instead of the configured kmsg and files (a fake GPU's kernel log is added)."""
         self.config = config
         self.node = config.node
         self.metrics = AgentMetrics()
-        self.sources = sources if sources is not None else sources_from_config(config, self.metrics)
+        context = SourceContext(on_kmsg_lost=self.metrics.kmsg_lost.inc)
+        if sources is None:
+            self.sources = sources_from_config(config.sources, context)
+        else:
+            self.sources = [*sources, *sources_from_config(config.sources, context, names=["fake"])]
         self.shipper = Shipper(
             config.node,
             config.engine.url,
@@ -117,18 +93,14 @@ class Agent:
             timeout=config.engine.timeout_s,
         )
         self.dedup = XidDeduplicator(SystemClock(), config.sources.gpu.xid_dedup_window_s)
-        # A fake GPU writes its kernel-log lines here, as a real driver writes them to the kernel log.
-        self.fake_kernel_log = FakeLogSource("kmsg")
-        self.gpu = gpu_sampler_from_config(config, self.metrics, self._emit, self.dedup, self.fake_kernel_log)
-        if self.gpu is not None and self.gpu.backend.name == "fake":
-            self.sources.append(self.fake_kernel_log)
+        # A fake GPU writes its kernel-log lines to a source of its own, as a real driver to the kernel log.
+        kernel_log = context.fake_kernel_log.inject_log_threadsafe
+        self.gpu = gpu_sampler_from_config(config, self.metrics, self._emit, self.dedup, kernel_log)
         self.heartbeat = (
             HeartbeatServer(config.heartbeat, config.node, SystemClock(), self.metrics, self._emit)
             if config.heartbeat.enabled
             else None
         )
-        self._kmsg_of_event: dict[str, tuple[KmsgSource, int]] = {}
-        self.shipper.on_settled = self._settled
         self.port = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._stack = AsyncExitStack()
@@ -186,15 +158,9 @@ class Agent:
         with contextlib.suppress(asyncio.CancelledError):
             await shipper_task
 
-    def _settled(self, events: list[Event]) -> None:
-        for event in events:
-            held = self._kmsg_of_event.pop(event.id, None)
-            if held is not None:
-                held[0].settle(held[1])
-
-    def _emit(self, event: Event) -> None:
+    def _emit(self, event: Event, on_settled: Callable[[], None] | None = None) -> None:
         self.metrics.events.labels(event.source.split(":", 1)[0], event.kind).inc()
-        self.shipper.offer(event)
+        self.shipper.offer(event, on_settled)
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.json_response(
@@ -219,10 +185,8 @@ class Agent:
                         if not self.dedup.first(record.pci_bus_id, record.xid, source.name):
                             continue  # NVML's event API reported this one already
                         event = xid_event(self.node, source.name, line, record, index)
-                        if isinstance(source, KmsgSource) and line.seq is not None:
-                            source.hold(line.seq)  # read again after a restart until delivered
-                            self._kmsg_of_event[event.id] = (source, line.seq)
-                        self._emit(event)
+                        source.hold(line)  # read again after a restart until delivered
+                        self._emit(event, partial(source.ack, line))
                 return
             except asyncio.CancelledError:
                 raise

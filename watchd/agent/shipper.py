@@ -2,7 +2,9 @@
 
 Events are sent as soon as they are there (no lingering: a batch is what accumulated while the previous
 request was in flight). While the engine is unreachable they wait in the queue and are delivered when it
-returns. A full queue refuses new events; each refusal is counted and logged, never silent.
+returns. A full queue refuses new events; each refusal is counted and logged, never silent. An event
+offered with ``on_settled`` has it called once the event left the queue for good (delivered, or refused as
+invalid): that is how the source it was read from learns it (:meth:`~watchd.sources.base.LogSource.ack`).
 """
 
 from __future__ import annotations
@@ -60,13 +62,13 @@ class Shipper:
         self._idle = asyncio.Event()
         self._idle.set()
         self.dropped = 0
-        #: called with each batch that left the queue for good (delivered, or refused as invalid)
-        self.on_settled: Callable[[list[Event]], None] | None = None
+        self._on_settled: dict[str, Callable[[], None]] = {}  # event id -> its acknowledgement
 
     def __len__(self) -> int:
         return len(self._queue)
 
-    def offer(self, event: Event) -> bool:
+    def offer(self, event: Event, on_settled: Callable[[], None] | None = None) -> bool:
+        """Queue ``event``; False when the queue is full (then ``on_settled`` is never called)."""
         if len(self._queue) >= self._queue_size:
             self.dropped += 1
             self._metrics.dropped.labels("queue_full").inc()
@@ -80,6 +82,8 @@ class Shipper:
                 )
             return False
         self._queue.append(fit_to_wire(event))
+        if on_settled is not None:
+            self._on_settled[event.id] = on_settled
         self._metrics.queue_depth.set(len(self._queue))
         self._idle.clear()
         self._ready.set()
@@ -121,8 +125,7 @@ class Shipper:
             if outcome == "delivered" or outcome == "rejected":
                 for _ in batch:
                     self._queue.popleft()
-                if self.on_settled is not None:
-                    self.on_settled(batch)
+                self._settled(batch)
                 self._metrics.queue_depth.set(len(self._queue))
                 backoff = self._backoff_initial
                 batch_limit = self._max_batch
@@ -137,6 +140,12 @@ class Shipper:
             delay = backoff * (0.5 + random.random())
             backoff = min(self._backoff_max, backoff * 2)
             await asyncio.sleep(delay)
+
+    def _settled(self, batch: list[Event]) -> None:
+        for event in batch:
+            ack = self._on_settled.pop(event.id, None)
+            if ack is not None:
+                ack()
 
     async def _post(self, session: aiohttp.ClientSession, batch: list[Event]) -> str:
         body = json.dumps(batch_to_wire(self.node, batch), separators=(",", ":")).encode()

@@ -1,124 +1,146 @@
-"""Stragglers: one GPU (or rank) persistently slower than its job peers. Pure.
+"""Stragglers: one GPU (or rank, or node) persistently slower than its job peers. Pure.
 
-In a synchronous job every rank's step time is equal, so the slow one is found by per-GPU evidence: each
-GPU's median SM clock over ``straggler.window_s`` (computing windows only), compared with the job's median
-across its GPUs by a robust outlier test (at least ``clock_drop`` below the median and ``mad_k`` scaled
-MADs). With heartbeats, per-rank compute time is compared the same way (above the median). A whole node
-slow at once (a node-wide power brake) is too large a share of a job of few nodes for that test, so each
-node's median clock is also compared with the other nodes'; such a node is reported only with hardware
-attribution on most of its GPUs.
+In a synchronous job every rank's step time is equal, so the slow one is found by per-GPU evidence: robust
+outlier tests across the job's GPUs (:mod:`watchd.detect.outliers`) on each GPU's median SM clock over
+``straggler.window_s``, on per-rank compute time from heartbeats, and on each node's median clock against
+the other nodes' (a whole node slow at once, a node-wide power brake, is too large a share of a job of few
+nodes for the per-GPU test); such a node is reported only with hardware attribution on most of its GPUs.
 
 Drain-worthy only with hardware attribution: clock-event reasons (HW slowdown, thermal, power brake) in
 most of the window's samples, a clock below the fleet median for the GPU's model, or a hardware event
 (PCIe downtrain, ECC, NVLink) on that GPU. Otherwise the finding says "software imbalance" (most slow jobs
-are) and the default rules only alert.
+are) and the default rules only alert. Reported once an outlier persisted ``straggler.for_s``, then every
+``straggler.report_every_s``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
-from watchd.detect.fleet import FleetState, GpuTrack, RankTrack, median
-from watchd.detect.params import StragglerParams
+from watchd.detect.detector import Cycle, Persisting, Sighting
+from watchd.detect.finding import Finding
+from watchd.detect.fleet import FleetState, median
+from watchd.detect.members import job_ranks, quiet_declared
+from watchd.detect.outliers import (
+    Outlier,
+    clock_outliers,
+    compute_outliers,
+    node_outliers,
+    whole_nodes,
+    window_clock,
+)
+from watchd.detect.params import DetectorParams, StragglerParams
+from watchd.jobs.topology import JobView
 
-_MAD_SCALE = 1.4826  # MAD to standard deviation, for normally distributed noise
+KIND = "straggler"
 _EVENT_LOOKBACK_S = 600.0
 
 
-def mad(values: Sequence[float], center: float) -> float:
-    return median([abs(v - center) for v in values])
+class StragglerDetector:
+    name = KIND
+
+    def params(self, of: DetectorParams) -> StragglerParams:
+        return of.straggler
+
+    def judge(self, cycle: Cycle, job: JobView, p: StragglerParams) -> Sequence[Sighting]:
+        ranks = job_ranks(cycle.fleet, job)
+        if not p.enabled or quiet_declared(ranks, cycle.now):
+            return []
+        clocks = job_clocks(cycle, job, p.window_s)
+        outliers = whole_nodes(clock_outliers(clocks, p), clocks)
+        flagged = {(o.node, o.gpu) for o in outliers}
+        whole = {o.node for o in outliers if o.gpu is None}
+        outliers += [
+            o for o in compute_outliers(ranks, p) if (o.node, o.gpu) not in flagged and o.node not in whole
+        ]
+        outliers += [o for o in node_outliers(clocks, p) if o.node not in {x.node for x in outliers}]
+        evidence = Evidence(cycle.fleet, cycle.now, p, clocks, fleet_references(cycle))
+        return [
+            Persisting(
+                (KIND, o.node, _unit(o)),
+                p.for_s,
+                p.report_every_s,
+                partial(_finding, job, o, evidence),
+            )
+            for o in outliers
+        ]
 
 
-@dataclass(frozen=True, slots=True)
-class Outlier:
-    node: str
-    gpu: int | None
-    rank: int | None
-    metric: str  # "sm_clock" or "compute_time"
-    value: float
-    job_median: float
-    deviation: float  # relative to the median (negative: below)
+def _unit(o: Outlier) -> str:
+    return str(o.gpu) if o.gpu is not None else f"rank{o.rank}" if o.rank is not None else "node"
 
 
-def window_clock(track: GpuTrack, now: float, window_s: float) -> float | None:
-    """The GPU's median SM clock over its computing windows of the last ``window_s``."""
-    clocks = [
-        w.clock
-        for w in track.windows
-        if w.end >= now - window_s and w.clock is not None and w.util is not None and w.util >= 50
-    ]
-    return median(clocks) if len(clocks) >= 3 else None
+def fleet_clocks(cycle: Cycle) -> dict[tuple[str, int], float]:
+    """Every GPU's window clock over the top-level ``straggler.window_s``, once per cycle."""
+    window = cycle.defaults.straggler.window_s
+
+    def compute() -> dict[tuple[str, int], float]:
+        gpus = cycle.fleet.gpus.items()
+        return {key: c for key, t in gpus if (c := window_clock(t, cycle.now, window)) is not None}
+
+    return cycle.once("straggler.fleet_clocks", compute)
 
 
-def clock_outliers(clocks: Mapping[tuple[str, int], float], p: StragglerParams) -> list[Outlier]:
-    """``clocks``: each of the job's GPUs' window clock (:func:`window_clock`)."""
-    if len(clocks) < p.min_gpus:
-        return []
-    values = list(clocks.values())
-    center = median(values)
-    spread = _MAD_SCALE * mad(values, center)
-    out = []
-    for (node, gpu), c in clocks.items():
-        if c <= center * (1 - p.clock_drop) and center - c >= p.mad_k * spread:
-            out.append(Outlier(node, gpu, None, "sm_clock", c, center, c / center - 1))
-    return _few(out, len(values))
+def fleet_references(cycle: Cycle) -> dict[str, float]:
+    """Per GPU model, the fleet's median clock (what a weak GPU falls below), once per cycle."""
+    return cycle.once(
+        "straggler.fleet_medians", lambda: fleet_clock_medians(cycle.fleet, fleet_clocks(cycle))
+    )
 
 
-def _few(out: list[Outlier], n: int) -> list[Outlier]:
-    # One slow GPU is a straggler even in a 4-GPU job; several are while under a quarter of the job (a
-    # quarter or more slow at once is the job's own behaviour, or a shared cause, not one bad GPU).
-    return out if len(out) == 1 or len(out) * 4 < n else []
-
-
-def compute_outliers(ranks: Sequence[RankTrack], p: StragglerParams) -> list[Outlier]:
-    times = {r.rank: (r, t) for r in ranks if r.phase == "train" and (t := r.median_compute()) is not None}
-    if len(times) < p.min_gpus:
-        return []
-    values = [t for _, t in times.values()]
-    center = median(values)
-    spread = _MAD_SCALE * mad(values, center)
-    if center <= 0:
-        return []
-    out = [
-        Outlier(r.node, r.gpu, r.rank, "compute_time", t, center, t / center - 1)
-        for r, t in times.values()
-        if t >= center * (1 + p.compute_drop) and t - center >= p.mad_k * spread
-    ]
-    return _few(out, len(values))
-
-
-def node_outliers(clocks: Mapping[tuple[str, int], float], p: StragglerParams) -> list[Outlier]:
-    """The one node whose median clock is ``clock_drop`` below the median of the job's other nodes."""
-    per_node: dict[str, list[float]] = {}
-    for (node, _), c in clocks.items():
-        per_node.setdefault(node, []).append(c)
-    if len(per_node) < 2 or len(clocks) < p.min_gpus:
-        return []
-    medians = {n: median(v) for n, v in per_node.items()}
-    out = []
-    for node, m in medians.items():
-        peers = median([v for n, v in medians.items() if n != node])
-        if m <= peers * (1 - p.clock_drop):
-            out.append(Outlier(node, None, None, "node_sm_clock", m, peers, m / peers - 1))
-    return out if len(out) == 1 else []  # several slow nodes: a shared cause, not one bad node
-
-
-def whole_nodes(outliers: list[Outlier], clocks: Mapping[tuple[str, int], float]) -> list[Outlier]:
-    """Clock outliers on most of one node's GPUs become one outlier for the node: one finding, not eight."""
-    gpus_of: dict[str, int] = {}
-    for node, _ in clocks:
-        gpus_of[node] = gpus_of.get(node, 0) + 1
-    slow: dict[str, list[Outlier]] = {}
-    for o in outliers:
-        if o.metric == "sm_clock":
-            slow.setdefault(o.node, []).append(o)
-    merged = {n for n, os in slow.items() if len(os) >= 2 and len(os) * 2 > gpus_of.get(n, 0)}
-    out = [o for o in outliers if o.node not in merged or o.metric != "sm_clock"]
-    for node in sorted(merged):
-        value, center = median([o.value for o in slow[node]]), slow[node][0].job_median
-        out.append(Outlier(node, None, None, "node_sm_clock", value, center, value / center - 1))
+def job_clocks(cycle: Cycle, job: JobView, window_s: float) -> dict[tuple[str, int], float]:
+    """The job's GPUs' window clocks: taken from the fleet's when computed over the same window, else over
+    the job's own (a partition may set another ``straggler.window_s``)."""
+    keys = [(node, gpu) for node in job.nodes for gpu in job.gpus.get(node, ())]
+    if window_s == cycle.defaults.straggler.window_s:
+        clocks = fleet_clocks(cycle)
+        return {k: clocks[k] for k in keys if k in clocks}
+    out = {}
+    for key in keys:
+        track = cycle.fleet.gpus.get(key)
+        c = window_clock(track, cycle.now, window_s) if track is not None else None
+        if c is not None:
+            out[key] = c
     return out
+
+
+def _finding(job: JobView, o: Outlier, ev: Evidence, onset: float, revision: int) -> Finding | None:
+    hardware, why = attribution(o, ev)
+    unit = _unit(o)
+    if unit == "node" and not hardware:
+        return None  # a slow node without a cause: in a job of two nodes, either could be the odd one
+    if unit == "node":
+        where = f"{o.node} (the whole node)"
+    elif o.gpu is not None:
+        where = f"{o.node} GPU {o.gpu}"
+    else:
+        where = f"{o.node} rank {o.rank}"
+    kind = "hardware" if hardware else "software imbalance"
+    return Finding(
+        kind=KIND,
+        job=job.id,
+        time=ev.now,
+        onset=onset,
+        summary=f"job {job.id}: {where} {o.metric} {o.deviation:+.0%} vs the job's median ({kind}: {why})",
+        confidence=0.9 if hardware else 0.6,
+        evidence=why,
+        hardware=hardware,
+        culprit_node=o.node,
+        culprit_gpu=o.gpu,
+        suspects=(o.node,),
+        partition=job.partition,
+        signal="heartbeat" if o.metric == "compute_time" else "nvml",
+        revision=revision,
+        extra={
+            "metric": o.metric,
+            "value": round(o.value, 3),
+            "job_median": round(o.job_median, 3),
+            "deviation": round(o.deviation, 4),
+            **({"rank": o.rank} if o.rank is not None else {}),
+        },
+    )
 
 
 def fleet_clock_medians(fleet: FleetState, clocks: Mapping[tuple[str, int], float]) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""The GPU backend interface: what the agent's sampler needs from NVML, the fake, or anything else.
+"""The GPU backend interface: what the agent's sampler needs from NVML, the fake, or anything else. Backends
+are built by the name ``sources.gpu.backend`` gives them, from :mod:`watchd.gpu.registry`.
 
 Every method blocks: the agent runs them in worker threads (``asyncio.to_thread``). Threading contract, kept
 by every implementation here:

@@ -1,4 +1,11 @@
-"""The log-source interface, and a fake with ``inject_log`` for tests and the demo."""
+"""The log-source interface, and a fake with ``inject_log`` for tests, the demo and a fake GPU's kernel log.
+
+A source yields lines; the agent turns some into events and ships them. Acknowledgement is part of the
+interface: the agent calls :meth:`LogSource.hold` for each line an event was read from and
+:meth:`LogSource.ack` once the shipper delivered that event (or the engine refused it for good), so a source
+that can read again after a restart (kmsg, by sequence number) resumes before what was not delivered yet.
+Sources that have nothing to acknowledge inherit the no-ops of :class:`NothingToAcknowledge`.
+"""
 
 from __future__ import annotations
 
@@ -28,8 +35,26 @@ class LogSource(Protocol):
         """Lines as they appear, forever; cancellation stops it."""
         ...
 
+    def hold(self, line: LogLine) -> None:
+        """An event read from ``line`` waits for delivery: until acknowledged, a restart reads it again."""
+        ...
 
-class FakeLogSource:
+    def ack(self, line: LogLine) -> None:
+        """The event read from ``line`` was delivered (or refused for good)."""
+        ...
+
+
+class NothingToAcknowledge:
+    """For sources that cannot read a line again after a restart: holding and acknowledging do nothing."""
+
+    def hold(self, line: LogLine) -> None:
+        pass
+
+    def ack(self, line: LogLine) -> None:
+        pass
+
+
+class FakeLogSource(NothingToAcknowledge):
     """A log source fed by the test: ``inject_log("NVRM: Xid ...")``."""
 
     def __init__(self, name: str = "fake", clock: Clock | None = None) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from watchd.clock import Clock, SystemClock
 from watchd.logs import get_logger
-from watchd.sources.base import LogLine
+from watchd.sources.base import LogLine, NothingToAcknowledge
 from watchd.sources.inotify import ChangeWaiter
 
 _log = get_logger("watchd.source.file")
@@ -16,7 +16,7 @@ _CHUNK = 1 << 20
 _MAX_LINE = 1 << 20
 
 
-class FileFollowSource:
+class FileFollowSource(NothingToAcknowledge):
     """Wakes on inotify events of the file's folder, and polls every ``poll_interval`` seconds as well (the
     only way where inotify is not available, e.g. on some network filesystems).
 

@@ -76,13 +76,15 @@ class KmsgSource:
         seq = state.get("seq")
         return seq if isinstance(seq, int) else None
 
-    def hold(self, seq: int) -> None:
-        """An event of record ``seq`` waits for delivery: a restart must read that record again."""
-        self._unsettled.add(seq)
+    def hold(self, line: LogLine) -> None:
+        """An event of the line's record waits for delivery: a restart must read that record again."""
+        if line.seq is not None:
+            self._unsettled.add(line.seq)
 
-    def settle(self, seq: int) -> None:
-        """The events of record ``seq`` were delivered (or refused for good)."""
-        self._unsettled.discard(seq)
+    def ack(self, line: LogLine) -> None:
+        """The events of the line's record were delivered (or refused for good)."""
+        if line.seq is not None:
+            self._unsettled.discard(line.seq)
 
     @property
     def resume_seq(self) -> int | None:

@@ -1,0 +1,61 @@
+"""The agent's log sources by name (node-problem-detector style: watchers behind one interface, registered
+here): each entry builds the sources its part of the ``sources:`` config asks for, none when it asks for none.
+
+    kmsg   /dev/kmsg (``sources.kmsg``, unless ``enabled: false``)
+    files  one followed file per ``sources.files`` entry
+    fake   the kernel log a fake GPU writes its driver lines to (``sources.gpu.backend: fake``)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from watchd.config import SourcesConfig
+from watchd.errors import ConfigError
+from watchd.sources.base import FakeLogSource, LogSource
+from watchd.sources.filefollow import FileFollowSource
+from watchd.sources.kmsg import KmsgSource
+
+
+@dataclass(frozen=True, slots=True)
+class SourceContext:
+    """What sources get from the agent besides their config."""
+
+    on_kmsg_lost: Callable[[int], None] = lambda n: None  # records the ring overwrote before they were read
+    fake_kernel_log: FakeLogSource = field(default_factory=lambda: FakeLogSource("kmsg"))
+
+
+SourceFactory = Callable[[SourcesConfig, SourceContext], list[LogSource]]
+
+
+def _kmsg(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
+    kmsg = config.kmsg
+    if not kmsg.enabled:
+        return []
+    return [KmsgSource(kmsg.path, kmsg.state_file, on_lost=context.on_kmsg_lost)]
+
+
+def _files(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
+    return [FileFollowSource(f.path, f.poll_interval_s) for f in config.files]
+
+
+def _fake(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
+    return [context.fake_kernel_log] if config.gpu.backend == "fake" else []
+
+
+SOURCES: dict[str, SourceFactory] = {"kmsg": _kmsg, "files": _files, "fake": _fake}
+
+
+def sources_from_config(
+    config: SourcesConfig, context: SourceContext, names: Iterable[str] = tuple(SOURCES)
+) -> list[LogSource]:
+    """The sources ``config`` asks for, of the sources registered under ``names`` (all by default)."""
+    out: list[LogSource] = []
+    for name in names:
+        factory = SOURCES.get(name)
+        if factory is None:
+            known = ", ".join(sorted(SOURCES))
+            raise ConfigError(f"sources: no source named {name!r} (known: {known})")
+        out += factory(config, context)
+    return out
