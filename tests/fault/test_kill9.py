@@ -17,7 +17,7 @@ How each step is reached from outside the process:
   kills at once: the window between finishing the intent and appending the audit record (two separate
   commits) is hit by timing, which makes that round a race (see the xfail reason).
 - ``requeue_call``: as ``scheduler_call`` for the requeue that follows the drain.
-- dry-run: kill at a sweep of delays after the post (0 to 50 ms).
+- dry-run: kill at a sweep of delays after the post (0, 5, 30 ms).
 """
 
 from __future__ import annotations
@@ -147,11 +147,11 @@ def test_kill9_between_finish_and_audit_enforce(tmp_path: Path) -> None:
 
 
 def test_kill9_sweep_dry_run(tmp_path: Path) -> None:
-    """Dry-run: kill -9 at 0..50 ms after the post, one node per round; each node audited exactly once
+    """Dry-run: kill -9 at 0, 5 and 30 ms after the post, one node per round; each node audited exactly once
     (drain and requeue) after the restart and the agent's re-send."""
     db = tmp_path / "state.db"
     nodes: list[str] = []
-    for i, delay in enumerate([0.0, 0.001, 0.003, 0.006, 0.01, 0.02, 0.05]):
+    for i, delay in enumerate([0.0, 0.005, 0.03]):
         node = f"gpu-{i + 1}"
         nodes.append(node)
         engine = start_engine(tmp_path, mode="dry-run", db=db)
