@@ -4,6 +4,7 @@ Only the CLI, the HTTP API, config files and the state database file are used: n
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -35,7 +36,9 @@ rules:
 """
 
 
-def fake_slurm(tmp: Path, delay_s: float = 0.0, pool: str = "gpu-[1-4]") -> tuple[dict[str, Any], dict[str, str]]:
+def fake_slurm(
+    tmp: Path, delay_s: float = 0.0, pool: str = "gpu-[1-4]"
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The ``slurm:`` config section and the environment that make the engine call fake_slurm.py."""
     root = tmp / "fake-slurm"
     root.mkdir(exist_ok=True)
@@ -67,7 +70,8 @@ def start_engine(
     wait: bool = True,
     **extra: Any,
 ) -> Daemon:
-    """A real engine on a free loopback port. ``fake``: the slurm section from :func:`fake_slurm` (with ``env``)."""
+    """A real engine on a free loopback port. ``fake``: the slurm section from :func:`fake_slurm` (and its
+    ``env``)."""
     token = tmp / "token"
     token.write_text(TOKEN)
     rules_path = tmp / f"rules-{uuid.uuid4().hex[:6]}.yaml"
@@ -116,7 +120,11 @@ def request(
 
 
 def xid(node: str, code: int = 79, event_id: str | None = None, **attrs: Any) -> Event:
-    base: dict[str, Any] = {"xid": code, "pci_bus_id": "0000:3b:00.0", "meaning": "GPU has fallen off the bus"}
+    base: dict[str, Any] = {
+        "xid": code,
+        "pci_bus_id": "0000:3b:00.0",
+        "meaning": "GPU has fallen off the bus",
+    }
     base.update(attrs)
     return Event(
         id=event_id or uuid.uuid4().hex, node=node, source="kmsg", kind="xid", time=time.time(), attrs=base
@@ -206,10 +214,8 @@ def crash(daemon: Daemon) -> None:
     if daemon.proc.poll() is None:
         os.kill(pid, 19)  # SIGSTOP
         for child in descendants(pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(child, 9)
-            except ProcessLookupError:
-                pass
         os.kill(pid, 9)
         daemon.proc.wait(10)
     daemon.stop()

@@ -83,7 +83,9 @@ def _delays(verb: str) -> tuple[float, float]:
     on = os.environ.get("FAKE_SLURM_DELAY_ON", "")
     if on and on != verb:
         return 0.0, 0.0
-    return float(os.environ.get("FAKE_SLURM_PRE_DELAY_S", "0")), float(os.environ.get("FAKE_SLURM_DELAY_S", "0"))
+    return float(os.environ.get("FAKE_SLURM_PRE_DELAY_S", "0")), float(
+        os.environ.get("FAKE_SLURM_DELAY_S", "0")
+    )
 
 
 def _maybe_stop_parent(verb: str) -> None:
@@ -96,7 +98,7 @@ def scontrol(args: list[str], root: Path) -> int:
         print("fake scontrol: no interactive mode", file=sys.stderr)
         return 1
     if args[:2] == ["show", "node"]:
-        names = expand([a for a in args[2:] if a != "-o"][0])
+        names = expand(next(a for a in args[2:] if a != "-o"))
         st = State(root)
         st.release()
         for n in names:

@@ -8,7 +8,6 @@ import gzip
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,7 +151,8 @@ def test_valid_neighbours_of_a_bad_event_are_accepted(daemons: tuple[Daemon, Dae
 
 
 @pytest.mark.xfail(
-    strict=True, reason="issue 16 item 8: an 8 KiB pci_bus_id is accepted (fields not validated to their shape)"
+    strict=True,
+    reason="issue 16 item 8: an 8 KiB pci_bus_id is accepted (not validated to its shape)",
 )
 def test_huge_pci_bus_id_is_refused(daemons: tuple[Daemon, Daemon]) -> None:
     engine, _ = daemons

@@ -1,5 +1,5 @@
-"""Issue 16 items 6-8: what a big fleet costs, against a real ``watchd engine``. Each figure is compared with a
-floor measured in the same run (the same engine before the load), so a slow, shared machine does not decide
+"""Issue 16 items 6-8: what a big fleet costs, against a real ``watchd engine``. Each figure is compared with
+a floor measured in the same run (the same engine before the load), so a slow, shared machine does not decide
 the outcome; sizes are scaled down from the issue's to keep each test to seconds (benchmarks/scale.py runs
 the full sizes)."""
 
@@ -66,6 +66,7 @@ def _summary(node: str, gpu: int = 0) -> Event:
 def test_status_cost_with_many_nodes_and_lost_gpus(tmp_path: Path) -> None:
     engine = start_engine(tmp_path, mode="dry-run")
     try:
+
         def grow_to(first: int, last: int) -> float:
             nodes = [f"lost-{i}" for i in range(first, last)]
             _post_many(engine.url, [_summary(n, g) for n in nodes for g in range(8)])

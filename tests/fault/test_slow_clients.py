@@ -85,8 +85,8 @@ def _check(daemon: Daemon, port: int, path: str) -> None:
         stop.set()
         t.join(10)
     assert held <= 10, (
-        f"{held} trickling connections still held after {WAIT_S + 1:.0f}s (peak {peak - baseline} descriptors "
-        "over the baseline): no header/body read timeout"
+        f"{held} trickling connections still held after {WAIT_S + 1:.0f}s (peak {peak - baseline} "
+        "descriptors over the baseline): no header/body read timeout"
     )
 
 

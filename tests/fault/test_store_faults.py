@@ -6,8 +6,6 @@ engine says it cannot record (503 / not ready) instead of answering 200."""
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,8 +18,6 @@ import pytest
 
 from tests.daemons import Daemon, agent_config, watchd_command
 from tests.fault.common import (
-    AUTH,
-    TOKEN,
     actions,
     db_audit,
     fake_slurm,
@@ -35,7 +31,6 @@ from tests.fault.common import (
     xid,
 )
 from tests.support import real_components_required, wait_for
-from watchd.model.events import batch_to_wire
 
 pytestmark = pytest.mark.real
 
@@ -54,7 +49,8 @@ def _surrogate_body(node_json: str, pci_json: str, event_id: str) -> str:
 @pytest.mark.xfail(
     strict=True,
     reason="issue 16 item 1: a lone surrogate in pci_bus_id is accepted, the drain fails with "
-    "UnicodeEncodeError and the unfinished intent blocks every later drain of the node (also after a restart)",
+    "UnicodeEncodeError and the unfinished intent blocks every later drain of the node (also after a "
+    "restart)",
 )
 def test_surrogate_in_pci_bus_id_then_clean_xid_still_drains(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
@@ -140,7 +136,8 @@ def _unprivileged_engine(tmp: Path, db: Path) -> Daemon:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 16 item 2: a read-only state database (0444) is accepted at start, /healthz and /readyz ok, "
+    reason="issue 16 item 2: a read-only state database (0444) is accepted at start, /healthz and /readyz "
+    "ok, "
     "then every action fails with 'attempt to write a readonly database'",
 )
 def test_read_only_state_database_refused_or_unhealthy(tmp_path: Path) -> None:
@@ -327,5 +324,3 @@ def test_locked_database_does_not_block_the_event_loop(tmp_path: Path) -> None:
         assert worst < 0.5, f"/healthz took {worst:.2f}s while another process held the write lock"
     finally:
         engine.stop()
-
-

@@ -27,9 +27,7 @@ BOMBS = {
     "zfill": "{{ '1'.zfill(100000000)|length }}",
     "percent_format": "{{ '%100000000d'|format(1)|length }}",
     "str_format": "{{ '{:>100000000}'.format(1)|length }}",
-    "set_doubling": "{% set a = 'xxxxxxxxxx' %}"
-    + "{% set a = a ~ a %}" * 20
-    + "{{ a|length }}",
+    "set_doubling": "{% set a = 'xxxxxxxxxx' %}" + "{% set a = a ~ a %}" * 20 + "{{ a|length }}",
     "nested_for": "{% for i in 'x'.ljust(10000) %}{% for j in 'x'.ljust(10000) %}{% endfor %}{% endfor %}x",
     "big_power": "{{ (((10**100)**100)**100)**100 }}",
 }
@@ -37,8 +35,6 @@ BOMBS = {
 
 def _limit() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-
-
 
 
 @pytest.mark.parametrize(
