@@ -1,8 +1,7 @@
 """Issue 16 item 4: kill -9 at every step of an action's life, against a real ``watchd engine`` in enforce
 mode with the fake scheduler (tests/fault/fake_slurm.py through ``slurm.scontrol``/``squeue``/``sinfo``)
 and in dry-run. After each crash the engine is restarted on the same state database and the "agent" (this
-test)
-re-sends what was not answered 200, as the real agent does. Then: every node's drain and requeue are
+test) re-sends what was not answered 200, as the real agent does. Then: every node's drain and requeue are
 audited exactly once (0 lost, 0 doubled), the scheduler applied each at most once, and no intent is left
 unfinished (no node blocked).
 
