@@ -142,7 +142,7 @@ def test_fuzz_engine_ingest(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 16 item 9 (found by this fuzz): a bad Transfer-Encoding header on a GET is answered 400 but "
+    reason="issue 16 item 9 (found by this fuzz): a bad Transfer-Encoding header on a GET is answered 400, "
     "aiohttp logs 'Error handling request' with a traceback",
 )
 @FUZZ
@@ -208,7 +208,7 @@ def test_fuzz_agent_heartbeat(daemons: tuple[Daemon, Daemon, int], body: bytes, 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 16 item 9 (found by this fuzz): a bad Transfer-Encoding header on a GET is answered 400 but "
+    reason="issue 16 item 9 (found by this fuzz): a bad Transfer-Encoding header on a GET is answered 400, "
     "aiohttp logs 'Error handling request' with a traceback",
 )
 @FUZZ
