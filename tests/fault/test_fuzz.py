@@ -157,7 +157,13 @@ def test_fuzz_engine_reads(
     _no_5xx_no_traceback(engine, before, status, f"GET {path}{query}")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 16 item 9 (found by benchmarks/soak.py): a held id beyond SQLite's 64-bit integers "
+    "(99999999999999999999) gets 500 internal error",
+)
 @FUZZ
+@example(held_id="99999999999999999999999", verb="release", auth=True, body=b"")
 @given(
     held_id=st.sampled_from(["1", "0", "-1", "abc", "99999999999999999999999", "1e3", "%00"]),
     verb=st.sampled_from(["release", "discard", "other"]),
