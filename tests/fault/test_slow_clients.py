@@ -21,7 +21,7 @@ from tests.fault.common import start_engine
 pytestmark = pytest.mark.real
 
 CLIENTS = 150
-WAIT_S = 8.0
+WAIT_S = 5.0
 
 
 @pytest.fixture(scope="module")
