@@ -269,10 +269,8 @@ async def soak(total: int, concurrency: int, seed: int) -> dict[str, Any]:
         "lost_audit_api_newest_3000": len(lost_api),
         "valid_events_sent": mix.valid_sent,
         "valid_events_accepted": accepted_valid,
-        "rss_mib_engine": [round(r[1] / 1024, 1) for r in rss[:: max(1, len(rss) // 10)]]
-        + [round(rss[-1][1] / 1024, 1)],
-        "rss_mib_agent": [round(r[2] / 1024, 1) for r in rss[:: max(1, len(rss) // 10)]]
-        + [round(rss[-1][2] / 1024, 1)],
+        "rss_s_mib_engine": _curve(rss, 1),
+        "rss_s_mib_agent": _curve(rss, 2),
         "workdir": str(tmp),
     }
 
