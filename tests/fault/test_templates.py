@@ -60,7 +60,8 @@ def test_rules_check_refuses_template_bomb(tmp_path: Path, name: str) -> None:
 #: sizes are computed at render (``count`` is 1), as the literal forms are refused at load (above) and the
 #: engine would not start with them.
 RUNTIME = {
-    31: "{% for i in 'x'.ljust(count * 5000) %}{% for j in 'x'.ljust(count * 5000) %}{% endfor %}{% endfor %}x",
+    31: "{% for i in 'x'.ljust(count * 5000) %}{% for j in 'x'.ljust(count * 5000) %}"
+    "{% endfor %}{% endfor %}x",
     43: "{{ '{:>{w}}'.format(1, w=count * 50000000)|length }}",
     45: "{{ 'x'.ljust(count * 50000000)|length }}",
 }

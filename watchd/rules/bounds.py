@@ -22,8 +22,8 @@ from typing import Any
 from jinja2 import nodes
 from jinja2.sandbox import SandboxedEscapeFormatter, SandboxedFormatter
 from jinja2.utils import pass_context
-from markupsafe import Markup
 from jinja2.visitor import NodeTransformer, NodeVisitor
+from markupsafe import Markup
 
 #: The most a template may build: characters of a string (or items of a list, tuple, mapping), the text one
 #: value converts to, the width or precision of a format spec, and the rendered text.
@@ -124,9 +124,9 @@ def check_text(value: Any, what: str = "text") -> Any:
 
 def check_size(value: Any) -> Any:
     """A value a template built: at most MAX_TEMPLATE_OUTPUT characters or items."""
-    if isinstance(value, str | bytes | bytearray | list | tuple | dict | set | frozenset):
-        if len(value) > MAX_TEMPLATE_OUTPUT:
-            raise _too_big("a value", len(value))
+    sized = isinstance(value, str | bytes | bytearray | list | tuple | dict | set | frozenset)
+    if sized and len(value) > MAX_TEMPLATE_OUTPUT:
+        raise _too_big("a value", len(value))
     return value
 
 
@@ -166,9 +166,9 @@ def binop(operator: str, left: Any, right: Any, table: Mapping[str, Callable[[An
             _check_int_bits(left.bit_length() + right.bit_length())
         return left * right
     if operator == "+":
-        if isinstance(left, str | bytes | list | tuple) and isinstance(right, str | bytes | list | tuple):
-            if len(left) + len(right) > MAX_TEMPLATE_OUTPUT:
-                raise _too_big("a sum", len(left) + len(right))
+        both = isinstance(left, str | bytes | list | tuple) and isinstance(right, str | bytes | list | tuple)
+        if both and len(left) + len(right) > MAX_TEMPLATE_OUTPUT:
+            raise _too_big("a sum", len(left) + len(right))
         return left + right
     if operator == "%" and isinstance(left, str | bytes):
         check_percent(left, right)
@@ -255,7 +255,7 @@ def check_call(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
         elif name == "expandtabs":
             tab = args[0] if args else kwargs.get("tabsize", 8)
             if isinstance(tab, int):
-                tabs = owner.count("\t" if isinstance(owner, str) else b"\t")
+                tabs = owner.count("\t") if isinstance(owner, str) else owner.count(b"\t")
                 size = len(owner) + tabs * max(tab, 0)
                 if size > MAX_TEMPLATE_OUTPUT:
                     raise _too_big("expandtabs() text", size)
@@ -444,7 +444,7 @@ class Instrument(NodeTransformer):
     def _repeated(self, node: nodes.Node) -> nodes.Node:
         self.depth += 1
         try:
-            return self.generic_visit(node)  # type: ignore[no-any-return]
+            return self.generic_visit(node)
         finally:
             self.depth -= 1
 
@@ -543,23 +543,34 @@ class StaticCheck(NodeVisitor):
                 n, k = self.size(seq), self.const_int(count)
                 if n is not None and k is not None and not isinstance(seq, nodes.Const | nodes.Name):
                     return n * k
-                if isinstance(seq, nodes.Const) and isinstance(seq.value, str | list | tuple) and k is not None:
+                if (
+                    isinstance(seq, nodes.Const)
+                    and isinstance(seq.value, str | list | tuple)
+                    and k is not None
+                ):
                     return len(seq.value) * k
             return None
         if isinstance(node, nodes.Call) and isinstance(node.node, nodes.Getattr) and node.args:
-            if node.node.attr in _WIDTH_METHODS:
-                width = self.const_int(node.args[0])
-                base = self.size(node.node.node)
-                if width is not None:
-                    return max(width, base or 0)
-        if isinstance(node, nodes.Filter) and node.name in ("list", "string", "reverse", "sort", "e", "escape"):
+            width = self.const_int(node.args[0]) if node.node.attr in _WIDTH_METHODS else None
+            if width is not None:
+                return max(width, self.size(node.node.node) or 0)
+        if isinstance(node, nodes.Filter) and node.name in (
+            "list",
+            "string",
+            "reverse",
+            "sort",
+            "e",
+            "escape",
+        ):
             return self.size(node.node) if node.node is not None else None
         return None
 
     def _over(self, node: nodes.Node, what: str) -> None:
         n = self.size(node)
         if n is not None and n > MAX_TEMPLATE_OUTPUT:
-            raise _Refused(f"{what} of {n:,} characters or items is over the bound of {MAX_TEMPLATE_OUTPUT:,}")
+            raise _Refused(
+                f"{what} of {n:,} characters or items is over the bound of {MAX_TEMPLATE_OUTPUT:,}"
+            )
 
     def _literal_width(self, node: nodes.Node, what: str) -> None:
         n = self.const_int(node)
@@ -574,7 +585,11 @@ class StaticCheck(NodeVisitor):
         attr, owner = node.node.attr, node.node.node
         if attr in _WIDTH_METHODS | {"expandtabs", "to_bytes"} and node.args:
             self._literal_width(node.args[0], f"{attr}() width")
-        if attr in ("format", "format_map") and isinstance(owner, nodes.Const) and isinstance(owner.value, str):
+        if (
+            attr in ("format", "format_map")
+            and isinstance(owner, nodes.Const)
+            and isinstance(owner.value, str)
+        ):
             try:
                 for _text, _field, spec, _conv in string.Formatter().parse(owner.value):
                     check_spec(spec or "")
@@ -594,7 +609,9 @@ class StaticCheck(NodeVisitor):
         for m in _PERCENT.finditer(fmt.encode("utf-8", "surrogatepass")):
             for n in (m.group(2), m.group(3)):
                 if n and n != b"*" and (len(n) > 6 or int(n) > MAX_TEMPLATE_OUTPUT):
-                    raise _Refused(f"a format width or precision {int(n):,} is over the bound of {MAX_TEMPLATE_OUTPUT:,}")
+                    raise _Refused(
+                        f"a format width or precision {int(n):,} is over the bound of {MAX_TEMPLATE_OUTPUT:,}"
+                    )
 
     def visit_Mod(self, node: nodes.Mod) -> None:
         self.generic_visit(node)

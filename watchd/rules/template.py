@@ -17,9 +17,9 @@ from jinja2 import TemplateSyntaxError, Undefined, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from watchd.model.events import TOP_LEVEL_FIELDS
-from watchd.rules import bounds
 from watchd.model.gpu import GPU_IDENTITY_FIELDS
 from watchd.model.registry import KINDS, fields_of
+from watchd.rules import bounds
 from watchd.rules.compiled.codegen import Namespace
 
 #: Fields any event may carry, and what every template may name besides them.
@@ -50,7 +50,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         return bounds.binop(operator, left, right, self.binop_table)
 
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         bounds.step(heavy=True)
         args = bounds.check_call(__obj, args, kwargs)
         return bounds.check_size(super().call(__context, __obj, *args, **kwargs))
@@ -72,7 +72,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         def wrapper(*args: Any, **kwargs: Any) -> str:
             formatter: bounds.BoundedFormatter | bounds.BoundedEscapeFormatter
             if bounds.is_markup(f_self):
-                formatter = bounds.BoundedEscapeFormatter(self, escape=f_self.escape)
+                formatter = bounds.BoundedEscapeFormatter(self, escape=f_self.escape)  # type: ignore[attr-defined]
             else:
                 formatter = bounds.BoundedFormatter(self)
             if is_format_map:
@@ -168,7 +168,8 @@ class Template:
         finally:
             bounds.end_budget(token)
         if len(text) > bounds.MAX_TEMPLATE_OUTPUT:
-            return f"<template error: {bounds.TemplateBoundError(f'rendered {len(text):,} characters, over the bound of {bounds.MAX_TEMPLATE_OUTPUT:,}')}>"
+            over = f"rendered {len(text):,} characters, over the bound of {bounds.MAX_TEMPLATE_OUTPUT:,}"
+            return f"<template error: {over}>"
         return text
 
     def bind(
