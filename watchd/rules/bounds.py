@@ -220,7 +220,7 @@ def check_spec(spec: str) -> None:
     """A ``str.format`` spec's width and precision (every number in it) within the bound."""
     for n in _SPEC_NUMBER.findall(spec):
         if len(n) > 6 or int(n) > MAX_TEMPLATE_OUTPUT:
-            raise _too_big("a format width or precision", int(n) if len(n) < 20 else 10**19)
+            raise _too_big("a format width or precision", int(n) if len(n) < 20 else 10**19)  # no huge int()
 
 
 class _BoundedFormatterMixin:
@@ -535,7 +535,7 @@ class StaticCheck(NodeVisitor):
         """Characters or items of the value ``node`` builds, when known at load."""
         if isinstance(node, nodes.Const):
             v = node.value
-            return len(v) if isinstance(v, str | list | tuple) else len(str(v))
+            return len(v) if isinstance(v, str | list | tuple) else None
         if isinstance(node, nodes.TemplateData):
             return len(node.data)
         if isinstance(node, nodes.List | nodes.Tuple):
@@ -543,7 +543,7 @@ class StaticCheck(NodeVisitor):
         if isinstance(node, nodes.Name):
             return self.sizes.get(node.name)
         if isinstance(node, nodes.Concat):
-            parts = [self.size(n) for n in node.nodes]
+            parts = [self._text_len(n) for n in node.nodes]
             return None if None in parts else sum(p for p in parts if p is not None)
         if isinstance(node, nodes.Add):
             a, b = self.size(node.left), self.size(node.right)
@@ -574,6 +574,17 @@ class StaticCheck(NodeVisitor):
         ):
             return self.size(node.node) if node.node is not None else None
         return None
+
+    def _text_len(self, node: nodes.Node) -> int | None:
+        """Characters of ``node`` as text (``~`` converts each side): a literal number's too."""
+        n = self.size(node)
+        if n is None and isinstance(node, nodes.Const) and isinstance(node.value, int | float | bool):
+            n = (
+                len(str(node.value))
+                if not isinstance(node.value, int) or node.value.bit_length() < 1000
+                else None
+            )
+        return n
 
     def _over(self, node: nodes.Node, what: str) -> None:
         n = self.size(node)
@@ -619,8 +630,9 @@ class StaticCheck(NodeVisitor):
         for m in _PERCENT.finditer(fmt.encode("utf-8", "surrogatepass")):
             for n in (m.group(2), m.group(3)):
                 if n and n != b"*" and (len(n) > 6 or int(n) > MAX_TEMPLATE_OUTPUT):
+                    shown = f"{int(n):,}" if len(n) < 20 else f"of {len(n):,} digits"
                     raise _Refused(
-                        f"a format width or precision {int(n):,} is over the bound of {MAX_TEMPLATE_OUTPUT:,}"
+                        f"a format width or precision {shown} is over the bound of {MAX_TEMPLATE_OUTPUT:,}"
                     )
 
     def visit_Mod(self, node: nodes.Mod) -> None:

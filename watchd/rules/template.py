@@ -136,8 +136,12 @@ class Template:
             # every loop, ``~`` and piece of output through the bounds' filters, then compiled
             code = _ENV.compile(bounds.Instrument().visit(tree))
             self._compiled = _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
+        except TemplateError:
+            raise
         except TemplateSyntaxError as exc:  # TemplateAssertionError (unknown filter) included
             raise TemplateError(f"template {source!r}: {exc.message}") from None
+        except (ValueError, RecursionError, OverflowError) as exc:  # a 5,000-digit literal, deep nesting
+            raise TemplateError(f"template {source!r}: {exc}") from None
         self._static = "{{" not in source and "{%" not in source
         self._parts = _simple_parts(source)
 
