@@ -68,6 +68,7 @@ AT_RENDER = {
     "expandtabs": ("{{ ('\t' * 100).expandtabs(count * 1000) }}", "expandtabs() text"),
     "replace": ("{{ ('x' * 10000).replace('x', 'yy' * count) }}", "replace() text"),
     "join": ("{{ ('x' * 5000 * count).join(['a', 'b', 'c']) }}", "join() text"),
+    "wordwrap": ("{{ ('w ' * 5000 * count)|wordwrap(1, wrapstring='x' * 100) }}", "wrapped text"),
     "percent": ("{{ '%*d'|format(count * 100000000, 1) }}", "a width"),
     "str_format": ("{{ '{:>{w}}'.format(1, w=count * 100000000) }}", "a format width"),
     "set_doubling": (
@@ -134,6 +135,7 @@ def test_templates_within_the_bounds_still_work() -> None:
             "100"
         ),
         "{{ 'x'.ljust(10000)|length }} {{ ('y' * 9999 ~ 'z')|length }}": "10000 10000",
+        "{{ ('word ' * 200)|wordwrap(20, wrapstring='<br/>')|length }}": "1195",
     }
     for source, expected in cases.items():
         assert Template(source).render(ctx) == expected, source

@@ -352,7 +352,9 @@ def _check_filter(name: str, value: Any, args: tuple[Any, ...], kwargs: dict[str
     elif name == "wordwrap":
         width, wrap = arg(0, "width", 79), arg(3, "wrapstring", None)
         if isinstance(width, int) and isinstance(wrap, str):
-            size = text_size(value) * (1 + len(wrap) // max(width, 1) + len(wrap))
+            text = str(value)  # bounded above (a text filter)
+            breaks = min(len(text), len(text.split()) + len(text) // max(width, 1))
+            size = len(text) + breaks * len(wrap)
             if size > MAX_TEMPLATE_OUTPUT:
                 raise _too_big("wrapped text", size)
     elif name == "replace":
