@@ -30,10 +30,6 @@ def _check(*paths: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 12: a non-UTF-8 rule file: a traceback that does not name the file",
-)
 def test_non_utf8_rule_file_named_by_rules_check(tmp_path: Path) -> None:
     bad = tmp_path / "latin1.yaml"
     bad.write_bytes(BAD_BYTES)
@@ -43,10 +39,6 @@ def test_non_utf8_rule_file_named_by_rules_check(tmp_path: Path) -> None:
     assert str(bad) in result.stdout + result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 12: reloading a non-UTF-8 rule file logs the error without its name",
-)
 def test_non_utf8_rule_file_named_on_reload(tmp_path: Path) -> None:
     engine = start_engine(tmp_path, mode="dry-run")
     try:
@@ -65,7 +57,6 @@ def test_non_utf8_rule_file_named_on_reload(tmp_path: Path) -> None:
         engine.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 12: a dangling *.yaml link is skipped silently")
 def test_dangling_yaml_link_reported(tmp_path: Path) -> None:
     folder = tmp_path / "rules"
     folder.mkdir()

@@ -152,9 +152,9 @@ def test_templates_render_fields_and_refuse_internals() -> None:
         "{{ ''.__class__.__subclasses__() }}",
         "{% for c in [].__class__.__base__.__subclasses__() %}{{ c }}{% endfor %}",
         "{{ (node ~ '') .__class__ }}",
-        "{{ 'x' * 10**9 }}",  # a gigabyte per render
-        "{{ [node] * 1000000 }}",
-        "{{ 9 ** 999999 }}",
+        "{{ 'x' * (xid * 10**7) }}",  # a gigabyte per render (its size known only at render)
+        "{{ [node] * (xid * 100000) }}",
+        "{{ 9 ** (xid * 10000) }}",
     ],
 )
 def test_jinja_templates_refuse_escapes_and_huge_values(source: str) -> None:
@@ -166,6 +166,17 @@ def test_jinja_templates_refuse_escapes_and_huge_values(source: str) -> None:
     text = Template(source).render({"xid": 79, "node": "gpu-7"})
     assert text == "?" or (text.startswith("<template error: ") and len(text) < 200), text
     assert "<class" not in text and "built-in" not in text, text
+
+
+@pytest.mark.parametrize(
+    "source", ["{{ 'x' * 10**9 }}", "{{ [node] * 1000000 }}", "{{ 9 ** 999999 }}", "{{ (9 ** 99) ** 99 }}"]
+)
+def test_jinja_templates_with_literal_huge_values_refused_at_load(source: str) -> None:
+    """The same values written with literals break a bound whatever the event: refused when loaded."""
+    from watchd.rules.template import Template, TemplateError
+
+    with pytest.raises(TemplateError, match="over the bound"):
+        Template(source)
 
 
 def test_jinja_templates_still_compute_small_things() -> None:

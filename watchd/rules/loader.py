@@ -34,11 +34,24 @@ class Problem:
         return f"{self.file}:{self.line}:{self.column}: {self.message}"
 
 
-def _read(path: Path) -> str:
+def _read(path: Path) -> str | Problem:
+    """The file's text, or the problem that stops it being read (a dangling link, bytes that are not
+    UTF-8: named with the file, where in it)."""
     try:
-        return path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
+        if path.is_symlink() and not path.exists():
+            return Problem(str(path), 1, 1, f"dangling link to {path.readlink()}: its target does not exist")
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start]
+        line = before.count(b"\n") + 1
+        column = exc.start - (before.rfind(b"\n") + 1) + 1
+        return Problem(
+            str(path), line, column, f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}"
+        )
 
 
 def _template_fields(model: BaseModel) -> dict[str, Any]:
@@ -160,9 +173,14 @@ def _duplicates_with_a_broken_rule(
 
 
 def rule_files(path: Path) -> list[Path]:
-    """The rule files a configured path stands for: the ``*.yaml``/``*.yml`` files of a folder, or itself."""
+    """The rule files a configured path stands for: the ``*.yaml``/``*.yml`` files of a folder (a dangling
+    link among them too, to be reported), or itself."""
     if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+        return sorted(
+            p
+            for p in path.iterdir()
+            if p.suffix in (".yaml", ".yml") and (p.is_file() or (p.is_symlink() and not p.exists()))
+        )
     return [path]
 
 
@@ -187,7 +205,12 @@ def check_rules(paths: Sequence[Path]) -> tuple[list[Rule], list[Problem]]:
         files = rule_files(path)
         if path.is_dir() and not files:
             problems.append(Problem(str(path), 1, 1, "no *.yaml rule files in this folder"))
-        sources.extend((_read(f), str(f)) for f in files)
+        for f in files:
+            text = _read(f)
+            if isinstance(text, Problem):
+                problems.append(text)
+            else:
+                sources.append((text, str(f)))
     for text, source in sources:
         found, bad = parse_rule_file(text, source, first_order=len(rules))
         rules.extend(found)

@@ -8,16 +8,18 @@ rejected when the rules are loaded.
 from __future__ import annotations
 
 import re
+import types
 from collections.abc import Callable, Mapping
+from functools import update_wrapper
 from typing import Any
 
 from jinja2 import TemplateSyntaxError, Undefined, meta
-from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from watchd.model.events import TOP_LEVEL_FIELDS
 from watchd.model.gpu import GPU_IDENTITY_FIELDS
 from watchd.model.registry import KINDS, fields_of
+from watchd.rules import bounds
 from watchd.rules.compiled.codegen import Namespace
 
 #: Fields any event may carry, and what every template may name besides them.
@@ -38,30 +40,59 @@ class _Undefined(Undefined):
         return "?"
 
 
-#: The most a template may build with ``*`` or ``**`` (characters, items, digits of a power).
-MAX_TEMPLATE_OUTPUT = 10_000
-
-
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
-    """The sandbox, plus bounds on the two operators that can build huge values from small ones
-    (``{{ 'x' * 10**9 }}`` would take a gigabyte of the engine's memory on every render)."""
+    """The sandbox, plus the bounds of watchd/rules/bounds.py: the operators, calls, filters and
+    ``str.format`` that can build huge values from small ones are checked before they build, and each is a
+    step of the render's budget."""
 
-    intercepted_binops = frozenset({"*", "**"})
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**":
-            if isinstance(right, int | float) and abs(right) > 100:
-                raise SecurityError(f"power {right!r} is too large for a template")
-            return left**right
-        for size, count in ((left, right), (right, left)):
-            sized = isinstance(size, str | list | tuple) and isinstance(count, int)
-            if sized and len(size) * count > MAX_TEMPLATE_OUTPUT:
-                raise SecurityError(f"a template may build at most {MAX_TEMPLATE_OUTPUT} items")
-        return left * right
+        return bounds.binop(operator, left, right, self.binop_table)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        bounds.step(heavy=True)
+        args = bounds.check_call(__obj, args, kwargs)
+        return bounds.check_size(super().call(__context, __obj, *args, **kwargs))
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """Jinja's sandboxed ``str.format``/``format_map``, through a formatter that bounds widths,
+        precisions, converted values and the text it builds."""
+        if not isinstance(value, types.MethodType | types.BuiltinMethodType) or value.__name__ not in (
+            "format",
+            "format_map",
+        ):
+            return None
+        f_self: Any = value.__self__
+        if not isinstance(f_self, str):
+            return None
+        str_type: type[str] = type(f_self)
+        is_format_map = value.__name__ == "format_map"
+
+        def wrapper(*args: Any, **kwargs: Any) -> str:
+            formatter: bounds.BoundedFormatter | bounds.BoundedEscapeFormatter
+            if bounds.is_markup(f_self):
+                formatter = bounds.BoundedEscapeFormatter(self, escape=f_self.escape)  # type: ignore[attr-defined]
+            else:
+                formatter = bounds.BoundedFormatter(self)
+            if is_format_map:
+                if kwargs:
+                    raise TypeError("format_map() takes no keyword arguments")
+                if len(args) != 1:
+                    raise TypeError(f"format_map() takes exactly one argument ({len(args)} given)")
+                kwargs = args[0]
+                args = ()
+            return str_type(formatter.vformat(f_self, args, kwargs))
+
+        return update_wrapper(wrapper, value)
 
 
 _ENV = _BoundedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=False)
 _ENV.globals.clear()  # no range(), lipsum(), cycler(): a template formats fields, nothing more
+_ENV.filters = {name: bounds.bound_filter(name, f) for name, f in _ENV.filters.items()}
+_ENV.filters.update(bounds.INTERNAL_FILTERS)
+#: Kept for callers of the old name: the most a template may build (characters or items).
+MAX_TEMPLATE_OUTPUT = bounds.MAX_TEMPLATE_OUTPUT
 
 
 class TemplateError(ValueError):
@@ -97,10 +128,20 @@ class Template:
     def __init__(self, source: str) -> None:
         self.source = source
         try:  # an unknown filter or test is found by the compiler, not the parser: both inside
-            self.names = frozenset(meta.find_undeclared_variables(_ENV.parse(source)))
-            self._compiled = _ENV.from_string(source)
+            tree = _ENV.parse(source)
+            self.names = frozenset(meta.find_undeclared_variables(tree))
+            refused = bounds.StaticCheck().check(tree)
+            if refused is not None:
+                raise TemplateError(f"template {source!r}: {refused}")
+            # every loop, ``~`` and piece of output through the bounds' filters, then compiled
+            code = _ENV.compile(bounds.Instrument().visit(tree))
+            self._compiled = _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
+        except TemplateError:
+            raise
         except TemplateSyntaxError as exc:  # TemplateAssertionError (unknown filter) included
             raise TemplateError(f"template {source!r}: {exc.message}") from None
+        except (ValueError, RecursionError, OverflowError) as exc:  # a 5,000-digit literal, deep nesting
+            raise TemplateError(f"template {source!r}: {exc}") from None
         self._static = "{{" not in source and "{%" not in source
         self._parts = _simple_parts(source)
 
@@ -123,10 +164,17 @@ class Template:
                     value = value.get(part[1], _MISSING) if isinstance(value, Mapping) else _MISSING
                 out.append("?" if value is _MISSING else str(value))
             return "".join(out)
+        token = bounds.start_budget()
         try:
-            return self._compiled.render(context)
-        except Exception as exc:  # a sandbox refusal or a type error in a filter: say so, never crash
+            text = self._compiled.render(context)
+        except Exception as exc:  # a sandbox refusal, a bound, a type error in a filter: say so, never crash
             return f"<template error: {exc}>"
+        finally:
+            bounds.end_budget(token)
+        if len(text) > bounds.MAX_TEMPLATE_OUTPUT:
+            over = f"rendered {len(text):,} characters, over the bound of {bounds.MAX_TEMPLATE_OUTPUT:,}"
+            return f"<template error: {over}>"
+        return text
 
     def bind(
         self,
