@@ -88,6 +88,7 @@ class ActionExecutor:
         self._metrics = metrics
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._deciding: set[asyncio.Task[None]] = set()  # the decisions submitted and not yet run
         self._batcher = DrainBatcher(scheduler) if scheduler is not None else None
         self._safety = Safety(self.store, limits or BreakerLimits(), pools or Pools())
         self.leader_gate = leader = LeaderGate(leadership)
@@ -149,7 +150,15 @@ class ActionExecutor:
             await asyncio.wait(list(self._tasks), timeout=timeout)
 
     def submit(self, decision: Decision, received_at: float) -> None:
-        self._spawn(self._execute(decision, received_at))
+        task = asyncio.create_task(self._execute(decision, received_at))
+        self._tasks.add(task)
+        self._deciding.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._deciding.discard)
+
+    def deciding(self) -> set[asyncio.Task[None]]:
+        """The decisions submitted and not yet run (recorded, or failed to be)."""
+        return set(self._deciding)
 
     async def release(self, held_id: int, by: str) -> ActionResult:
         """An operator lets a held action go: it runs now, past the breaker (still de-duplicated)."""
