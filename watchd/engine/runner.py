@@ -246,6 +246,10 @@ class Engine:
             return True, "ok"
         return (True, "leader") if elector.is_leader else (False, f"follower (leader: {elector.holder})")
 
+    def store_error(self) -> str:
+        """The last failed write's error (kept after writes resume)."""
+        return self.store.health.last_error
+
     def store_failures(self) -> int:
         """Failed writes of the state database so far: ingest compares it before and after a batch."""
         return self.store.health.failures

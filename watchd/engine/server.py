@@ -75,6 +75,10 @@ class EngineApi(Protocol):
         """Failed writes of the state database so far."""
         ...
 
+    def store_error(self) -> str:
+        """The last failed write's error."""
+        ...
+
     async def release(self, held_id: int, by: str) -> dict[str, str]: ...
 
     def discard(self, held_id: int, by: str) -> dict[str, str]: ...
@@ -195,7 +199,7 @@ def make_app(
                 # a decision (or its audit) could not be recorded: refuse the batch, so the agent re-sends it
                 for e in fresh:
                     seen.forget(e.id)
-                return _reject(503, f"decisions not recorded: {engine.health()[1]}", metrics, "unrecorded")
+                return _reject(503, f"decisions not recorded: {engine.store_error()}", metrics, "unrecorded")
         reply: dict[str, Any] = {"accepted": len(fresh), "duplicates": duplicates}
         if wire.invalid:
             reply["invalid"] = [{"index": i, "error": error} for i, error in wire.invalid]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from watchd.errors import UsageError
@@ -23,6 +23,24 @@ def text(value: str) -> str:
     except UnicodeEncodeError:
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
     return value
+
+
+def _clean(args: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(text(a) if isinstance(a, str) else a for a in args)
+
+
+class Tx:
+    """The connection inside a write transaction: ``execute`` and ``executemany`` as sqlite3's, every text
+    parameter passed through :func:`text` (so a lone surrogate is stored escaped, never raised)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
+        return self._conn.execute(sql, _clean(args))
+
+    def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> sqlite3.Cursor:
+        return self._conn.executemany(sql, (_clean(r) for r in rows))
 
 
 #: called with (operation, error) on every failure: the engine counts them and reports the store unwritable
@@ -60,14 +78,14 @@ class Connection:
         return err
 
     @contextlib.contextmanager
-    def write(self, doing: str) -> Iterator[sqlite3.Connection]:
+    def write(self, doing: str) -> Iterator[Tx]:
         """One write transaction. IMMEDIATE takes the write lock up front, so a read-then-write can never
         fail half-way on a lock upgrade, and busy_timeout applies."""
         conn = self.live()
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                yield conn
+                yield Tx(conn)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -84,14 +102,14 @@ class Connection:
 
     def one(self, doing: str, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Row | None:
         try:
-            row: sqlite3.Row | None = self.live().execute(sql, args).fetchone()
+            row: sqlite3.Row | None = self.live().execute(sql, _clean(args)).fetchone()
         except (sqlite3.Error, ValueError, TypeError, OverflowError) as exc:
             raise self.error(doing, exc, "read") from None
         return row
 
     def all(self, doing: str, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         try:
-            return self.live().execute(sql, args).fetchall()
+            return self.live().execute(sql, _clean(args)).fetchall()
         except (sqlite3.Error, ValueError, TypeError, OverflowError) as exc:
             raise self.error(doing, exc, "read") from None
 

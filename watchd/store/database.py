@@ -63,6 +63,7 @@ class StoreHealth:
     writable: bool = True
     reason: str = ""
     failures: int = 0  # failed writes since the open
+    last_error: str = ""  # the last failed write's error, kept after writes resume
 
 
 class Store:
@@ -91,7 +92,7 @@ class Store:
         if operation != "read":
             self.health.failures += 1
             self.health.writable = False
-            self.health.reason = str(error)
+            self.health.reason = self.health.last_error = str(error)
         for listener in self._listeners:
             listener(operation, error)
 

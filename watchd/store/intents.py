@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from watchd.model.events import Scalar
-from watchd.store.connection import Connection, StoreError, dump, text
+from watchd.store.connection import Connection, StoreError, Tx, dump, text
 
 #: the outcome given to a stale unfinished intent when a new decision under its key replaces it
 ABANDONED = "abandoned"
@@ -222,7 +222,7 @@ class Intents:
         return self._db.delete("pruning cooldowns", "DELETE FROM cooldowns WHERE until <= ?", (now,))
 
 
-def _set_cooldown(conn: sqlite3.Connection, key: str, until: float) -> None:
+def _set_cooldown(conn: Tx, key: str, until: float) -> None:
     conn.execute(
         "INSERT INTO cooldowns (key, until) VALUES (?, ?)"
         " ON CONFLICT (key) DO UPDATE SET until = excluded.until",

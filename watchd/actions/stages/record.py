@@ -16,7 +16,7 @@ from watchd.logs import get_logger
 from watchd.model.action import SOURCE as FEEDBACK_SOURCE
 from watchd.model.action import ActionFeedback
 from watchd.model.events import Event, stable_id
-from watchd.store.connection import StoreError
+from watchd.store.connection import StoreError, text
 
 _log = get_logger("watchd.executor")
 
@@ -74,9 +74,10 @@ class Record:
         )
         if self._feedback is not None and decision.event.kind != ActionFeedback.KIND:
             feedback = ActionFeedback(action=action.kind, outcome=outcome, rule=decision.rule, mode=mode)
+            parts = (decision.event.id, decision.rule, action.kind, action.node)
             self._feedback(
                 feedback.to_event(
-                    id=stable_id("action", decision.event.id, decision.rule, action.kind, action.node),
+                    id=stable_id("action", *(text(p) for p in parts)),  # hashable even with a lone surrogate
                     node=action.node,
                     source=FEEDBACK_SOURCE,
                     time=self._clock.now(),
