@@ -137,9 +137,16 @@ class Recovery:
         requeue its decision had after it, for a drain)."""
         action = PlannedAction(intent.kind, intent.node, intent.params)
         now = self._clock.now()
-        result: ActionResult = await self._redrive_pipeline.run(
-            self._attempt(action, intent.rule, intent.key)
-        )
+        try:
+            result: ActionResult = await self._redrive_pipeline.run(
+                self._attempt(action, intent.rule, intent.key)
+            )
+        except StoreError as exc:  # finished as failed, never left in flight (it would block its node)
+            _log.error("redrive_not_recorded", key=intent.key, error=str(exc))
+            result = ActionResult(Outcome.FAILED, f"not recorded: {exc}")
+        except Exception as exc:
+            _log.exception("redrive_crashed", key=intent.key)
+            result = ActionResult(Outcome.FAILED, f"internal error: {exc!r}")
         detail = f"re-driven after a restart: {result.detail}"
         failed = result.outcome in NOT_DONE
         try:
