@@ -249,3 +249,57 @@ async def test_dry_run_a_redriven_drain_gets_its_requeue(tmp_path: Any) -> None:
         ], got
         assert store.intents.unfinished() == []
     assert fake.jobs["j1"].state == "running"  # dry-run touched nothing
+
+
+async def test_an_action_whose_finish_failed_is_redriven_once_the_store_takes_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1"])
+    executor, audit, _ = make(fake)
+    failing = _FailingWrites(monkeypatch)
+    real_finish = executor.store.intents.finish
+    fail_once = [True]
+
+    def finish(key: str, *args: Any, **kw: Any) -> bool:
+        failing.on = fail_once[0] and key == "drain:gpu-1"
+        fail_once[0] = fail_once[0] and not failing.on
+        try:
+            return real_finish(key, *args, **kw)
+        finally:
+            failing.on = False
+
+    monkeypatch.setattr(executor.store.intents, "finish", finish)
+    async with executor:
+        for decision in rule_engine().evaluate(xid_event("gpu-1")):
+            executor.submit(decision, 0.0)
+        await executor.drain_in_flight(5)
+        assert [i.key for i in executor.store.intents.stale()] == ["drain:gpu-1"]
+        assert executor.redrive_stale() == 1
+        await executor.drain_in_flight(5)
+        assert executor.redrive_stale() == 0
+    assert executor.store.intents.unfinished() == []
+    redriven = [a for a in audit.entries if a.detail.startswith("re-driven once the state database")]
+    assert [(a.action, a.outcome) for a in redriven] == [("drain", "already_drained")], audit.entries
+
+
+async def test_a_decision_counts_as_recorded_once_its_intent_is_written() -> None:
+    """The ingest reply waits for this, not for the scheduler (a follower waiting for the lease)."""
+    gate = asyncio.Event()
+
+    class Slow(FakeScheduler):
+        async def drain(self, *args: Any, **kw: Any) -> Any:
+            await gate.wait()
+            return await super().drain(*args, **kw)
+
+    fake = Slow()
+    fake.add_nodes(["gpu-1"])
+    executor, _, _ = make(fake)
+    async with executor:
+        for decision in rule_engine().evaluate(xid_event("gpu-1")):
+            executor.submit(decision, 0.0)
+        await asyncio.wait_for(asyncio.wait(executor.deciding()), 2)
+        assert [i.key for i in executor.store.intents.unfinished()] == ["drain:gpu-1"]
+        gate.set()
+        await executor.drain_in_flight(5)
+    assert executor.store.intents.unfinished() == []

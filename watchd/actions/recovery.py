@@ -76,6 +76,17 @@ class Recovery:
             self._store.intents.adopt(intent.key)  # in flight here: a new decision waits, never replaces
             self._spawn(self._redrive(intent))
 
+    def redrive_stale(self) -> int:
+        """Once the store takes writes again: drive once more each action whose finish could not be written
+        (the disk was full), so that it is finished and audited without waiting for the next decision on its
+        node or a restart. Returns how many."""
+        stale = self._store.intents.stale()
+        for intent in stale:
+            _log.warning("redriving_stale_action", key=intent.key, rule=intent.rule)
+            self._store.intents.adopt(intent.key)
+            self._spawn(self._redrive(intent, "re-driven once the state database took writes again"))
+        return len(stale)
+
     def _audit_unaudited(self) -> None:
         """A ``kill -9`` between finishing an intent and appending its audit record left an action done but
         never audited: audit it now, from the intent, marked as recovered."""
@@ -132,7 +143,7 @@ class Recovery:
         except StoreError as exc:  # the store is full or locked: reported by its metrics and readiness
             _log.error("audit_failed", action=entry.action, node=entry.node, error=str(exc))
 
-    async def _redrive(self, intent: Intent) -> None:
+    async def _redrive(self, intent: Intent, why: str = "re-driven after a restart") -> None:
         """Drive an interrupted action once more, through the same safety limits as a new one (and the
         requeue its decision had after it, for a drain)."""
         action = PlannedAction(intent.kind, intent.node, intent.params)
@@ -147,7 +158,7 @@ class Recovery:
         except Exception as exc:
             _log.exception("redrive_crashed", key=intent.key)
             result = ActionResult(Outcome.FAILED, f"internal error: {exc!r}")
-        detail = f"re-driven after a restart: {result.detail}"
+        detail = f"{why}: {result.detail}"
         failed = result.outcome in NOT_DONE
         try:
             self._store.intents.finish(

@@ -130,6 +130,7 @@ class Engine:
         self._processor: asyncio.Task[None] | None = None
         self._started = False
         self._probed_at = -1e18  # monotonic time of the last inline probe of an unwritable store
+        self._ack_waiters: set[asyncio.Future[Any]] = set()
 
     # ---------------------------------------------------------------------------------------- rules
 
@@ -274,6 +275,8 @@ class Engine:
         ok = self.store.probe(self.clock.now())
         if ok and not was:
             _log.warning("state_writable_again", path=self.store.path)
+        if ok:
+            self.executor.redrive_stale()  # what could not be finished is finished and audited now
         elif not ok and was:
             _log.error("state_unwritable", path=self.store.path, reason=self.store.health.reason)
 
@@ -524,6 +527,8 @@ class Engine:
             fut.set_result(None)
             return
         waiter = asyncio.ensure_future(asyncio.wait(pending))
+        self._ack_waiters.add(waiter)  # referenced until done (the loop keeps only weak references)
+        waiter.add_done_callback(self._ack_waiters.discard)
         waiter.add_done_callback(lambda _: None if fut.done() else fut.set_result(None))
 
     async def _process(self) -> None:

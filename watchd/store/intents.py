@@ -151,6 +151,13 @@ class Intents:
         )
         return [_intent(r) for r in rows]
 
+    def stale(self) -> list[Intent]:
+        """The unfinished intents this process drove and no longer drives (their finish could not be
+        written, or their action was cancelled), oldest first."""
+        if not self._stale:
+            return []
+        return [i for i in self.unfinished() if i.key in self._stale and i.key not in self._in_flight]
+
     def unaudited(self, since: float) -> list[Intent]:
         """Intents finished at or after ``since`` (not abandoned) that have no audit record: of their node and
         action (or, for an operator's release of a held action, its event), under their event id or their

@@ -39,6 +39,8 @@ class Deduplicate:
             return ActionResult(
                 Outcome.DEDUPLICATED, f"{action.kind} of {action.node} already decided within the cooldown"
             )
+        if attempt.on_recorded is not None:
+            attempt.on_recorded()  # the intent is durable: a crash from here on is re-driven at next start
         try:
             result = await next(attempt)
         except Exception as exc:
