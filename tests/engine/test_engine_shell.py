@@ -74,6 +74,7 @@ async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
             "jobs": cfg.jobs.refresh_s,
             "detectors": cfg.detectors.interval_s,
             "fleet-prune": 60.0,
+            "store-probe": 2.0,  # the state database's write probe (issue 16 item 3)
         }
         with pytest.raises(RuntimeError, match="already started"):
             await engine.start()

@@ -15,7 +15,8 @@ How each step is reached from outside the process:
   the result (FAKE_SLURM_STOP_PARENT_AFTER); the test sees the engine stopped (state ``T``) and kills it.
 - ``audit``: as ``finish``, then SIGCONT, and the test polls the database until the intent is finished and
   kills at once: the window between finishing the intent and appending the audit record (two separate
-  commits) is hit by timing, which makes that round a race (see the xfail reason).
+  commits) is hit by timing; whichever side of it the kill lands, the restart audits the drain once (a
+  finished intent without its audit record is audited at start, marked as recovered).
 - ``requeue_call``: as ``scheduler_call`` for the requeue that follows the drain.
 - dry-run: kill at a sweep of delays after the post (0, 5, 30 ms).
 """
@@ -139,11 +140,6 @@ def test_kill9_at_each_step_enforce_loses_and_doubles_nothing(tmp_path: Path, st
     _round(tmp_path, step)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 16 item 4: kill -9 between finishing the intent and appending its audit record leaves a "
-    "drain done but never audited (two separate commits); reached by timing, so not every run hits it",
-)
 def test_kill9_between_finish_and_audit_enforce(tmp_path: Path) -> None:
     _round(tmp_path, "audit")
 

@@ -47,12 +47,6 @@ def _surrogate_body(node_json: str, pci_json: str, event_id: str) -> str:
     return f'{{"version": 1, "node": {node_json}, "events": [{event}]}}'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 1: a lone surrogate in pci_bus_id is accepted, the drain fails with "
-    "UnicodeEncodeError and the unfinished intent blocks every later drain of the node (also after a "
-    "restart)",
-)
 def test_surrogate_in_pci_bus_id_then_clean_xid_still_drains(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
     slurm, env = fake_slurm(tmp_path)
@@ -83,11 +77,6 @@ def test_surrogate_in_pci_bus_id_then_clean_xid_still_drains(tmp_path: Path) -> 
         engine.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 1: a lone surrogate in the node name is accepted with 200 and leaves no audit "
-    "record (audit_failed traceback)",
-)
 def test_surrogate_in_node_name_is_refused_or_audited(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
     engine = start_engine(tmp_path, mode="dry-run", db=db)
@@ -135,12 +124,6 @@ def _unprivileged_engine(tmp: Path, db: Path) -> Daemon:
     return engine
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 2: a read-only state database (0444) is accepted at start, /healthz and /readyz "
-    "ok, "
-    "then every action fails with 'attempt to write a readonly database'",
-)
 def test_read_only_state_database_refused_or_unhealthy(tmp_path: Path) -> None:
     root = os.geteuid() == 0
     if root and shutil.which("setpriv") is None:
@@ -214,11 +197,6 @@ def _fill(mnt: Path) -> Path:
     return filler
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 3: on a full disk ingest answers 200 (the decisions are lost: action_crashed, "
-    "audit_failed) and /readyz stays ok",
-)
 def test_full_disk_answers_503_and_reports_not_ready(tmp_path: Path, small_disk: Path) -> None:
     db = small_disk / "state.db"
     engine = start_engine(tmp_path, mode="dry-run", db=db)
@@ -232,11 +210,6 @@ def test_full_disk_answers_503_and_reports_not_ready(tmp_path: Path, small_disk:
         engine.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 3: the agent drops a batch answered 200 whose decisions were not recorded: after "
-    "space returns the audit record never appears",
-)
 def test_full_disk_agent_keeps_batch_and_nothing_lost_when_space_returns(
     tmp_path: Path, small_disk: Path
 ) -> None:
@@ -306,11 +279,6 @@ def test_locked_database_loses_no_decision(tmp_path: Path) -> None:
         engine.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 (store locked): sqlite's busy wait runs on the event loop: /healthz blocks for the "
-    "lock's duration",
-)
 def test_locked_database_does_not_block_the_event_loop(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
     engine = start_engine(tmp_path, mode="dry-run", db=db)

@@ -3,6 +3,7 @@ learnt about it so far."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,3 +38,6 @@ class Attempt:
     after_drain: Outcome | None = None
     #: The safety check of a disruptive action, set by the safety stage.
     gate: SafetyGate | None = None
+    #: Called once its intent is durable (before it waits for leadership or the scheduler): its decision
+    #: counts as recorded from then on, and the ingest reply need not wait for the action itself.
+    on_recorded: Callable[[], None] | None = None

@@ -88,6 +88,7 @@ class ActionExecutor:
         self._metrics = metrics
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._deciding: set[asyncio.Future[None]] = set()  # of the decisions submitted, not yet recorded
         self._batcher = DrainBatcher(scheduler) if scheduler is not None else None
         self._safety = Safety(self.store, limits or BreakerLimits(), pools or Pools())
         self.leader_gate = leader = LeaderGate(leadership)
@@ -149,7 +150,28 @@ class ActionExecutor:
             await asyncio.wait(list(self._tasks), timeout=timeout)
 
     def submit(self, decision: Decision, received_at: float) -> None:
-        self._spawn(self._execute(decision, received_at))
+        recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._deciding.add(recorded)
+        recorded.add_done_callback(self._deciding.discard)
+
+        def done() -> None:
+            if not recorded.done():
+                recorded.set_result(None)
+
+        task = asyncio.create_task(self._execute(decision, received_at, done))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: done())
+
+    def redrive_stale(self) -> int:
+        """Drive again the actions whose finish could not be written (call once the store takes writes)."""
+        return self._recovery.redrive_stale()
+
+    def deciding(self) -> set[asyncio.Future[None]]:
+        """The decisions submitted and not yet recorded: neither has their first action's intent been written
+        (a crash after it is re-driven at the next start, the requeue after a drain included) nor have they
+        run to the end (audited, or failed to be)."""
+        return set(self._deciding)
 
     async def release(self, held_id: int, by: str) -> ActionResult:
         """An operator lets a held action go: it runs now, past the breaker (still de-duplicated)."""
@@ -201,7 +223,9 @@ class ActionExecutor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _execute(self, decision: Decision, received_at: float) -> None:
+    async def _execute(
+        self, decision: Decision, received_at: float, recorded: Callable[[], None] | None = None
+    ) -> None:
         async with self._slots:
             after_drain: Outcome | None = None  # of a drain earlier in this decision
             mode = self.effective_mode(decision)
@@ -218,6 +242,7 @@ class ActionExecutor:
                     decision=decision,
                     requeue_follows=any(handler_for(a.kind).follows_drain for a in decision.actions[i + 1 :]),
                     after_drain=after_drain,
+                    on_recorded=recorded,
                 )
                 result = await self._decided.run(attempt)
                 if handler.takes_node_out:

@@ -1,5 +1,7 @@
-"""After a crash: actions decided but never finished are driven once more (they are idempotent), and a
-requeue that a crash kept from following its finished drain is done now."""
+"""After a crash: actions finished but never audited get their audit record (marked as recovered), actions
+decided but never finished are driven once more (they are idempotent), and a requeue that a crash kept from
+following its finished drain is done now (in dry-run too: a dry-run drain is followed by its dry-run
+requeue)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ from watchd.actions.audit import AuditRecord
 from watchd.actions.handlers import handler_for
 from watchd.actions.handlers.drain import HANDLER as DRAIN
 from watchd.actions.handlers.requeue import HANDLER as REQUEUE
-from watchd.actions.outcome import NOT_DONE, TOOK_OUT, ActionResult
+from watchd.actions.outcome import DRAINED_BY_US, NOT_DONE, ActionResult, Outcome
 from watchd.actions.stages import Pipeline
 from watchd.actions.trail import AuditTrail, scalars
 from watchd.clock import Clock
 from watchd.logs import get_logger
 from watchd.rules.decision import Decision, PlannedAction
 from watchd.store import keys
+from watchd.store.connection import StoreError
 from watchd.store.database import Store
 from watchd.store.intents import Intent
 
@@ -62,19 +65,52 @@ class Recovery:
         self._spawn = spawn
 
     def start(self) -> None:
-        """The requeues a crash kept from following their finished drain, then every unfinished action."""
+        """The audit records a crash kept from following their finished intent, the requeues it kept from
+        following their finished drain, then every unfinished action."""
+        self._audit_unaudited()
         self._requeue_missed()
         for intent in self._store.intents.unfinished():
             _log.warning(
                 "redriving_unfinished_action", key=intent.key, rule=intent.rule, decided_at=intent.decided_at
             )
+            self._store.intents.adopt(intent.key)  # in flight here: a new decision waits, never replaces
             self._spawn(self._redrive(intent))
+
+    def redrive_stale(self) -> int:
+        """Once the store takes writes again: drive once more each action whose finish could not be written
+        (the disk was full), so that it is finished and audited without waiting for the next decision on its
+        node or a restart. Returns how many."""
+        stale = self._store.intents.stale()
+        for intent in stale:
+            _log.warning("redriving_stale_action", key=intent.key, rule=intent.rule)
+            self._store.intents.adopt(intent.key)
+            self._spawn(self._redrive(intent, "re-driven once the state database took writes again"))
+        return len(stale)
+
+    def _audit_unaudited(self) -> None:
+        """A ``kill -9`` between finishing an intent and appending its audit record left an action done but
+        never audited: audit it now, from the intent, marked as recovered."""
+        for intent in self._store.intents.unaudited(self._clock.now() - max(self._cooldown, 86400.0)):
+            _log.warning("audit_recovered", key=intent.key, rule=intent.rule, outcome=intent.outcome)
+            self._record(
+                AuditRecord(
+                    time=self._clock.now(),
+                    rule=intent.rule,
+                    event_id=intent.event_id,
+                    node=intent.node,
+                    action=intent.kind,
+                    mode=self._mode if intent.outcome != Outcome.DRY_RUN else "dry-run",
+                    outcome=intent.outcome or Outcome.FAILED.value,
+                    detail=f"recovered after a restart (finished, never audited): {intent.detail}",
+                    params=intent.params,
+                )
+            )
 
     def _requeue_missed(self) -> None:
         """A drain that took its node out within the cooldown, decided with a requeue after it, and no
         requeue of the node decided since: the crash came between the two. Requeue now (de-duplicated)."""
         for drain in self._store.intents.since(DRAIN.kind, self._clock.now() - self._cooldown):
-            if not drain.params.get(REQUEUE_FOLLOWS) or drain.outcome not in TOOK_OUT:
+            if not drain.params.get(REQUEUE_FOLLOWS) or drain.outcome not in DRAINED_BY_US:
                 continue
             requeues = self._store.intents.under(keys.requeue(drain.node), limit=1)
             if requeues and requeues[-1].decided_at >= drain.decided_at:
@@ -82,37 +118,55 @@ class Recovery:
             _log.warning("requeue_after_restart", node=drain.node, rule=drain.rule)
             self._spawn(self._requeue_after(drain))
 
-    async def _requeue_after(self, drain: Intent) -> None:
+    async def _requeue_after(self, drain: Intent, drained: str | None = None) -> None:
+        # a dry-run drain (a dry-run engine, or a rule in dry-run) is followed by a dry-run requeue
+        mode: Mode = "dry-run" if (drained or drain.outcome) == Outcome.DRY_RUN else self._mode
         requeue = PlannedAction(REQUEUE.kind, drain.node, {})
-        attempt = self._attempt(requeue, drain.rule, drain.event_id, check_safety=False)
+        attempt = self._attempt(requeue, drain.rule, drain.event_id, check_safety=False, mode=mode)
         result = await self._requeue_pipeline.run(attempt)
-        self._audit.record(
+        self._record(
             AuditRecord(
                 time=self._clock.now(),
                 rule=drain.rule,
                 event_id=drain.event_id,
                 node=drain.node,
                 action=REQUEUE.kind,
-                mode=self._mode,
+                mode=mode,
                 outcome=result.outcome.value,
                 detail=f"after a restart, the requeue that follows the drain: {result.detail}",
             )
         )
 
-    async def _redrive(self, intent: Intent) -> None:
+    def _record(self, entry: AuditRecord) -> None:
+        try:
+            self._audit.record(entry)
+        except StoreError as exc:  # the store is full or locked: reported by its metrics and readiness
+            _log.error("audit_failed", action=entry.action, node=entry.node, error=str(exc))
+
+    async def _redrive(self, intent: Intent, why: str = "re-driven after a restart") -> None:
         """Drive an interrupted action once more, through the same safety limits as a new one (and the
         requeue its decision had after it, for a drain)."""
         action = PlannedAction(intent.kind, intent.node, intent.params)
         now = self._clock.now()
-        result: ActionResult = await self._redrive_pipeline.run(
-            self._attempt(action, intent.rule, intent.key)
-        )
-        detail = f"re-driven after a restart: {result.detail}"
+        try:
+            result: ActionResult = await self._redrive_pipeline.run(
+                self._attempt(action, intent.rule, intent.key)
+            )
+        except StoreError as exc:  # finished as failed, never left in flight (it would block its node)
+            _log.error("redrive_not_recorded", key=intent.key, error=str(exc))
+            result = ActionResult(Outcome.FAILED, f"not recorded: {exc}")
+        except Exception as exc:
+            _log.exception("redrive_crashed", key=intent.key)
+            result = ActionResult(Outcome.FAILED, f"internal error: {exc!r}")
+        detail = f"{why}: {result.detail}"
         failed = result.outcome in NOT_DONE
-        self._store.intents.finish(
-            intent.key, result.outcome, detail, self._clock.now(), cooldown_until=now if failed else None
-        )
-        self._audit.record(
+        try:
+            self._store.intents.finish(
+                intent.key, result.outcome, detail, self._clock.now(), cooldown_until=now if failed else None
+            )
+        except StoreError as exc:  # left stale: the next decision on the node replaces it
+            _log.error("intent_finish_failed", key=intent.key, error=str(exc))
+        self._record(
             AuditRecord(
                 time=self._clock.now(),
                 rule=intent.rule,
@@ -125,14 +179,21 @@ class Recovery:
                 params=scalars(action.params),
             )
         )
-        if intent.params.get(REQUEUE_FOLLOWS) and result.outcome in TOOK_OUT:
-            await self._requeue_after(intent)
+        if intent.params.get(REQUEUE_FOLLOWS) and result.outcome in DRAINED_BY_US:
+            await self._requeue_after(intent, result.outcome)
 
-    def _attempt(self, action: PlannedAction, rule: str, event_id: str, check_safety: bool = True) -> Attempt:
+    def _attempt(
+        self,
+        action: PlannedAction,
+        rule: str,
+        event_id: str,
+        check_safety: bool = True,
+        mode: Mode | None = None,
+    ) -> Attempt:
         return Attempt(
             action=action,
             handler=handler_for(action.kind),
-            mode=self._mode,
+            mode=mode or self._mode,
             rule=rule,
             event_id=event_id,
             now=self._clock.now(),

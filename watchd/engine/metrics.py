@@ -120,3 +120,19 @@ class EngineMetrics:
             ["provider"],
             registry=r,
         )
+        self.store_errors = Counter(
+            "watchd_store_errors",
+            "Failures of the state database (disk full, read-only, locked past the busy timeout, text it "
+            "cannot store), by operation: write (a decision, an audit record, a probe) or read.",
+            ["operation"],
+            registry=r,
+        )
+        self.store_writable = Gauge(
+            "watchd_store_writable",
+            "1 while the state database takes writes (the last write or probe succeeded), 0 while decisions "
+            "cannot be recorded: ingest answers 503 and /readyz is not ready. Alert on it.",
+            registry=r,
+        )
+        self.store_writable.set(1)
+        for operation in ("write", "read"):
+            self.store_errors.labels(operation)

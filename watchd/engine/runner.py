@@ -40,10 +40,21 @@ from watchd.periodic import Periodic
 from watchd.rules import RuleEngine, RuleSet, load_rules
 from watchd.rules.loader import rule_files
 from watchd.rules.persist import StateCopy, state_to_data
+from watchd.store.connection import StoreError
 from watchd.store.database import Store
 
 _log = get_logger("watchd.engine")
 _PROCESS_RUN = 500  # events evaluated per wake-up of the processing task, at most
+
+
+#: The engine writes the state database on its event loop: a write waits this long for another process's
+#: lock, then fails (the batch is answered 503 and the agent re-sends it), so that a lock held by someone
+#: else never stalls ingest, /healthz and the detectors for the whole default busy timeout.
+BUSY_TIMEOUT_S = 0.1
+#: seconds between write probes of the state database (how soon "unwritable" clears once space returns)
+STORE_PROBE_S = 2.0
+#: an ingest request finding the store unwritable probes it at once, at most this often
+INLINE_PROBE_S = 0.25
 
 
 def open_store(config: EngineConfig) -> Store:
@@ -58,7 +69,7 @@ def open_store(config: EngineConfig) -> Store:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"state.path: cannot create {path.parent}: {exc.strerror}") from None
-    return Store.open(path)
+    return Store.open(path, busy_timeout_s=BUSY_TIMEOUT_S)
 
 
 def _encode_snapshot(snapshot: dict[str, tuple[str, StateCopy]]) -> dict[str, tuple[str, str]]:
@@ -94,7 +105,7 @@ class Engine:
         self.config = config
         self.clock = clock or SystemClock()
         self.metrics = EngineMetrics()
-        self.metrics.leader.set_function(lambda: 1.0 if self.ready()[0] else 0.0)
+        self.metrics.leader.set_function(lambda: 1.0 if self._leading()[0] else 0.0)
         self.metrics.mode_enforce.set(1 if config.mode == "enforce" else 0)
         self.audit = MemoryAudit()
         self.scheduler = scheduler
@@ -118,6 +129,8 @@ class Engine:
         self._stack = AsyncExitStack()
         self._processor: asyncio.Task[None] | None = None
         self._started = False
+        self._probed_at = -1e18  # monotonic time of the last inline probe of an unwritable store
+        self._ack_waiters: set[asyncio.Future[Any]] = set()
 
     # ---------------------------------------------------------------------------------------- rules
 
@@ -167,7 +180,11 @@ class Engine:
         snapshot = self.evaluator.snapshot()  # a copy, here: evaluation may go on while it is encoded
         if snapshot or self._rule_state_saved:
             encoded = await asyncio.to_thread(_encode_snapshot, snapshot)
-            self.store.rule_state.save(encoded, self.clock.now())
+            try:
+                self.store.rule_state.save(encoded, self.clock.now())
+            except StoreError as exc:  # counted and reported (metrics, /readyz); the next snapshot retries
+                _log.error("rule_state_save_failed", error=str(exc))
+                return
             self._rule_state_saved = bool(snapshot)
         # a huge state (100,000s of groups) takes seconds to encode: then save less often, so that
         # saving never takes more than a tenth of the engine's time
@@ -210,11 +227,58 @@ class Engine:
         return self.status_model.document()
 
     def ready(self) -> tuple[bool, str]:
-        """Ready for traffic: always, unless replicas elect a leader and this one follows."""
+        """Ready for traffic: unless replicas elect a leader and this one follows, or the state database does
+        not take writes (decisions could not be recorded). In-memory only: never waits for the database."""
+        healthy, detail = self.health()
+        if not healthy:
+            return False, detail
+        return self._leading()
+
+    def health(self) -> tuple[bool, str]:
+        """Whether the state database takes writes (the last write or probe succeeded), and why not."""
+        store = getattr(self, "store", None)
+        if store is None or store.health.writable:
+            return True, "ok"
+        return False, f"state database unwritable: {store.health.reason}"
+
+    def _leading(self) -> tuple[bool, str]:
         elector = self._elector
         if elector is None:
             return True, "ok"
         return (True, "leader") if elector.is_leader else (False, f"follower (leader: {elector.holder})")
+
+    def store_error(self) -> str:
+        """The last failed write's error (kept after writes resume)."""
+        return self.store.health.last_error
+
+    def store_failures(self) -> int:
+        """Failed writes of the state database so far: ingest compares it before and after a batch."""
+        return self.store.health.failures
+
+    def writable(self) -> bool:
+        """Whether decisions can be recorded now: an unwritable store is probed again (one small write, at
+        most every ``INLINE_PROBE_S``), so that writes resume as soon as space (or the lock) returns."""
+        health = self.store.health
+        if health.writable:
+            return True
+        now = self.clock.monotonic()
+        if now - self._probed_at >= INLINE_PROBE_S:
+            self._probed_at = now
+            self._probe_store_now()
+        return health.writable
+
+    async def _probe_store(self) -> None:
+        self._probe_store_now()
+
+    def _probe_store_now(self) -> None:
+        was = self.store.health.writable
+        ok = self.store.probe(self.clock.now())
+        if ok and not was:
+            _log.warning("state_writable_again", path=self.store.path)
+        if ok:
+            self.executor.redrive_stale()  # what could not be finished is finished and audited now
+        elif not ok and was:
+            _log.error("state_unwritable", path=self.store.path, reason=self.store.health.reason)
 
     def held(self) -> list[dict[str, Any]]:
         return self.status_model.held()
@@ -234,6 +298,8 @@ class Engine:
         return {"outcome": result.outcome, "detail": result.detail}
 
     def evaluated(self, event: Event) -> asyncio.Future[None]:
+        """Done once ``event`` has been evaluated and the decisions handed to the executor until then have
+        run (their intents and audit records written, or failed to be)."""
         fut = self._acks.get(id(event))  # the queue holds the event: its id is not reused meanwhile
         if fut is None:
             fut = self._acks[id(event)] = asyncio.get_running_loop().create_future()
@@ -279,6 +345,8 @@ class Engine:
         self.metrics.rules_reload_ok.set(1)
         self.store = open_store(config)
         stack.callback(self.store.close)
+        self.metrics.store_writable.set_function(lambda: 1.0 if self.store.health.writable else 0.0)
+        self.store.on_error(self._store_failed)
         saved = self.store.rule_state.load()
         self._rule_state_saved = bool(saved)  # a saved state must be replaced, even by none
         self._restore_rule_state(saved)
@@ -353,6 +421,7 @@ class Engine:
         periodic.every(config.jobs.refresh_s, self._refresh_jobs, "jobs")
         periodic.every(config.detectors.interval_s, self._detect, "detectors")
         periodic.every(60.0, self._prune_fleet, "fleet-prune")
+        periodic.every(STORE_PROBE_S, self._probe_store, "store-probe")
         if config.reload.watch_files and config.rules:
             periodic.every(config.reload.poll_interval_s, self._check_rule_files, "rules-watch")
         periodic.start()
@@ -369,6 +438,9 @@ class Engine:
             ack_timeout_s=config.ingest.ack_timeout_s,
         )
         self.port = await stack.enter_async_context(serve(app, config.listen.host, config.listen.port))
+
+    def _store_failed(self, operation: str, error: Exception) -> None:
+        self.metrics.store_errors.labels(operation).inc()
 
     async def cleanup(self) -> None:
         """Stop serving, evaluate what was accepted (bounded), stop the jobs and the executor (bounded), hand
@@ -447,6 +519,18 @@ class Engine:
     async def _prune_fleet(self) -> None:
         self.correlator.prune(self.clock.now())
 
+    def _ack_when_settled(self, fut: asyncio.Future[None]) -> None:
+        """Resolve a batch's reply once the decisions submitted so far have run: the reply then says
+        whether they were recorded (a batch is answered once its decisions are recorded)."""
+        pending = self.executor.deciding()
+        if not pending:
+            fut.set_result(None)
+            return
+        waiter = asyncio.ensure_future(asyncio.wait(pending))
+        self._ack_waiters.add(waiter)  # referenced until done (the loop keeps only weak references)
+        waiter.add_done_callback(self._ack_waiters.discard)
+        waiter.add_done_callback(lambda _: None if fut.done() else fut.set_result(None))
+
     async def _process(self) -> None:
         queue = self.queue
         observe, with_job = self.correlator.observe, self.correlator.with_job
@@ -465,7 +549,7 @@ class Engine:
                 except Exception:
                     _log.exception("evaluation_failed", event_id=event.id, node=event.node)
                 if acks and (fut := acks.pop(id(event), None)) is not None and not fut.done():
-                    fut.set_result(None)
+                    self._ack_when_settled(fut)
                 queue.task_done()
                 run += 1
                 if run == _PROCESS_RUN or queue.empty():

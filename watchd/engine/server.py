@@ -63,6 +63,22 @@ class EngineApi(Protocol):
 
     def ready(self) -> tuple[bool, str]: ...
 
+    def health(self) -> tuple[bool, str]:
+        """Whether the state database takes writes, and why not (in memory: never waits for it)."""
+        ...
+
+    def writable(self) -> bool:
+        """Whether decisions can be recorded now (an unwritable store is probed again, bounded)."""
+        ...
+
+    def store_failures(self) -> int:
+        """Failed writes of the state database so far."""
+        ...
+
+    def store_error(self) -> str:
+        """The last failed write's error."""
+        ...
+
     async def release(self, held_id: int, by: str) -> dict[str, str]: ...
 
     def discard(self, held_id: int, by: str) -> dict[str, str]: ...
@@ -147,6 +163,9 @@ def make_app(
                 metrics,
                 "too_large",
             )
+        if not engine.writable():  # decisions could not be recorded: the agent keeps the batch
+            return _reject(503, f"{engine.health()[1]}; retry later", metrics, "unwritable")
+        failures = engine.store_failures()
         fresh = [e for e in events if seen.first_time(e.id)]
         if len(fresh) > queue.maxsize - queue.qsize():
             # Refuse the whole batch rather than lose part of it: the agent keeps it and retries.
@@ -176,20 +195,27 @@ def make_app(
                 await asyncio.wait_for(engine.evaluated(fresh[-1]), ack_timeout_s)
             except TimeoutError:
                 metrics.ingest_ack_timeouts.inc()
+            if engine.store_failures() != failures:
+                # a decision (or its audit) could not be recorded: refuse the batch, so the agent re-sends it
+                for e in fresh:
+                    seen.forget(e.id)
+                return _reject(503, f"decisions not recorded: {engine.store_error()}", metrics, "unrecorded")
         reply: dict[str, Any] = {"accepted": len(fresh), "duplicates": duplicates}
         if wire.invalid:
             reply["invalid"] = [{"index": i, "error": error} for i, error in wire.invalid]
         return web.json_response(reply)
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        # alive either way (a restart would not make the disk writable): degraded, with the reason
+        ok, detail = engine.health()
+        return web.json_response({"status": "ok"} if ok else {"status": "degraded", "detail": detail})
 
     async def readyz(_: web.Request) -> web.Response:
-        # with leader election only the leader is ready: the Service sends the agents' events to it alone
+        # with leader election only the leader is ready: the Service sends the agents' events to it alone;
+        # a state database that takes no writes makes it not ready (decisions could not be recorded)
         ok, detail = engine.ready()
-        return web.json_response(
-            {"status": "ok" if ok else "standby", "detail": detail}, status=200 if ok else 503
-        )
+        status = "ok" if ok else ("standby" if engine.health()[0] else "degraded")
+        return web.json_response({"status": status, "detail": detail}, status=200 if ok else 503)
 
     async def actions(request: web.Request) -> web.Response:
         try:

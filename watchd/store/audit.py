@@ -6,7 +6,7 @@ import json
 import sqlite3
 
 from watchd.actions.audit import AuditRecord
-from watchd.store.connection import Connection, dump
+from watchd.store.connection import Connection, dump, text
 
 _COLS = "time, rule, event_id, node, action, mode, outcome, detail, duration_s, params"
 
@@ -22,13 +22,13 @@ class AuditLog:
                 f"INSERT INTO audit ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     rec.time,
-                    rec.rule,
-                    rec.event_id,
-                    rec.node,
-                    rec.action,
-                    rec.mode,
-                    rec.outcome,
-                    rec.detail,
+                    text(rec.rule),
+                    text(rec.event_id),
+                    text(rec.node),
+                    text(rec.action),
+                    text(rec.mode),
+                    text(str(rec.outcome)),
+                    text(rec.detail),
                     rec.duration_s,
                     dump(rec.params),
                 ),
@@ -45,7 +45,7 @@ class AuditLog:
             rows = self._db.all(
                 "reading the audit trail",
                 f"SELECT {_COLS} FROM audit WHERE node = ? ORDER BY id DESC LIMIT ?",
-                (node, limit),
+                (text(node), limit),
             )
         return [_record(r) for r in reversed(rows)]
 

@@ -22,16 +22,26 @@ Synchronous on the event loop, deliberately: every call is one small local trans
 update or select) that commits without an fsync, tens of microseconds, less than decoding one ingest batch.
 Handing each to a thread would cost more than the call and would reorder writes. The one wait is the lock:
 a second process writing the same file (the CLI releasing a held action) holds it for a millisecond or so;
-``busy_timeout`` bounds the wait and a call that still cannot get the lock raises :class:`StoreError`.
+``busy_timeout`` bounds the wait and a call that still cannot get the lock raises :class:`StoreError`. The
+engine opens it with 0.1 s (``watchd.engine.runner.BUSY_TIMEOUT_S``): a lock held longer by someone else
+fails the write (the batch is answered 503 and sent again) rather than stalling the event loop.
 
 Times are float seconds since the epoch, always passed in by the caller: nothing here reads a clock.
-Every failure of the database (unreadable, corrupt, locked, disk full) is a :class:`StoreError` naming the
-file, never a traceback from deep inside sqlite3.
+Every failure of the database (unreadable, corrupt, locked, disk full, read-only, text it cannot encode) is
+a :class:`StoreError` naming the file, never a traceback from deep inside sqlite3. Text SQLite cannot store
+(a lone surrogate) is stored escaped (``\\udc80``) rather than refused.
+
+Writable: :meth:`Store.open` refuses a file it cannot write (a write probe), and :attr:`Store.health` follows
+every write after: a failed write marks the store unwritable (with the reason), the next committed write (or
+:meth:`Store.probe`, run periodically by the engine) marks it writable again. The engine reports it on
+``/readyz``, ``/healthz`` and in its metrics, and refuses ingest (503) while decisions cannot be recorded.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from watchd.store.alerts import FiringAlerts
@@ -45,6 +55,17 @@ from watchd.store.rule_state import RuleStates
 from watchd.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 DEFAULT_BUSY_TIMEOUT_S = 5.0
+PROBE_KEY = "write_probe"
+
+
+@dataclass
+class StoreHealth:
+    """Whether the last write succeeded; the reason when not; failures counted since the open."""
+
+    writable: bool = True
+    reason: str = ""
+    failures: int = 0  # failed writes since the open
+    last_error: str = ""  # the last failed write's error, kept after writes resume
 
 
 class Store:
@@ -60,6 +81,36 @@ class Store:
         self.rule_state = RuleStates(self._db)
         self.breaker = BreakerWindow(self._db)
         self.meta = Meta(self._db)
+        self.health = StoreHealth()
+        self._listeners: list[Callable[[str, StoreError], None]] = []
+        self._db.on_error = self._failed
+        self._db.on_write = self._wrote
+
+    def on_error(self, listener: Callable[[str, StoreError], None]) -> None:
+        """Call ``listener(operation, error)`` on every failure (``operation``: write or read)."""
+        self._listeners.append(listener)
+
+    def _failed(self, operation: str, error: StoreError) -> None:
+        if operation != "read":
+            self.health.failures += 1
+            self.health.writable = False
+            self.health.reason = self.health.last_error = str(error)
+        for listener in self._listeners:
+            listener(operation, error)
+
+    def _wrote(self) -> None:
+        if not self.health.writable:
+            self.health.writable = True
+            self.health.reason = ""
+
+    def probe(self, now: float) -> bool:
+        """Write one row (the time of the probe in ``meta``): whether the database takes writes now. Updates
+        :attr:`health` either way; never raises."""
+        try:
+            self.meta.set(PROBE_KEY, repr(now))
+        except StoreError:
+            return False
+        return True
 
     @classmethod
     def open(cls, path: Path | str, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Store:
@@ -79,7 +130,9 @@ class Store:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             store._migrate()
-        except sqlite3.Error as exc:
+            if name != ":memory:":
+                store._write_probe()
+        except (sqlite3.Error, ValueError) as exc:
             conn.close()
             raise store._db.error("cannot open the state database", exc) from None
         except StoreError:
@@ -107,6 +160,25 @@ class Store:
         problems = [str(r[0]) for r in rows]
         if problems != ["ok"]:
             raise StoreError(f"{self.path}: the state database is corrupt: {'; '.join(problems[:5])}")
+
+    def _write_probe(self) -> None:
+        """Refuse a database this process cannot write (a 0444 file, a read-only mount): every decision
+        would fail to be recorded. One committed write, as every decision makes."""
+        conn = self._db.live()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, '') ON CONFLICT (key) DO NOTHING", (PROBE_KEY,)
+                )
+                conn.execute("UPDATE meta SET value = value WHERE key = ?", (PROBE_KEY,))
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: the state database cannot be written: {exc}") from None
 
     def _migrate(self) -> None:
         conn = self._db.live()

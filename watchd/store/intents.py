@@ -1,7 +1,14 @@
 """Action intents, a write-ahead log of decisions, and the cooldowns per action key.
 
 An intent is written before the scheduler is touched and finished after, so :meth:`Intents.unfinished`
-lists exactly what a crash interrupted."""
+lists exactly what a crash interrupted.
+
+In flight: the keys this process has begun (or adopted, to re-drive them after a crash) and not yet finished.
+An unfinished intent this process began or adopted and is no longer driving is stale: its finish could not be
+written (the disk was full, the database locked) or its action was cancelled. It must never block its key:
+the next :meth:`Intents.begin` under that key closes it (outcome ``abandoned``) and records the new decision,
+whatever the cooldown its begin set. An unfinished intent of another process (a previous incarnation, before
+recovery adopts it; another connection) still holds its key."""
 
 from __future__ import annotations
 
@@ -11,7 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from watchd.model.events import Scalar
-from watchd.store.connection import Connection, dump
+from watchd.store.connection import Connection, StoreError, Tx, dump, text
+
+#: the outcome given to a stale unfinished intent when a new decision under its key replaces it
+ABANDONED = "abandoned"
 
 _COLS = "id, key, kind, node, rule, event_id, params, decided_at, finished_at, outcome, detail"
 
@@ -40,6 +50,22 @@ class Intent:
 class Intents:
     def __init__(self, db: Connection) -> None:
         self._db = db
+        self._in_flight: set[str] = set()  # keys begun or adopted by this process, not yet finished
+        self._stale: set[str] = set()  # keys this process drove whose intent may be left unfinished
+
+    def in_flight(self, key: str) -> bool:
+        """Whether this process is driving the action under ``key`` now."""
+        return text(key) in self._in_flight
+
+    def adopt(self, key: str) -> None:
+        """This process drives the unfinished intent under ``key`` (recovery re-drives it)."""
+        self._in_flight.add(text(key))
+
+    def forget(self, key: str) -> None:
+        """This process no longer drives ``key`` (cancelled): its unfinished intent, if any, is stale."""
+        key = text(key)
+        self._in_flight.discard(key)
+        self._stale.add(key)
 
     def begin(
         self,
@@ -55,21 +81,34 @@ class Intents:
         """Record the decision to act under ``key`` before acting: True when it is recorded and the caller
         should act; False (nothing written) when an action with this key is in flight or the key is in its
         cooldown at ``decided_at``. ``cooldown_until``, when given, starts the key's cooldown in the same
-        transaction."""
+        transaction. An unfinished intent under ``key`` that this process drove and no longer drives is
+        stale: it is closed as ``abandoned`` and replaced (the cooldown its own begin set does not count)."""
+        key = text(key)
         with self._db.write(f"recording the intent {key}") as conn:
-            if conn.execute("SELECT 1 FROM intents WHERE key = ? AND finished_at IS NULL", (key,)).fetchone():
-                return False
-            row = conn.execute("SELECT until FROM cooldowns WHERE key = ?", (key,)).fetchone()
-            if row is not None and row[0] > decided_at:
-                return False
+            stale = conn.execute(
+                "SELECT id FROM intents WHERE key = ? AND finished_at IS NULL", (key,)
+            ).fetchone()
+            if stale is not None and (key in self._in_flight or key not in self._stale):
+                return False  # in flight: here, or in another process
+            if stale is not None:
+                conn.execute(
+                    "UPDATE intents SET finished_at = ?, outcome = ?, detail = ? WHERE id = ?",
+                    (decided_at, ABANDONED, "never finished; replaced by a later decision", stale[0]),
+                )
+            else:
+                row = conn.execute("SELECT until FROM cooldowns WHERE key = ?", (key,)).fetchone()
+                if row is not None and row[0] > decided_at:
+                    return False
             conn.execute(
                 "INSERT INTO intents (key, kind, node, rule, event_id, params, decided_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (key, kind, node, rule, event_id, dump(params), decided_at),
+                (key, text(kind), text(node), text(rule), text(event_id), dump(params), decided_at),
             )
             if cooldown_until is not None:
                 _set_cooldown(conn, key, cooldown_until)
-            return True
+        self._in_flight.add(key)
+        self._stale.discard(key)
+        return True
 
     def finish(
         self,
@@ -82,18 +121,28 @@ class Intents:
         """Mark the in-flight action under ``key`` done. False when none is in flight (already finished:
         finishing twice is harmless). ``cooldown_until``, when given, sets the key's cooldown in the same
         transaction; a time at or before ``finished_at`` lifts it (after a failure, to let the next event
-        retry)."""
-        with self._db.write(f"finishing the intent {key}") as conn:
-            cur = conn.execute(
-                "UPDATE intents SET finished_at = ?, outcome = ?, detail = ?"
-                " WHERE key = ? AND finished_at IS NULL",
-                (finished_at, outcome, detail, key),
-            )
-            if cur.rowcount == 0:
-                return False
-            if cooldown_until is not None:
-                _set_cooldown(conn, key, cooldown_until)
+        retry). Whether or not the write succeeds, the key is no longer in flight here: an intent whose
+        finish could not be written is stale, and the next decision under its key replaces it."""
+        key = text(key)
+        driven = key in self._in_flight
+        self._in_flight.discard(key)
+        try:
+            with self._db.write(f"finishing the intent {key}") as conn:
+                cur = conn.execute(
+                    "UPDATE intents SET finished_at = ?, outcome = ?, detail = ?"
+                    " WHERE key = ? AND finished_at IS NULL",
+                    (finished_at, text(str(outcome)), text(detail), key),
+                )
+                if cur.rowcount == 0:
+                    return False
+                if cooldown_until is not None:
+                    _set_cooldown(conn, key, cooldown_until)
+            self._stale.discard(key)
             return True
+        except StoreError:
+            if driven:
+                self._stale.add(key)
+            raise
 
     def unfinished(self) -> list[Intent]:
         """Decided but not finished, oldest first: after a crash, each must be driven again, once."""
@@ -102,12 +151,34 @@ class Intents:
         )
         return [_intent(r) for r in rows]
 
+    def stale(self) -> list[Intent]:
+        """The unfinished intents this process drove and no longer drives (their finish could not be
+        written, or their action was cancelled), oldest first."""
+        if not self._stale:
+            return []
+        return [i for i in self.unfinished() if i.key in self._stale and i.key not in self._in_flight]
+
+    def unaudited(self, since: float) -> list[Intent]:
+        """Intents finished at or after ``since`` (not abandoned) that have no audit record: of their node and
+        action (or, for an operator's release of a held action, its event), under their event id or their
+        key (a re-driven action is audited under its key), written since they were decided. After a crash
+        between the finish and the audit, oldest first."""
+        rows = self._db.all(
+            "reading unaudited intents",
+            f"SELECT {_COLS} FROM intents i WHERE finished_at IS NOT NULL AND finished_at >= ?"
+            " AND outcome != ? AND NOT EXISTS (SELECT 1 FROM audit a WHERE a.node = i.node"
+            " AND (a.action = i.kind OR a.event_id LIKE 'held-%')"
+            " AND a.event_id IN (i.event_id, i.key) AND a.time >= i.decided_at) ORDER BY id",
+            (since, ABANDONED),
+        )
+        return [_intent(r) for r in rows]
+
     def under(self, key: str, limit: int = 100) -> list[Intent]:
         """The last ``limit`` intents under ``key``, finished or not, oldest first."""
         rows = self._db.all(
             "reading intents",
             f"SELECT {_COLS} FROM intents WHERE key = ? ORDER BY id DESC LIMIT ?",
-            (key, limit),
+            (text(key), limit),
         )
         return [_intent(r) for r in reversed(rows)]
 
@@ -125,7 +196,7 @@ class Intents:
         row = self._db.one(
             "reading intents",
             "SELECT MAX(finished_at) FROM intents WHERE key = ? AND finished_at IS NOT NULL",
-            (key,),
+            (text(key),),
         )
         return None if row is None or row[0] is None else float(row[0])
 
@@ -141,14 +212,16 @@ class Intents:
 
     def set_cooldown(self, key: str, until: float) -> None:
         with self._db.write(f"setting the cooldown of {key}") as conn:
-            _set_cooldown(conn, key, until)
+            _set_cooldown(conn, text(key), until)
 
     def clear_cooldown(self, key: str) -> None:
-        self._db.delete(f"clearing the cooldown of {key}", "DELETE FROM cooldowns WHERE key = ?", (key,))
+        self._db.delete(
+            f"clearing the cooldown of {key}", "DELETE FROM cooldowns WHERE key = ?", (text(key),)
+        )
 
     def cooldown_until(self, key: str) -> float | None:
         """The end of ``key``'s cooldown as stored (it may be in the past); None when it has none."""
-        row = self._db.one("reading cooldowns", "SELECT until FROM cooldowns WHERE key = ?", (key,))
+        row = self._db.one("reading cooldowns", "SELECT until FROM cooldowns WHERE key = ?", (text(key),))
         return None if row is None else float(row[0])
 
     def prune_cooldowns(self, now: float) -> int:
@@ -156,7 +229,7 @@ class Intents:
         return self._db.delete("pruning cooldowns", "DELETE FROM cooldowns WHERE until <= ?", (now,))
 
 
-def _set_cooldown(conn: sqlite3.Connection, key: str, until: float) -> None:
+def _set_cooldown(conn: Tx, key: str, until: float) -> None:
     conn.execute(
         "INSERT INTO cooldowns (key, until) VALUES (?, ?)"
         " ON CONFLICT (key) DO UPDATE SET until = excluded.until",

@@ -39,9 +39,23 @@ class Deduplicate:
             return ActionResult(
                 Outcome.DEDUPLICATED, f"{action.kind} of {action.node} already decided within the cooldown"
             )
-        result = await next(attempt)
+        if attempt.on_recorded is not None:
+            attempt.on_recorded()  # the intent is durable: a crash from here on is re-driven at next start
+        try:
+            result = await next(attempt)
+        except Exception as exc:
+            # a crash of the action must not leave its intent open (nor in flight here) for ever
+            self._store.intents.finish(
+                key, Outcome.FAILED, f"internal error: {exc!r}", self._clock.now(), cooldown_until=attempt.now
+            )
+            raise
+        except BaseException:  # cancelled (shutdown): left unfinished, for the next start to re-drive
+            self._store.intents.forget(key)
+            raise
         # A failed drain stays counted in the breaker: whether scontrol applied it is unknown, and the safe
         # error is to count one drain too many, never one too few. Its cooldown is lifted: the next retries.
+        # When the finish cannot be written (StoreError), the intent is stale and the next decision under
+        # its key replaces it (Intents.begin).
         failed = result.outcome in NOT_DONE
         self._store.intents.finish(
             key,

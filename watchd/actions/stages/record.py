@@ -16,6 +16,7 @@ from watchd.logs import get_logger
 from watchd.model.action import SOURCE as FEEDBACK_SOURCE
 from watchd.model.action import ActionFeedback
 from watchd.model.events import Event, stable_id
+from watchd.store.connection import StoreError, text
 
 _log = get_logger("watchd.executor")
 
@@ -38,12 +39,17 @@ class Record:
         start = self._clock.monotonic()
         try:
             result = await next(attempt)
+        except StoreError as exc:  # its intent could not be recorded: counted, reported, the batch refused
+            _log.error("action_not_recorded", action=action.kind, node=action.node, error=str(exc))
+            result = ActionResult(Outcome.FAILED, f"not recorded: {exc}")
         except Exception as exc:  # a bug in one action must not lose the audit of the others
             _log.exception("action_crashed", action=action.kind, node=action.node)
             result = ActionResult(Outcome.FAILED, f"internal error: {exc!r}")
         try:
             self._record(attempt, result, self._clock.monotonic() - start)
-        except Exception:  # the store is full or locked: the actions that follow still run
+        except StoreError as exc:  # the store is full or locked: the actions that follow still run
+            _log.error("audit_failed", action=action.kind, node=action.node, error=str(exc))
+        except Exception:
             _log.exception("audit_failed", action=action.kind, node=action.node)
         return result
 
@@ -68,9 +74,10 @@ class Record:
         )
         if self._feedback is not None and decision.event.kind != ActionFeedback.KIND:
             feedback = ActionFeedback(action=action.kind, outcome=outcome, rule=decision.rule, mode=mode)
+            parts = (decision.event.id, decision.rule, action.kind, action.node)
             self._feedback(
                 feedback.to_event(
-                    id=stable_id("action", decision.event.id, decision.rule, action.kind, action.node),
+                    id=stable_id("action", *(text(p) for p in parts)),  # hashable even with a lone surrogate
                     node=action.node,
                     source=FEEDBACK_SOURCE,
                     time=self._clock.now(),
