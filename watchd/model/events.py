@@ -112,7 +112,11 @@ def _check_attr(key: Any, value: Any, where: str) -> None:
         raise WireError(f"{where}.attrs: a key longer than {_MAX_KEY} characters")
     if not _utf8(key):
         raise WireError(f"{where}.attrs: a key that is not valid Unicode (a lone surrogate)")
-    if value is None or value is True or value is False:
+    if value is None:
+        return
+    if key in _PCI_FIELDS and (type(value) is not str or len(value) > 64 or normalize_pci(value) is None):
+        raise WireError(f"{where}.attrs.{key}: expected a PCI address (dddd:bb:dd.f)")
+    if value is True or value is False:
         return
     kind = type(value)
     if kind is str:
@@ -120,8 +124,6 @@ def _check_attr(key: Any, value: Any, where: str) -> None:
             raise WireError(f"{where}.attrs.{key}: longer than {_MAX_STR} characters")
         if not _utf8(value):
             raise WireError(f"{where}.attrs.{key}: not valid Unicode (a lone surrogate)")
-        if key in _PCI_FIELDS and normalize_pci(value) is None:
-            raise WireError(f"{where}.attrs.{key}: expected a PCI address (dddd:bb:dd.f)")
     elif kind is float:
         if not math.isfinite(value):
             raise WireError(f"{where}.attrs.{key}: expected a finite number (not NaN or Infinity)")
@@ -130,8 +132,6 @@ def _check_attr(key: Any, value: Any, where: str) -> None:
             raise WireError(f"{where}.attrs.{key}: integer out of the 64-bit range")
     else:
         raise WireError(f"{where}.attrs.{key}: expected a string, number, boolean or null")
-    if kind is not str and key in _PCI_FIELDS:
-        raise WireError(f"{where}.attrs.{key}: expected a PCI address (dddd:bb:dd.f)")
 
 
 def fit_to_wire(event: Event) -> Event:
