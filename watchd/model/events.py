@@ -95,7 +95,7 @@ def _text(obj: dict[str, Any], key: str, where: str, limit: int = 256) -> str:
         raise WireError(f"{where}.{key}: expected a non-empty string")
     if len(value) > limit:
         raise WireError(f"{where}.{key}: longer than {limit} characters")
-    if not _utf8(value):
+    if not value.isascii() and not _utf8(value):
         raise WireError(f"{where}.{key}: not valid Unicode (a lone surrogate)")
     return value
 
@@ -107,6 +107,23 @@ def _node(obj: dict[str, Any], where: str) -> str:
     return value
 
 
+#: PCI addresses already found valid: a fleet has a few dozen distinct ones, and the parser costs microseconds
+#: per event on the ingest path (bounded: cleared when full).
+_PCI_VALID: set[str] = set()
+_PCI_VALID_MAX = 4096
+
+
+def _pci_address(value: object) -> bool:
+    if value in _PCI_VALID:
+        return True
+    if type(value) is not str or len(value) > 64 or normalize_pci(value) is None:
+        return False
+    if len(_PCI_VALID) >= _PCI_VALID_MAX:
+        _PCI_VALID.clear()
+    _PCI_VALID.add(value)
+    return True
+
+
 def _check_attr(key: Any, value: Any, where: str) -> None:
     if len(key) > _MAX_KEY:
         raise WireError(f"{where}.attrs: a key longer than {_MAX_KEY} characters")
@@ -114,7 +131,7 @@ def _check_attr(key: Any, value: Any, where: str) -> None:
         raise WireError(f"{where}.attrs: a key that is not valid Unicode (a lone surrogate)")
     if value is None:
         return
-    if key in _PCI_FIELDS and (type(value) is not str or len(value) > 64 or normalize_pci(value) is None):
+    if key in _PCI_FIELDS and not _pci_address(value):
         raise WireError(f"{where}.attrs.{key}: expected a PCI address (dddd:bb:dd.f)")
     if value is True or value is False:
         return
@@ -161,8 +178,24 @@ def event_from_wire(obj: Any, where: str) -> Event:
     attrs = obj.get("attrs", {})
     if not isinstance(attrs, dict):
         raise WireError(f"{where}.attrs: expected an object")
-    for key, value in attrs.items():
-        _check_attr(key, value, where)
+    for key, value in attrs.items():  # the common case inline (the hot path); _check_attr says what is wrong
+        t = type(value)
+        if t is str:
+            if len(value) > _MAX_STR or not value.isascii():
+                _check_attr(key, value, where)
+        elif t is float:
+            if value - value != 0.0:  # NaN or +-Infinity
+                _check_attr(key, value, where)
+        elif t is int:
+            if not _INT_MIN <= value <= _INT_MAX:
+                _check_attr(key, value, where)
+        elif value is not None and t is not bool:
+            _check_attr(key, value, where)
+        if len(key) > _MAX_KEY or not key.isascii():
+            _check_attr(key, value, where)
+    pci = attrs.get("pci_bus_id")
+    if pci is not None and pci not in _PCI_VALID:
+        _check_attr("pci_bus_id", pci, where)
     return Event(
         id=_text(obj, "id", where, _MAX_ID),
         node=_node(obj, where),
