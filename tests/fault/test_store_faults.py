@@ -47,12 +47,6 @@ def _surrogate_body(node_json: str, pci_json: str, event_id: str) -> str:
     return f'{{"version": 1, "node": {node_json}, "events": [{event}]}}'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 1: a lone surrogate in pci_bus_id is accepted, the drain fails with "
-    "UnicodeEncodeError and the unfinished intent blocks every later drain of the node (also after a "
-    "restart)",
-)
 def test_surrogate_in_pci_bus_id_then_clean_xid_still_drains(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
     slurm, env = fake_slurm(tmp_path)
@@ -83,11 +77,6 @@ def test_surrogate_in_pci_bus_id_then_clean_xid_still_drains(tmp_path: Path) -> 
         engine.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 1: a lone surrogate in the node name is accepted with 200 and leaves no audit "
-    "record (audit_failed traceback)",
-)
 def test_surrogate_in_node_name_is_refused_or_audited(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
     engine = start_engine(tmp_path, mode="dry-run", db=db)
