@@ -144,12 +144,12 @@ async def _connections_open(engine: Engine, n: int, first: bytes) -> list[asynci
     return writers
 
 
-async def _closed(writer: asyncio.StreamWriter, within_s: float) -> bool:
+async def _closed(writer: asyncio.StreamWriter, within_s: float, trickle: bytes = b" ") -> bool:
     reader = writer._protocol._stream_reader  # type: ignore[attr-defined]
     try:
         async with asyncio.timeout(within_s):
             while True:
-                writer.write(b" ")  # trickle
+                writer.write(trickle)
                 if not await reader.read(1024):
                     return True
     except (TimeoutError, ConnectionError):
@@ -159,15 +159,17 @@ async def _closed(writer: asyncio.StreamWriter, within_s: float) -> bool:
 @pytest.mark.parametrize(
     "first",
     [
-        b"POST /api/v1/events HTTP/1.1\r\nHost: x\r\n",  # headers never end
+        b"POST /api/v1/events HTTP/1.1\r\nHost: x\r\nX-Pad: ",  # headers never end (a value trickled)
         b"POST /api/v1/events HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{",  # body never ends
     ],
     ids=["headers", "body"],
 )
 async def test_trickling_clients_are_cut(engine: Engine, first: bytes) -> None:
     writers = await _connections_open(engine, 10, first)
+    started = asyncio.get_running_loop().time()
     try:
-        assert all(await asyncio.gather(*(_closed(w, 3.0) for w in writers)))
+        assert all(await asyncio.gather(*(_closed(w, 3.0, b"a") for w in writers)))
+        assert asyncio.get_running_loop().time() - started >= 0.4  # cut by the deadline, not refused at once
     finally:
         for w in writers:
             w.close()
