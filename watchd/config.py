@@ -69,7 +69,8 @@ class HttpConfig(_Strict):
 
     header_timeout_s: Seconds = 5.0  # from the connection (or the end of the previous request) to the headers
     body_timeout_s: Seconds = 5.0  # to read one request's whole body
-    max_connections: Annotated[int, Field(ge=1)] = 512
+    # each agent keeps one connection open between its batches: size this above the number of agents
+    max_connections: Annotated[int, Field(ge=1)] = 16384
 
 
 class LogConfig(_Strict):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import resource
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -243,12 +244,34 @@ class _GuardedServer(Server):
         return handler
 
 
+#: descriptors kept for everything but connections (the database, logs, the scheduler's pipes)
+_RESERVED_FDS = 128
+
+
+def _within_open_files(limits: HttpLimits) -> HttpLimits:
+    """``limits`` with the connection cap below the process's open-file limit, so that a flood of clients
+    meets the cap (closed on accept) before the process runs out of descriptors (accept() failing, the
+    database unable to open)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or limits.max_connections <= soft - _RESERVED_FDS:
+        return limits
+    cap = max(16, soft - _RESERVED_FDS)
+    _log.warning(
+        "http_max_connections_lowered",
+        configured=limits.max_connections,
+        effective=cap,
+        open_files_limit=soft,
+        hint="raise the open-file limit (systemd LimitNOFILE=) to serve more clients at once",
+    )
+    return HttpLimits(limits.header_timeout_s, limits.body_timeout_s, cap)
+
+
 class GuardedRunner(web.AppRunner):
     """An AppRunner whose connections are held to ``limits``."""
 
     def __init__(self, app: web.Application, limits: HttpLimits, **kwargs: Any) -> None:
         super().__init__(app, lingering_time=limits.body_timeout_s, **kwargs)
-        self.limits = limits
+        self.limits = _within_open_files(limits)
 
     async def _make_server(self) -> Server:
         server = await super()._make_server()
