@@ -63,6 +63,16 @@ class Listen(_Strict):
     port: Port
 
 
+class HttpConfig(_Strict):
+    """What one HTTP client may hold of a server (docs/configuration.md, "HTTP limits"): a client that sends
+    its headers or its body too slowly is cut, and connections past the cap are closed on accept."""
+
+    header_timeout_s: Seconds = 5.0  # from the connection (or the end of the previous request) to the headers
+    body_timeout_s: Seconds = 5.0  # to read one request's whole body
+    # each agent keeps one connection open between its batches: size this above the number of agents
+    max_connections: Annotated[int, Field(ge=1)] = 16384
+
+
 class LogConfig(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -194,6 +204,7 @@ class JobsConfig(_Strict):
 
 class EngineConfig(_Strict):
     listen: Listen = Listen(port=9120)
+    http: HttpConfig = HttpConfig()
     external_url: str = ""
     auth: TokenSource = TokenSource()
     mode: Literal["dry-run", "enforce"] = "dry-run"
@@ -313,6 +324,7 @@ class HeartbeatConfig(_Strict):
     forward_interval_s: Seconds = 2.0
     max_ranks: Annotated[int, Field(ge=1)] = 1024
     forget_after_s: Seconds = 600.0
+    http: HttpConfig = HttpConfig(max_connections=256)  # both endpoints (socket and 127.0.0.1)
 
 
 class AgentConfig(_Strict):

@@ -1,25 +1,292 @@
 """Small aiohttp helpers shared by both daemons: /metrics (prometheus_client's own aiohttp handler, which
-negotiates the text or OpenMetrics format and compression) and a runner as an async context manager that
-reports the port it bound."""
+negotiates the text or OpenMetrics format and compression), a runner as an async context manager that
+reports the port it bound, and what keeps a bad or slow client costing only itself:
+
+* :class:`HttpLimits`: a deadline for a request's headers and one for its body, and a cap on the connections
+  held at once (a client past the cap is closed at once; one that trickles its headers is closed when their
+  deadline passes; a handler reads the body through :func:`read_body`, bounded by the body's deadline);
+* requests that aiohttp's parser refuses (a bad ``Transfer-Encoding``, an unsupported ``Content-Encoding``, a
+  malformed header) are answered 400 with a JSON reason and logged as one line, never with a traceback;
+* :func:`json_response` never writes a bare ``NaN`` or ``Infinity`` (strict JSON parsers refuse them).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import math
+import resource
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_server import Server
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
+
+from watchd.logs import get_logger
+
+_log = get_logger("watchd.http")
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What one client may hold of a server (``docs/configuration.md``, ``http:``)."""
+
+    header_timeout_s: float = 5.0  # from the connection (or the end of the previous request) to the headers
+    body_timeout_s: float = 5.0  # to read a request's whole body
+    max_connections: int = 512  # open at once; one more is closed as soon as it is accepted
+
+    @classmethod
+    def of(cls, config: Any) -> HttpLimits:
+        """From a config section with the same fields (``watchd.config.HttpConfig``)."""
+        return cls(config.header_timeout_s, config.body_timeout_s, config.max_connections)
 
 
 def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     return make_aiohttp_handler(registry)
 
 
+# ------------------------------------------------------------------------------------------------- JSON
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def strict_dumps(obj: Any) -> str:
+    """JSON without bare NaN/Infinity: a non-finite number is written as null."""
+    try:
+        return json.dumps(obj, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(obj), allow_nan=False)
+
+
+def json_response(data: Any, *, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=strict_dumps)
+
+
+def error_response(status: int, reason: str) -> web.Response:
+    return json_response({"error": reason}, status=status)
+
+
+# ------------------------------------------------------------------------------------------------- bodies
+
+
+class BodyError(Exception):
+    """A request body that could not be read: ``status`` and ``reason`` are the answer to give."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _encoding_reason(request: web.BaseRequest, exc: BaseException) -> str:
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()[:40] or "identity"
+    if encoding in ("gzip", "deflate", "x-gzip"):
+        return f"body is not valid {encoding} data (corrupt, or not compressed at all)"
+    return f"body could not be read (Content-Encoding {encoding!r}): {str(exc)[:200]}"
+
+
+async def read_body(request: web.BaseRequest, max_bytes: int, timeout_s: float) -> bytes:
+    """The whole (decoded) body, at most ``max_bytes``, read within ``timeout_s``; BodyError otherwise (413
+    too large, 400 not decodable or cut short, 408 too slow: then the connection is already closed)."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise BodyError(413, f"body larger than {max_bytes} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.content.iter_any():  # read() would stop at what is buffered
+                size += len(chunk)
+                if size > max_bytes:
+                    raise BodyError(413, f"body larger than {max_bytes} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        _force_close(request)  # cut at once (no lingering over the rest of a trickled body)
+        raise BodyError(408, f"body not received within {timeout_s:g} s") from None
+    except (HttpProcessingError, RequestPayloadError, zlib.error) as exc:
+        raise BodyError(400, _encoding_reason(request, exc)) from None
+    except ConnectionError:
+        raise BodyError(400, "body could not be read: connection lost") from None
+    return b"".join(chunks)
+
+
+def _force_close(request: web.BaseRequest) -> None:
+    protocol = request.protocol
+    if protocol is not None:
+        protocol.force_close()
+
+
+def decode_json(request: web.BaseRequest, raw: bytes) -> Any:
+    """``raw`` (the decoded body of ``request``) as JSON; ValueError with a reason fit for a 400, also for
+    what would otherwise raise RecursionError or the integer-digits ValueError deep inside the decoder. A
+    compressed body that does not decode to JSON is named as such: aiohttp's decoder passes a gzip stream cut
+    short without an error, and "malformed JSON" would point at the wrong layer."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        detail = "nested too deeply"
+    except UnicodeDecodeError as exc:
+        detail = f"not UTF-8 ({exc.reason} at byte {exc.start})"
+    except json.JSONDecodeError as exc:
+        detail = str(exc)
+    except ValueError as exc:  # int() past sys.get_int_max_str_digits()
+        detail = str(exc)[:160]
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in ("gzip", "deflate", "x-gzip"):
+        raise ValueError(f"corrupt or truncated {encoding} body, or no JSON inside it ({detail})")
+    raise ValueError(f"malformed JSON: {detail}")
+
+
+# ------------------------------------------------------------------------------------------- the server
+
+
+class _GuardedHandler(RequestHandler):
+    """aiohttp's connection handler, plus a deadline for the headers, a cap on connections, and parser
+    errors answered as JSON without a traceback."""
+
+    _limits: HttpLimits = HttpLimits()
+    _header_timer: asyncio.TimerHandle | None = None
+    _seen_requests = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        manager = self._manager
+        if manager is not None and len(manager.connections) > self._limits.max_connections:
+            _log.warning(
+                "http_connection_refused", reason="max_connections", limit=self._limits.max_connections
+            )
+            transport.close()
+            return
+        self._arm_header_timer()
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self._loop.call_later(self._limits.header_timeout_s, self._headers_late)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self.transport is not None:
+            _log.info("http_headers_timeout", timeout_s=self._limits.header_timeout_s)
+            self.force_close()
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        busy = self._request_in_progress or bool(self._messages)
+        if not busy:
+            self._arm_header_timer()  # the next request's headers start now
+        super().data_received(data)
+        if self._request_count != self._seen_requests:  # a request's headers are complete
+            self._seen_requests = self._request_count
+            self._disarm_header_timer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        exc = kw.get("exc_info")
+        if isinstance(exc, HttpProcessingError | RequestPayloadError | ConnectionError):
+            # a client's bad request or bad body (e.g. while the rest of an unread body is drained): one line
+            _log.info("http_bad_request", error=f"{type(exc).__name__}: {exc}"[:300])
+            return
+        super().log_exception(*args, **kw)
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500 or exc is None:
+            return super().handle_error(request, status, exc, message)
+        if isinstance(exc, ContentEncodingError):
+            encoding = request.headers.get("Content-Encoding", "")[:40]
+            reason = f"unsupported Content-Encoding {encoding!r}: send gzip, deflate or identity"
+        elif isinstance(exc, HttpProcessingError):
+            reason = f"bad HTTP request: {exc.message}"[:300]
+        else:
+            reason = f"bad HTTP request: {type(exc).__name__}"
+        _log.info("http_bad_request", peer=request.remote, status=status, reason=reason)
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started")
+        resp = error_response(status, reason)
+        resp.force_close()
+        return resp
+
+
+class _GuardedServer(Server):
+    limits: HttpLimits = HttpLimits()
+
+    def __call__(self) -> RequestHandler:
+        handler = _GuardedHandler(self, loop=self._loop, **self._kwargs)
+        handler._limits = self.limits
+        return handler
+
+
+#: descriptors kept for everything but connections (the database, logs, the scheduler's pipes)
+_RESERVED_FDS = 128
+
+
+def _within_open_files(limits: HttpLimits) -> HttpLimits:
+    """``limits`` with the connection cap below the process's open-file limit, so that a flood of clients
+    meets the cap (closed on accept) before the process runs out of descriptors (accept() failing, the
+    database unable to open)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or limits.max_connections <= soft - _RESERVED_FDS:
+        return limits
+    cap = max(16, soft - _RESERVED_FDS)
+    _log.warning(
+        "http_max_connections_lowered",
+        configured=limits.max_connections,
+        effective=cap,
+        open_files_limit=soft,
+        hint="raise the open-file limit (systemd LimitNOFILE=) to serve more clients at once",
+    )
+    return HttpLimits(limits.header_timeout_s, limits.body_timeout_s, cap)
+
+
+class GuardedRunner(web.AppRunner):
+    """An AppRunner whose connections are held to ``limits``."""
+
+    def __init__(self, app: web.Application, limits: HttpLimits, **kwargs: Any) -> None:
+        super().__init__(app, lingering_time=limits.body_timeout_s, **kwargs)
+        self.limits = _within_open_files(limits)
+
+    async def _make_server(self) -> Server:
+        server = await super()._make_server()
+        server.__class__ = _GuardedServer  # the same object, handing out guarded connection handlers
+        assert isinstance(server, _GuardedServer)
+        server.limits = self.limits
+        return server
+
+
 @asynccontextmanager
-async def serve(app: web.Application, host: str, port: int) -> AsyncIterator[int]:
+async def serve(
+    app: web.Application, host: str, port: int, limits: HttpLimits | None = None
+) -> AsyncIterator[int]:
     """Serve ``app`` and yield the bound port (useful with port 0); cleanup on exit, bounded."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+    runner = GuardedRunner(app, limits or HttpLimits(), access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -53,14 +53,7 @@ CASES: dict[str, tuple[bytes, dict[str, str]]] = {
     "short_corrupt_gzip": (_GZ_HEAD, {"Content-Encoding": "gzip"}),
 }
 
-_XFAIL_ENGINE = {
-    "deep_nesting": "RecursionError -> 500 internal error",
-    "int_over_4300_digits": "int max_str_digits ValueError -> 500 internal error",
-    "plain_body_labelled_gzip": "decompression error -> 500 internal error",
-    "brotli": "a plain-text 400 (no JSON reason) plus a traceback in the log",
-    "zstd": "a plain-text 400 (no JSON reason) plus a traceback in the log",
-    "short_corrupt_gzip": "answered as 'malformed JSON', not as a bad encoding",
-}
+_XFAIL_ENGINE: dict[str, str] = {}
 
 
 def _params(xfails: dict[str, str]) -> list[Any]:
@@ -98,7 +91,6 @@ def test_engine_answers_400_with_a_reason(daemons: tuple[Daemon, Daemon], case: 
     _assert_400_with_reason(engine, status, raw, before, case)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 9: 0xff in Authorization -> 500 internal error")
 def test_engine_0xff_in_authorization_is_401_or_400(daemons: tuple[Daemon, Daemon]) -> None:
     engine, _ = daemons
     before = tracebacks(engine)
@@ -113,13 +105,7 @@ def test_engine_0xff_in_authorization_is_401_or_400(daemons: tuple[Daemon, Daemo
     assert tracebacks(engine) == before
 
 
-_XFAIL_AGENT = {
-    "deep_nesting": "aiohttp's plain-text 500",
-    "int_over_4300_digits": "aiohttp's plain-text 500",
-    "plain_body_labelled_gzip": "aiohttp's plain-text 500",
-    "brotli": "400 but a traceback in the agent's log",
-    "zstd": "400 but a traceback in the agent's log",
-}
+_XFAIL_AGENT: dict[str, str] = {}
 
 
 def _heartbeat_url(agent: Daemon) -> str:
@@ -150,10 +136,6 @@ def test_valid_neighbours_of_a_bad_event_are_accepted(daemons: tuple[Daemon, Dae
     assert reply["accepted"] == 1 and reply["invalid"][0]["index"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 8: an 8 KiB pci_bus_id is accepted (not validated to its shape)",
-)
 def test_huge_pci_bus_id_is_refused(daemons: tuple[Daemon, Daemon]) -> None:
     engine, _ = daemons
     status, reply = post_events(engine, [xid("gpu-8", code=13, pci_bus_id="0" * 8000)])
@@ -167,10 +149,6 @@ def _strict(raw: bytes) -> Any:
     return json.loads(raw, parse_constant=refuse)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 10: NaN and Infinity are accepted in attrs, then emitted as bare NaN/Infinity",
-)
 def test_nan_and_infinity_refused_and_never_emitted(daemons: tuple[Daemon, Daemon]) -> None:
     engine, _ = daemons
     body = (

@@ -4,7 +4,7 @@ test): random and hostile bodies, headers and attrs to every endpoint of a real 
 ``/api/v1/held/{id}/release|discard``, ``/metrics``, ``/healthz``, ``/readyz``) and a real ``watchd agent``
 (its heartbeat endpoint ``/v1/heartbeat``, ``/metrics``, ``/healthz``). Never a 5xx, never a traceback in the
 daemon's log, and the valid events of a batch are accepted and counted whatever their neighbours are. Short
-and bounded: derandomized, a few dozen examples per property, so a strict xfail stays deterministic."""
+and bounded: derandomized, a few dozen examples per property."""
 
 from __future__ import annotations
 
@@ -120,11 +120,6 @@ def _no_5xx_no_traceback(daemon: Daemon, before: int, status: int, what: str) ->
     assert tracebacks(daemon) == before, f"{what}: traceback in the log:\n{daemon.log()[-1500:]}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 9: hostile bodies (deep nesting, >4300-digit integers, a plain body labelled gzip) "
-    "get 500 and a traceback",
-)
 @FUZZ
 @given(body=bodies, hdrs=headers, auth=st.booleans())
 @example(body=b"[" * 50_000 + b"]" * 50_000, hdrs={}, auth=True)
@@ -140,11 +135,6 @@ def test_fuzz_engine_ingest(
     _no_5xx_no_traceback(engine, before, status, f"POST /api/v1/events {body[:80]!r} {hdrs}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 9 (found by this fuzz): a bad Transfer-Encoding header on a GET is answered 400, "
-    "aiohttp logs 'Error handling request' with a traceback",
-)
 @FUZZ
 @given(path=st.sampled_from(ENGINE_GETS), query=queries, hdrs=headers)
 @example(path="/api/v1/actions", query="", hdrs={"Transfer-Encoding": "application/json"})
@@ -157,11 +147,6 @@ def test_fuzz_engine_reads(
     _no_5xx_no_traceback(engine, before, status, f"GET {path}{query}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 9 (found by benchmarks/soak.py): a held id beyond SQLite's 64-bit integers "
-    "(99999999999999999999) gets 500 internal error",
-)
 @FUZZ
 @example(held_id="99999999999999999999999", verb="release", auth=True, body=b"")
 @given(
@@ -196,11 +181,6 @@ def test_fuzz_valid_events_in_a_hostile_batch_are_accepted(
     assert reply["accepted"] + reply["duplicates"] >= valid, reply
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 9: the agent's heartbeat endpoint gives aiohttp's plain-text 500 for deep nesting, "
-    ">4300-digit integers and a plain body labelled gzip",
-)
 @FUZZ
 @given(body=bodies, hdrs=headers)
 @example(body=b"[" * 50_000 + b"]" * 50_000, hdrs={})
@@ -212,11 +192,6 @@ def test_fuzz_agent_heartbeat(daemons: tuple[Daemon, Daemon, int], body: bytes, 
     _no_5xx_no_traceback(agent, before, status, f"POST /v1/heartbeat {body[:80]!r} {hdrs}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 9 (found by this fuzz): a bad Transfer-Encoding header on a GET is answered 400, "
-    "aiohttp logs 'Error handling request' with a traceback",
-)
 @FUZZ
 @given(path=st.sampled_from(["/metrics", "/healthz", "/nope"]), query=queries, hdrs=headers)
 @example(path="/metrics", query="", hdrs={"Transfer-Encoding": "application/json"})

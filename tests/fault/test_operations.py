@@ -80,10 +80,6 @@ class _Always503(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 12: the agent's retry delay reaches 1.5 x backoff_max_s (jitter above the max)",
-)
 def test_agent_retry_delay_never_above_backoff_max(tmp_path: Path) -> None:
     port = free_port()
     handler = type("Handler", (_Always503,), {"arrivals": []})

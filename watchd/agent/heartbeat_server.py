@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -22,6 +21,15 @@ from watchd.agent.heartbeat import Coalescer, ReportError, parse_reports
 from watchd.agent.metrics import AgentMetrics
 from watchd.clock import Clock
 from watchd.config import HeartbeatConfig
+from watchd.httputil import (
+    BodyError,
+    GuardedRunner,
+    HttpLimits,
+    decode_json,
+    error_response,
+    json_response,
+    read_body,
+)
 from watchd.logs import get_logger
 from watchd.model.events import Event
 
@@ -34,7 +42,22 @@ _TICK_MAX_S = 0.25
 
 
 def _error(status: int, reason: str) -> web.Response:
-    return web.json_response({"error": reason}, status=status)
+    return error_response(status, reason)
+
+
+@web.middleware
+async def _errors_as_json(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        return error_response(exc.status, exc.reason)
+    except RecursionError:
+        return error_response(400, "request nested too deeply")
+    except Exception:
+        _log.exception("heartbeat_request_failed", path=request.path)
+        return error_response(500, "internal error")
 
 
 class HeartbeatServer:
@@ -59,13 +82,14 @@ class HeartbeatServer:
         self._emit = emit
         self._up = metrics.source_up.labels("heartbeat")
         self._runner: web.AppRunner | None = None
+        self._limits = HttpLimits.of(config.http)
         self._ticker: asyncio.Task[None] | None = None
         self.http_port = 0  # bound port, 0 when off
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors_as_json])
         app.router.add_post(PATH, self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        self._runner = GuardedRunner(app, self._limits, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         opened = []
         if self.config.socket is not None:
@@ -122,15 +146,15 @@ class HeartbeatServer:
 
     async def _handle(self, request: web.Request) -> web.Response:
         try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+            raw = await read_body(request, MAX_BODY_BYTES, self._limits.body_timeout_s)
+        except BodyError as exc:
             self._metrics.heartbeats.labels("invalid").inc()
-            return _error(413, f"body larger than {MAX_BODY_BYTES} bytes")
+            return _error(exc.status, exc.reason)
         try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            body = decode_json(request, raw)
+        except ValueError as exc:
             self._metrics.heartbeats.labels("invalid").inc()
-            return _error(400, f"malformed JSON: {exc}")
+            return _error(400, str(exc))
         try:
             reports = parse_reports(body, self._clock.now(), MAX_REPORTS_PER_REQUEST)
         except ReportError as exc:
@@ -149,7 +173,7 @@ class HeartbeatServer:
         self._metrics.heartbeat_ranks.set(len(self.coalescer))
         if refused:
             self._metrics.heartbeats.labels("refused_capacity").inc(refused)
-            return web.json_response(
+            return json_response(
                 {
                     "error": f"the agent tracks {self.config.max_ranks} ranks already (heartbeat.max_ranks); "
                     "reports of new ranks are refused",
@@ -158,7 +182,7 @@ class HeartbeatServer:
                 },
                 status=429,
             )
-        return web.json_response({"accepted": accepted})
+        return json_response({"accepted": accepted})
 
     async def _tick(self) -> None:
         period = min(_TICK_MAX_S, self.config.forward_interval_s / 4)

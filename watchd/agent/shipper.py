@@ -137,7 +137,8 @@ class Shipper:
             if outcome == "too_large" and len(batch) > 1:
                 batch_limit = max(1, len(batch) // 2)
                 continue
-            delay = backoff * (0.5 + random.random())
+            # jitter below the step, never above it: the delay doubles up to backoff_max and never exceeds it
+            delay = min(self._backoff_max, backoff) * (0.5 + 0.5 * random.random())
             backoff = min(self._backoff_max, backoff * 2)
             await asyncio.sleep(delay)
 

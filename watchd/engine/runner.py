@@ -26,7 +26,7 @@ from watchd.engine.metrics import EngineMetrics
 from watchd.engine.server import Accepted, make_app
 from watchd.engine.status import EngineStatus
 from watchd.errors import ConfigError
-from watchd.httputil import serve
+from watchd.httputil import HttpLimits, serve
 from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier
 from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.integrations.leadership import AlwaysLeader, Leadership
@@ -436,8 +436,11 @@ class Engine:
             max_events=config.ingest.max_events_per_batch,
             engine=self,
             ack_timeout_s=config.ingest.ack_timeout_s,
+            limits=HttpLimits.of(config.http),
         )
-        self.port = await stack.enter_async_context(serve(app, config.listen.host, config.listen.port))
+        self.port = await stack.enter_async_context(
+            serve(app, config.listen.host, config.listen.port, HttpLimits.of(config.http))
+        )
 
     def _store_failed(self, operation: str, error: Exception) -> None:
         self.metrics.store_errors.labels(operation).inc()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Protocol
@@ -15,7 +14,15 @@ from aiohttp import web
 from watchd.clock import Clock
 from watchd.engine.dedup import SeenIds
 from watchd.engine.metrics import EngineMetrics
-from watchd.httputil import metrics_handler
+from watchd.httputil import (
+    BodyError,
+    HttpLimits,
+    decode_json,
+    error_response,
+    json_response,
+    metrics_handler,
+    read_body,
+)
 from watchd.logs import get_logger
 from watchd.model.events import INGEST_PATH, Event, WireError, batch_from_wire
 from watchd.model.registry import ALL_KINDS
@@ -98,7 +105,17 @@ _RESUME_STATUS = {"refused": 409, "failed": 502, "no_scheduler": 503}
 
 def _reject(status: int, reason: str, metrics: EngineMetrics, label: str) -> web.Response:
     metrics.ingest_rejected.labels(label).inc()
-    return web.json_response({"error": reason}, status=status)
+    return error_response(status, reason)
+
+
+#: SQLite's integers (held action ids) are signed 64-bit
+_MAX_ID = 2**63 - 1
+
+
+def _operator(request: web.Request) -> str:
+    """Who the operator says they are, as text any store or log can take (no lone surrogates)."""
+    by = request.headers.get("X-Watchd-Operator", "api")[:100]
+    return by.encode("utf-8", "replace").decode("utf-8")
 
 
 def make_app(
@@ -112,34 +129,30 @@ def make_app(
     max_events: int,
     engine: EngineApi,
     ack_timeout_s: float = 5.0,
+    limits: HttpLimits | None = None,
 ) -> web.Application:
+    body_timeout_s = (limits or HttpLimits()).body_timeout_s
     expected = f"Bearer {token}".encode() if token is not None else None
 
     def authorized(request: web.Request) -> bool:
         if expected is None:
             return True
-        return hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected)
+        # a header's bytes that are not UTF-8 arrive as lone surrogates: keep them as the bytes they were
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(given, expected)
 
     async def ingest(request: web.Request) -> web.Response:
         if not authorized(request):
             return _reject(401, "missing or wrong bearer token", metrics, "unauthorized")
-        if request.content_length is not None and request.content_length > max_body_bytes:
-            return _reject(413, f"body larger than {max_body_bytes} bytes", metrics, "too_large")
-        chunks: list[bytes] = []
-        size = 0
         try:
-            async for chunk in request.content.iter_any():  # read() would stop at what is buffered
-                size += len(chunk)
-                if size > max_body_bytes:
-                    return _reject(413, f"body larger than {max_body_bytes} bytes", metrics, "too_large")
-                chunks.append(chunk)
-        except (TimeoutError, ConnectionError):
-            return _reject(400, "body could not be read", metrics, "unreadable")
-        raw = b"".join(chunks)
+            raw = await read_body(request, max_body_bytes, body_timeout_s)
+        except BodyError as exc:
+            label = "too_large" if exc.status == 413 else "unreadable"
+            return _reject(exc.status, exc.reason, metrics, label)
         try:
-            decoded = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return _reject(400, f"malformed JSON: {exc}", metrics, "malformed")
+            decoded = decode_json(request, raw)
+        except ValueError as exc:
+            return _reject(400, str(exc), metrics, "malformed")
         try:
             wire = batch_from_wire(decoded, max_events)
         except WireError as exc:
@@ -203,53 +216,57 @@ def make_app(
         reply: dict[str, Any] = {"accepted": len(fresh), "duplicates": duplicates}
         if wire.invalid:
             reply["invalid"] = [{"index": i, "error": error} for i, error in wire.invalid]
-        return web.json_response(reply)
+        return json_response(reply)
 
     async def healthz(_: web.Request) -> web.Response:
         # alive either way (a restart would not make the disk writable): degraded, with the reason
         ok, detail = engine.health()
-        return web.json_response({"status": "ok"} if ok else {"status": "degraded", "detail": detail})
+        return json_response({"status": "ok"} if ok else {"status": "degraded", "detail": detail})
 
     async def readyz(_: web.Request) -> web.Response:
         # with leader election only the leader is ready: the Service sends the agents' events to it alone;
         # a state database that takes no writes makes it not ready (decisions could not be recorded)
         ok, detail = engine.ready()
         status = "ok" if ok else ("standby" if engine.health()[0] else "degraded")
-        return web.json_response({"status": status, "detail": detail}, status=200 if ok else 503)
+        return json_response({"status": status, "detail": detail}, status=200 if ok else 503)
 
     async def actions(request: web.Request) -> web.Response:
         try:
             limit = min(10_000, max(1, int(request.query.get("limit", "100"))))
         except ValueError:
-            return web.json_response({"error": "limit: expected an integer"}, status=400)
-        return web.json_response({"actions": engine.recent_actions(limit)})
+            return error_response(400, "limit: expected an integer")
+        return json_response({"actions": engine.recent_actions(limit)})
 
     async def status_handler(_: web.Request) -> web.Response:
-        return web.json_response(engine.status())
+        return json_response(engine.status())
 
     async def held_handler(_: web.Request) -> web.Response:
-        return web.json_response({"held": engine.held()})
+        return json_response({"held": engine.held()})
 
     async def resume_node(request: web.Request) -> web.Response:
         if not authorized(request):
-            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
-        by = request.headers.get("X-Watchd-Operator", "api")[:100]
-        result = await engine.resume(request.match_info["node"], by)
-        return web.json_response(result, status=_RESUME_STATUS.get(result["outcome"], 200))
+            return error_response(401, "missing or wrong bearer token")
+        node = request.match_info["node"]
+        if not node.isprintable():  # also refuses lone surrogates (category Cs)
+            return error_response(400, "node: expected a printable name")
+        result = await engine.resume(node, _operator(request))
+        return json_response(result, status=_RESUME_STATUS.get(result["outcome"], 200))
 
     async def resolve_held(request: web.Request) -> web.Response:
         if not authorized(request):
-            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+            return error_response(401, "missing or wrong bearer token")
         try:
             held_id = int(request.match_info["id"])
         except ValueError:
-            return web.json_response({"error": "id: expected an integer"}, status=400)
-        by = request.headers.get("X-Watchd-Operator", "api")[:100]
+            return error_response(400, "id: expected an integer")
+        if not 0 <= held_id <= _MAX_ID:
+            return error_response(400, "id: out of range")
+        by = _operator(request)
         if request.match_info["verb"] == "release":
             result = await engine.release(held_id, by)
         else:
             result = engine.discard(held_id, by)
-        return web.json_response(result, status=404 if result["outcome"] == "not_held" else 200)
+        return json_response(result, status=404 if result["outcome"] == "not_held" else 200)
 
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors_as_json])
     app.router.add_post(INGEST_PATH, ingest)
@@ -271,7 +288,9 @@ async def _errors_as_json(
     try:
         return await handler(request)
     except web.HTTPException as exc:
-        return web.json_response({"error": exc.reason}, status=exc.status)
+        return error_response(exc.status, exc.reason)
+    except RecursionError:
+        return error_response(400, "request nested too deeply")
     except Exception:
         _log.exception("request_failed", path=request.path)
-        return web.json_response({"error": "internal error"}, status=500)
+        return error_response(500, "internal error")

@@ -9,8 +9,11 @@ them once, as a typed class (:mod:`watchd.model.registry` lists the kinds and th
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from watchd.xid.pci import normalize_pci
 
 WIRE_VERSION = 1
 INGEST_PATH = "/api/v1/events"
@@ -64,6 +67,26 @@ class WireError(ValueError):
 
 _MAX_ID = 128
 _MAX_STR = 8192
+#: A node name: a host name (at most 253 characters) or a Kubernetes node name, printable, without blanks.
+_MAX_NODE = 253
+_MAX_KEY = 128
+#: Integers in attrs fit SQLite's (and every consumer's) signed 64 bits.
+_INT_MIN = -(2**63)
+_INT_MAX = 2**63 - 1
+#: Attributes with a shape the vocabulary knows: a value that is not one is refused (issue 16 item 8).
+_PCI_FIELDS = frozenset({"pci_bus_id"})
+
+
+def _utf8(value: str) -> bool:
+    """Whether ``value`` can be written as UTF-8 (a lone surrogate from a ``\\udc80`` escape cannot: it would
+    fail later in the store, the log or an adapter, far from the request that brought it)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _text(obj: dict[str, Any], key: str, where: str, limit: int = 256) -> str:
@@ -72,7 +95,60 @@ def _text(obj: dict[str, Any], key: str, where: str, limit: int = 256) -> str:
         raise WireError(f"{where}.{key}: expected a non-empty string")
     if len(value) > limit:
         raise WireError(f"{where}.{key}: longer than {limit} characters")
+    if not value.isascii() and not _utf8(value):
+        raise WireError(f"{where}.{key}: not valid Unicode (a lone surrogate)")
     return value
+
+
+def _node(obj: dict[str, Any], where: str) -> str:
+    value = _text(obj, "node", where, _MAX_NODE)
+    if not value.isprintable() or " " in value:
+        raise WireError(f"{where}.node: expected a printable name without blanks")
+    return value
+
+
+#: PCI addresses already found valid: a fleet has a few dozen distinct ones, and the parser costs microseconds
+#: per event on the ingest path (bounded: cleared when full).
+_PCI_VALID: set[str] = set()
+_PCI_VALID_MAX = 4096
+
+
+def _pci_address(value: object) -> bool:
+    if value in _PCI_VALID:
+        return True
+    if type(value) is not str or len(value) > 64 or normalize_pci(value) is None:
+        return False
+    if len(_PCI_VALID) >= _PCI_VALID_MAX:
+        _PCI_VALID.clear()
+    _PCI_VALID.add(value)
+    return True
+
+
+def _check_attr(key: Any, value: Any, where: str) -> None:
+    if len(key) > _MAX_KEY:
+        raise WireError(f"{where}.attrs: a key longer than {_MAX_KEY} characters")
+    if not _utf8(key):
+        raise WireError(f"{where}.attrs: a key that is not valid Unicode (a lone surrogate)")
+    if value is None:
+        return
+    if key in _PCI_FIELDS and not _pci_address(value):
+        raise WireError(f"{where}.attrs.{key}: expected a PCI address (dddd:bb:dd.f)")
+    if value is True or value is False:
+        return
+    kind = type(value)
+    if kind is str:
+        if len(value) > _MAX_STR:
+            raise WireError(f"{where}.attrs.{key}: longer than {_MAX_STR} characters")
+        if not _utf8(value):
+            raise WireError(f"{where}.attrs.{key}: not valid Unicode (a lone surrogate)")
+    elif kind is float:
+        if not math.isfinite(value):
+            raise WireError(f"{where}.attrs.{key}: expected a finite number (not NaN or Infinity)")
+    elif kind is int:
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise WireError(f"{where}.attrs.{key}: integer out of the 64-bit range")
+    else:
+        raise WireError(f"{where}.attrs.{key}: expected a string, number, boolean or null")
 
 
 def fit_to_wire(event: Event) -> Event:
@@ -102,14 +178,27 @@ def event_from_wire(obj: Any, where: str) -> Event:
     attrs = obj.get("attrs", {})
     if not isinstance(attrs, dict):
         raise WireError(f"{where}.attrs: expected an object")
-    for key, value in attrs.items():
-        if value is not None and not isinstance(value, str | int | float | bool):
-            raise WireError(f"{where}.attrs.{key}: expected a string, number, boolean or null")
-        if isinstance(value, str) and len(value) > _MAX_STR:
-            raise WireError(f"{where}.attrs.{key}: longer than {_MAX_STR} characters")
+    for key, value in attrs.items():  # the common case inline (the hot path); _check_attr says what is wrong
+        t = type(value)
+        if t is str:
+            if len(value) > _MAX_STR or not value.isascii():
+                _check_attr(key, value, where)
+        elif t is float:
+            if value - value != 0.0:  # NaN or +-Infinity
+                _check_attr(key, value, where)
+        elif t is int:
+            if not _INT_MIN <= value <= _INT_MAX:
+                _check_attr(key, value, where)
+        elif value is not None and t is not bool:
+            _check_attr(key, value, where)
+        if len(key) > _MAX_KEY or not key.isascii():
+            _check_attr(key, value, where)
+    pci = attrs.get("pci_bus_id")
+    if pci is not None and pci not in _PCI_VALID:
+        _check_attr("pci_bus_id", pci, where)
     return Event(
         id=_text(obj, "id", where, _MAX_ID),
-        node=_text(obj, "node", where),
+        node=_node(obj, where),
         source=_text(obj, "source", where),
         kind=_text(obj, "kind", where, 64),
         time=float(when),
