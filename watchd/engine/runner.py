@@ -10,6 +10,7 @@ import contextlib
 import json
 import time
 from collections import deque
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
@@ -206,8 +207,9 @@ class Engine:
         except asyncio.QueueFull:
             _log.warning("feedback_event_dropped_queue_full", node=event.node)
 
-    def status(self) -> dict[str, Any]:
-        return self.status_model.document()
+    def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The status document; ``query``: its paging and filters (see EngineStatus.document)."""
+        return self.status_model.document(query)
 
     def ready(self) -> tuple[bool, str]:
         """Ready for traffic: always, unless replicas elect a leader and this one follows."""
@@ -411,6 +413,11 @@ class Engine:
         self.store.audit.prune(now - self.config.state.audit_retention_days * 86400)
         self.store.breaker.prune(now - max(self.config.safety.window_s, 86400.0))
         self.store.intents.prune_cooldowns(now)
+        # resolved held actions and finished intents past the audit's retention (held ones and unfinished
+        # intents are never pruned): the tables stay bounded by the rate of actions, not by uptime
+        retention = now - self.config.state.audit_retention_days * 86400
+        self.store.held.prune(retention)
+        self.store.intents.prune(retention)
 
     async def _refresh_jobs(self) -> None:
         self._jobs_refreshed_at = self.clock.monotonic()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -55,7 +55,7 @@ def restamp_future(events: list[Event], now: float, metrics: EngineMetrics) -> l
 class EngineApi(Protocol):
     """What the HTTP API asks of the engine besides ingest (the :class:`~watchd.engine.runner.Engine`)."""
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]: ...
 
     def recent_actions(self, limit: int) -> list[dict[str, Any]]: ...
 
@@ -198,8 +198,12 @@ def make_app(
             return web.json_response({"error": "limit: expected an integer"}, status=400)
         return web.json_response({"actions": engine.recent_actions(limit)})
 
-    async def status_handler(_: web.Request) -> web.Response:
-        return web.json_response(engine.status())
+    async def status_handler(request: web.Request) -> web.Response:
+        try:
+            document = engine.status(request.query)
+        except ValueError as exc:  # ?limit=, ?held_limit=: not a non-negative integer
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(document)
 
     async def held_handler(_: web.Request) -> web.Response:
         return web.json_response({"held": engine.held()})
