@@ -388,7 +388,7 @@ async def test_the_executor_asks_leadership_before_every_side_effect() -> None:
 
 
 async def test_dry_run_requeue_after_a_drain_the_breaker_would_hold_is_not_counted() -> None:
-    """Issue 16 item 7: the drain would have been held, so its requeue would never happen: not a disruption."""
+    """Issue 16 item 7: the drain would have been held, so its requeue would never happen: not counted."""
     store = Store.open(":memory:")
     store.breaker.record("dry-run:gpu", "gpu-9", 99.0)
     gate = safety(store, max_nodes=1)

@@ -482,7 +482,7 @@ def _intent_keys(s: Store) -> dict[str, bool]:
     return {str(r[0]): bool(r[1]) for r in rows}
 
 
-# ------------------------------------------------------------------- lookups that do not grow (issue 16 item 7)
+# ---------------------------------------------------------------- lookups that do not grow (issue 16 item 7)
 
 
 def test_held_lookup_by_kind_and_node_count_and_newest_page() -> None:
