@@ -238,3 +238,19 @@ async def test_rule_state_snapshots_stretch_to_ten_times_a_slow_save(tmp_path: P
         await asyncio.sleep(1.3)
     gaps = [b - a for a, b in itertools.pairwise(saves)]
     assert saves and all(g >= 0.45 for g in gaps), gaps  # ~10 x 0.05 s between saves, not 0.05 s
+
+
+async def test_fleet_evictions_are_counted_in_a_metric(tmp_path: Path) -> None:
+    async with Engine(config(tmp_path), scheduler=FakeScheduler()) as engine:
+        fleet = engine.correlator.fleet
+        fleet.max_nodes = 2
+        for i in range(5):
+            fleet.observe(_summary_event(f"n{i}", 0, 100.0 + i))
+        fleet.observe(_summary_event("n4", 999, 110.0))  # a GPU index past the bound: refused
+        engine._count_evictions()
+        engine._count_evictions()  # counted once
+        value = engine.metrics.registry.get_sample_value
+        assert value("watchd_fleet_evicted_total", {"what": "node"}) == 3
+        assert value("watchd_fleet_evicted_total", {"what": "gpu"}) == 1
+        assert sorted({n for n, _ in fleet.gpus}) == ["n3", "n4"]
+        assert engine.status()["fleet"] == {"evicted": {"node": 3, "gpu": 1}}

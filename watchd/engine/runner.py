@@ -114,6 +114,8 @@ class Engine:
         self.queue: asyncio.Queue[Accepted] = asyncio.Queue(maxsize=config.ingest.queue_size)
         self._acks: dict[int, asyncio.Future[None]] = {}  # id(queued event) -> its batch's reply waits
         self.seen = SeenIds(self.clock, config.ingest.dedup_window_s, config.ingest.dedup_max_ids)
+        self._evictions_seen: dict[str, int] = {}  # fleet evictions already counted, by what
+        self._groups_evaluator, self._groups_seen = 0, 0  # the rule engine whose evictions were counted
         self.periodic = Periodic()
         self.port = 0
         self._stack = AsyncExitStack()
@@ -433,6 +435,7 @@ class Engine:
 
     async def _detect(self) -> None:
         """One cycle of the detectors; findings go to the rules like any other event."""
+        self._count_evictions()
         topology = self.correlator.topology
         if (
             topology.take_unknown()
@@ -453,6 +456,22 @@ class Engine:
 
     async def _prune_fleet(self) -> None:
         self.correlator.prune(self.clock.now())
+        self._count_evictions()
+
+    def _count_evictions(self) -> None:
+        """What the fleet state and the rule tables evicted (counted in pure code) into their counters."""
+        for what, n in self.correlator.fleet.evicted.items():
+            seen = self._evictions_seen.get(what, 0)
+            if n > seen:
+                self.metrics.fleet_evicted.labels(what).inc(n - seen)
+                self._evictions_seen[what] = n
+        evaluator = self.evaluator
+        if id(evaluator) != self._groups_evaluator:  # a reload: a new engine counts from 0
+            self._groups_evaluator, self._groups_seen = id(evaluator), 0
+        n = evaluator.groups_evicted
+        if n > self._groups_seen:
+            self.metrics.rule_groups_evicted.inc(n - self._groups_seen)
+            self._groups_seen = n
 
     async def _process(self) -> None:
         queue = self.queue
