@@ -150,8 +150,8 @@ def test_held_actions_cost_does_not_grow_per_action(tmp_path: Path) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 16 item 8: per-node state is bounded by count, not bytes: random node ids grow RSS ~1.9 KB "
-    "per node",
+    reason="issue 16 item 8: per-node state is bounded by count (131,072 nodes), not to 512 B per node: "
+    "random node ids still grow RSS ~1.3 KB per node",
 )
 def test_per_node_state_bounded_by_bytes(tmp_path: Path) -> None:
     engine = start_engine(tmp_path, mode="dry-run")
