@@ -254,3 +254,28 @@ async def test_fleet_evictions_are_counted_in_a_metric(tmp_path: Path) -> None:
         assert value("watchd_fleet_evicted_total", {"what": "gpu"}) == 1
         assert sorted({n for n, _ in fleet.gpus}) == ["n3", "n4"]
         assert engine.status()["fleet"] == {"evicted": {"node": 3, "gpu": 1}}
+
+
+async def test_the_prune_job_drops_resolved_held_actions_and_finished_intents_past_retention(
+    tmp_path: Path,
+) -> None:
+    from watchd.store.held import HeldAction
+
+    async with Engine(config(tmp_path), scheduler=FakeScheduler()) as engine:
+        store, now = engine.store, time.time()
+        old = now - engine.config.state.audit_retention_days * 86400 - 10
+
+        def held(node: str) -> int:
+            return store.held.hold(HeldAction("r", "drain", node, "all", {}, {}, "breaker", old))
+
+        resolved, recent, waiting = held("n1"), held("n2"), held("n3")
+        store.held.discard(resolved, "ops", old)
+        store.held.discard(recent, "ops", now)
+        assert store.intents.begin("drain:n1", "drain", "n1", "r", "e1", {}, old, None)
+        store.intents.finish("drain:n1", "drained", "", old)
+        assert store.intents.begin("drain:n3", "drain", "n3", "r", "e3", {}, old, None)
+        await engine._prune()
+        assert store.held.get(resolved) is None and store.held.get(recent) is not None
+        assert store.held.get(waiting) is not None  # still held: never pruned
+        assert [i.key for i in store.intents.unfinished()] == ["drain:n3"]
+        assert store.intents.last_finished("drain:n1") is None
