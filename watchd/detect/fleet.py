@@ -9,6 +9,7 @@ that fell silent are pruned. Between prunes it is bounded by count too, whatever
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -345,35 +346,42 @@ class FleetState:
     ) -> tuple[list[dict[str, Any]], int]:
         """Each node the agents report on, as the status API shows it: its GPUs, their jobs, when it last
         reported, GPUs NVML called lost, and its GPU faults of the last ``recent_s``; and how many nodes
-        match in all. Linear in the GPUs tracked; only the ``limit`` nodes shown are described.
+        match in all. Linear in the nodes (no sort of them all when ``limit`` is given); only the ``limit``
+        nodes shown are described.
 
         Order: troubled nodes first (a lost GPU, a recent fault, or ``troubled_first(node)``), each group by
         name. ``node``: only that node (an exact name) or, ending in ``*``, the nodes with that prefix."""
-        by_node: dict[str, list[GpuTrack]] = {}
-        for (name, _), track in self.gpus.items():
-            by_node.setdefault(name, []).append(track)
-        names: set[str] = {*by_node, *self.hardware, *self.lost_by_node}
+        names: Iterable[str] = self._recency  # every node with state (kept in step by _touch and prune)
         if node is not None:
             if node.endswith("*"):
                 prefix = node[:-1]
-                names = {n for n in names if n.startswith(prefix)}
+                names = [n for n in names if n.startswith(prefix)]
             else:
-                names = {node} & names
+                names = [node] if node in self._recency else []
         since = now - recent_s
-
-        def troubled(name: str) -> bool:
-            if name in self.lost_by_node:
-                return True
+        troubled: list[str] = []
+        calm: list[str] = []
+        for name in names:
             events = self.hardware.get(name)
-            if events and events[-1].time >= since:
-                return True
-            return troubled_first is not None and troubled_first(name)
-
-        ordered = sorted(names, key=lambda n: (not troubled(n), n))
-        shown = ordered if limit is None else ordered[: max(0, limit)]
+            if (
+                name in self.lost_by_node
+                or (events and events[-1].time >= since)
+                or (troubled_first is not None and troubled_first(name))
+            ):
+                troubled.append(name)
+            else:
+                calm.append(name)
+        total = len(troubled) + len(calm)
+        troubled.sort()
+        if limit is None:
+            shown = troubled + sorted(calm)
+        else:
+            limit = max(0, limit)
+            shown = troubled[:limit] + heapq.nsmallest(max(0, limit - len(troubled)), calm)
         out = []
+        gpus = self.gpus
         for name in shown:
-            tracks = sorted(by_node.get(name, []), key=lambda t: t.gpu)
+            tracks = [t for g in range(self.max_gpus_per_node) if (t := gpus.get((name, g))) is not None]
             faults = [h for h in self.hardware.get(name, ()) if h.time >= since]
             out.append(
                 {
@@ -386,7 +394,7 @@ class FleetState:
                     "last_fault": faults[-1].what if faults else None,
                 }
             )
-        return out, len(ordered)
+        return out, total
 
     def hardware_events(self, node: str, since: float) -> list[HardwareEvent]:
         return [h for h in self.hardware.get(node, ()) if h.time >= since]
