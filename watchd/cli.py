@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="what the engine sees and did: incidents, held actions, breaker")
     st.add_argument("--url", default=DEFAULT_URL, help=f"the engine (default {DEFAULT_URL})")
     st.add_argument("--json", action="store_true", help="the raw status document")
+    st.add_argument("--limit", type=int, help="nodes shown (troubled first; the engine's default: 500)")
+    st.add_argument("--node", help="only this node, or the nodes with a prefix ending in '*'")
 
     ac = sub.add_parser("actions", help="list, release or discard actions the safety breaker held")
     ac.add_argument("verb", choices=["list", "release", "discard"])
@@ -138,7 +140,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
         from watchd.operator_cli import run_status
 
-        return run_status(args.url, args.json, sys.stdout)
+        return run_status(args.url, args.json, sys.stdout, limit=args.limit, node=args.node)
     if args.command == "actions":
         from watchd.operator_cli import run_actions
 

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from watchd.errors import UsageError
 
@@ -58,8 +58,12 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def run_status(url: str, as_json: bool, out: TextIO) -> int:
-    status = _call(url, "/api/v1/status")
+def run_status(
+    url: str, as_json: bool, out: TextIO, limit: int | None = None, node: str | None = None
+) -> int:
+    query = {k: str(v) for k, v in (("limit", limit), ("node", node)) if v is not None}
+    path = "/api/v1/status" + (f"?{urlencode(query)}" if query else "")
+    status = _call(url, path)
     if as_json:
         print(json.dumps(status, indent=2), file=out)
         return 0
@@ -71,15 +75,18 @@ def run_status(url: str, as_json: bool, out: TextIO) -> int:
     print("\nbreaker (nodes taken out by watchd within the window / limit):", file=out)
     for pool in status["breaker"]:
         print(
-            f"  {pool['pool']:<16} {len(pool['taken_out'])}/{pool['limit']} of {pool['size']} nodes"
+            f"  {pool['pool']:<16} {pool.get('taken_out_count', len(pool['taken_out']))}/{pool['limit']} "
+            f"of {pool['size']} nodes"
             + (f": {', '.join(pool['taken_out'][:10])}" if pool["taken_out"] else ""),
             file=out,
         )
-    _print_held(status["held"], out)
+    _print_held(status["held"], out, status.get("held_total"))
     nodes = status.get("nodes", [])
     troubled = [n for n in nodes if n["recent_faults"] or n["lost_gpus"] or n["held"]]
+    total = status.get("nodes_total", len(nodes))
+    shown = f" ({len(nodes)} shown, troubled first)" if total > len(nodes) else ""
     print(
-        f"\nnodes: {len(nodes)} reporting; {len(troubled)} with faults (24 h), lost GPUs or held actions:",
+        f"\nnodes: {total} reporting{shown}; {len(troubled)} with faults (24 h), lost GPUs or held actions:",
         file=out,
     )
     for n in troubled[:20]:
@@ -111,8 +118,13 @@ def run_status(url: str, as_json: bool, out: TextIO) -> int:
     return 0
 
 
-def _print_held(held: list[dict[str, Any]], out: TextIO) -> None:
-    print(f"\nheld actions ({len(held)}):", file=out)
+def _print_held(held: list[dict[str, Any]], out: TextIO, total: int | None = None) -> None:
+    more = (
+        f", the newest {len(held)} shown: `watchd actions list` lists all"
+        if total and total > len(held)
+        else ""
+    )
+    print(f"\nheld actions ({total if total is not None else len(held)}{more}):", file=out)
     for h in held:
         print(
             f"  #{h['id']:<5} {h['kind']:<8} {h['node']:<16} rule {h['rule']}, held {_when(h['held_at'])}",

@@ -385,3 +385,29 @@ async def test_the_executor_asks_leadership_before_every_side_effect() -> None:
         == "drain of gpu-1: not the leader (the lease is held by engine-b); nothing done"
     )
     assert fake.calls == [] and sink.calls == []
+
+
+async def test_dry_run_requeue_after_a_drain_the_breaker_would_hold_is_not_counted() -> None:
+    """Issue 16 item 7: the drain would have been held, so its requeue would never happen: not counted."""
+    store = Store.open(":memory:")
+    store.breaker.record("dry-run:gpu", "gpu-9", 99.0)
+    gate = safety(store, max_nodes=1)
+    drained = await DryRun(gate)(attempt("drain", mode="dry-run"), Next())
+    assert "would hold it" in drained.detail
+    requeue = attempt("requeue", mode="dry-run", params={"job": "42"}, after_drain=drained.outcome)
+    requeue.check_safety = False  # as FollowTheDrain leaves it
+    result = await DryRun(gate)(requeue, Next())
+    assert result.outcome == Outcome.DRY_RUN and "the drain it follows would be held" in result.detail
+    assert store.breaker.since("dry-run:gpu", 0) == [("gpu-9", 99.0)]  # still one node, not gpu-1
+    assert store.breaker.count("dry-run:rule:r", 0) == 0
+
+
+async def test_dry_run_requeue_after_a_drain_let_through_is_counted() -> None:
+    store = Store.open(":memory:")
+    gate = safety(store)
+    drained = await DryRun(gate)(attempt("drain", mode="dry-run"), Next())
+    requeue = attempt("requeue", mode="dry-run", params={"job": "42"}, after_drain=drained.outcome)
+    requeue.check_safety = False
+    result = await DryRun(gate)(requeue, Next())
+    assert result.outcome == Outcome.DRY_RUN and "not counted" not in result.detail
+    assert store.breaker.count("dry-run:gpu", 0) == 1

@@ -54,7 +54,7 @@ def begin(s: Store, key: str = "drain:gpu-1", at: float = 100.0, cooldown_until:
 def test_open_sets_wal_normal_and_the_schema(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     with Store.open(path) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 2
+        assert s.schema_version() == SCHEMA_VERSION == 3
         assert s._db.live().execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
         assert s._db.live().execute("PRAGMA busy_timeout").fetchone()[0] == 5000
     raw = sqlite3.connect(path)
@@ -66,10 +66,10 @@ def test_migrates_an_empty_file(tmp_path: Path) -> None:
     path = tmp_path / "empty.db"
     path.touch()
     with Store.open(path) as s:
-        assert s.schema_version() == 2
+        assert s.schema_version() == 3
         s.meta.set("k", "v")
     with Store.open(path) as s:  # a second open migrates nothing and keeps the data
-        assert s.schema_version() == 2
+        assert s.schema_version() == 3
         assert s.meta.get("k") == "v"
 
 
@@ -86,7 +86,42 @@ def test_a_version_1_database_is_migrated_and_keeps_its_data(tmp_path: Path) -> 
     raw.commit()
     raw.close()
     with Store.open(path) as s:
-        assert s.schema_version() == 2 and s.meta.get("k") == "v1" and s.rule_state.load() == {}
+        assert s.schema_version() == 3 and s.meta.get("k") == "v1" and s.rule_state.load() == {}
+
+
+def test_a_version_2_database_gains_the_lookup_indexes_and_keeps_its_held_actions(tmp_path: Path) -> None:
+    from watchd.store.schema import MIGRATIONS
+
+    path = tmp_path / "v2.db"
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY)")
+    for statement in (*MIGRATIONS[0], *MIGRATIONS[1]):
+        raw.execute(statement)
+    raw.execute("INSERT INTO schema_version (version) VALUES (2)")
+    raw.execute(
+        "INSERT INTO held (rule, kind, node, pool, params, event, reason, held_at)"
+        " VALUES ('r', 'drain', 'n1', 'gpu', '{}', '{}', 'breaker', 1.0)"
+    )
+    raw.execute("INSERT INTO disruptions (pool, node, at) VALUES ('gpu', 'n1', 1.0)")
+    raw.commit()
+    raw.close()
+    with Store.open(path) as s:
+        assert s.schema_version() == 3
+        found = s.held.find("drain", "n1")
+        assert found is not None and found.node == "n1" and s.held.count() == 1
+        assert s.breaker.contains("gpu", "n1", 0.0) and s.breaker.count("gpu", 0.0) == 1
+        live = s._db.live()
+        names = {r[0] for r in live.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert {"held_kind_node", "held_resolved", "disruptions_pool_node_at"} <= names
+        plan = " ".join(
+            str(r[-1])
+            for r in live.execute(
+                "EXPLAIN QUERY PLAN SELECT id FROM held WHERE status = 'held' AND kind = ? AND node = ?"
+                " ORDER BY id LIMIT 1",
+                ("drain", "n1"),
+            )
+        )
+        assert "held_kind_node" in plan, plan
 
 
 def test_rule_state_is_replaced_as_a_whole(tmp_path: Path) -> None:
@@ -445,3 +480,45 @@ def test_kill_9_loses_nothing_committed(tmp_path: Path) -> None:
 def _intent_keys(s: Store) -> dict[str, bool]:
     rows = s._db.live().execute("SELECT key, finished_at IS NOT NULL FROM intents").fetchall()
     return {str(r[0]): bool(r[1]) for r in rows}
+
+
+# ---------------------------------------------------------------- lookups that do not grow (issue 16 item 7)
+
+
+def test_held_lookup_by_kind_and_node_count_and_newest_page() -> None:
+    with Store.open(":memory:") as s:
+        ids = [s.held.hold(held_action(f"gpu-{i}", at=100.0 + i)) for i in range(5)]
+        s.held.hold(replace(held_action("gpu-1"), kind="requeue"))
+        found = s.held.find("drain", "gpu-3")
+        assert found is not None and found.id == ids[3]
+        assert s.held.find("drain", "gpu-9") is None
+        s.held.discard(ids[3], "ops", 200.0)
+        assert s.held.find("drain", "gpu-3") is None  # resolved: no longer held
+        assert s.held.count() == 5 and s.held.count("discarded") == 1
+        assert s.held.count_by_node() == {"gpu-0": 1, "gpu-1": 2, "gpu-2": 1, "gpu-4": 1}
+        assert [h.node for h in s.held.list(limit=2)] == ["gpu-4", "gpu-1"]  # the newest two, oldest first
+        assert len(s.held.list()) == 5
+
+
+def test_breaker_count_contains_and_newest_page() -> None:
+    with Store.open(":memory:") as s:
+        for node, at in (("n1", 10.0), ("n2", 20.0), ("n1", 30.0), ("n3", 40.0)):
+            s.breaker.record("gpu", node, at)
+        assert s.breaker.count("gpu", 0.0) == 3 and s.breaker.count("gpu", 25.0) == 2
+        assert s.breaker.count("cpu", 0.0) == 0
+        assert s.breaker.contains("gpu", "n2", 15.0) and not s.breaker.contains("gpu", "n2", 25.0)
+        assert s.breaker.since("gpu", 0.0, limit=2) == [("n1", 30.0), ("n3", 40.0)]
+        assert len(s.breaker.since("gpu", 0.0)) == s.breaker.count("gpu", 0.0)
+
+
+def test_resolved_held_actions_and_finished_intents_are_pruned_past_retention() -> None:
+    with Store.open(":memory:") as s:
+        old, new, kept = (s.held.hold(held_action(f"gpu-{i}")) for i in range(3))
+        s.held.release(old, "ops", 100.0)
+        s.held.discard(new, "ops", 500.0)
+        assert s.held.prune(300.0) == 1
+        assert s.held.get(old) is None and s.held.get(new) is not None and s.held.get(kept) is not None
+        assert begin(s, "drain:a", at=100.0) and begin(s, "drain:b", at=100.0)
+        s.intents.finish("drain:a", "drained", "", 150.0)
+        assert s.intents.prune(300.0) == 1
+        assert [i.key for i in s.intents.unfinished()] == ["drain:b"]  # unfinished: never pruned

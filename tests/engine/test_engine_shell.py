@@ -18,6 +18,7 @@ from watchd.errors import ConfigError
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.integrations.kubernetes.lease import LeaseElector
 from watchd.integrations.leadership import AlwaysLeader
+from watchd.model.events import Event, Scalar
 from watchd.periodic import Periodic
 
 
@@ -104,9 +105,55 @@ async def test_status_document_has_the_same_shape(tmp_path: Path) -> None:
         "findings",
         "breaker",
         "alerts",
+        # added by issue 16 item 6 (bounded document): the counts of what is left out, fleet evictions
+        "nodes_total",
+        "nodes_omitted",
+        "held_total",
+        "held_omitted",
+        "fleet",
     }
     assert doc["scheduler"] == "fake" and doc["mode"] == "dry-run" and doc["alerts"] == []
-    assert doc["breaker"] == [{"pool": "all", "size": 0, "taken_out": [], "limit": 1}]
+    assert doc["breaker"] == [{"pool": "all", "size": 0, "taken_out": [], "taken_out_count": 0, "limit": 1}]
+    assert doc["nodes_total"] == doc["nodes_omitted"] == doc["held_total"] == doc["held_omitted"] == 0
+    assert doc["fleet"] == {"evicted": {"node": 0, "gpu": 0}}
+
+
+async def test_status_document_is_bounded_troubled_nodes_first_and_pages(tmp_path: Path) -> None:
+    async with Engine(config(tmp_path), scheduler=FakeScheduler()) as engine:
+        fleet = engine.correlator.fleet
+        for i in range(30):
+            fleet.observe(_summary_event(f"n{i:02d}", 0, 100.0 + i))
+        fleet.observe(_lost_event("n29", 3, 200.0))
+        doc = engine.status({"limit": "5"})
+        assert doc["nodes_total"] == 30 and doc["nodes_omitted"] == 25 and len(doc["nodes"]) == 5
+        assert doc["nodes"][0]["node"] == "n29" and doc["nodes"][0]["lost_gpus"] == [3]  # troubled first
+        assert [n["node"] for n in doc["nodes"][1:]] == ["n00", "n01", "n02", "n03"]
+        only = engine.status({"node": "n07"})
+        assert [n["node"] for n in only["nodes"]] == ["n07"] and only["nodes_total"] == 1
+        prefix = engine.status({"node": "n1*", "limit": "100"})
+        assert [n["node"] for n in prefix["nodes"]] == [f"n1{i}" for i in range(10)]
+        assert len(engine.status()["nodes"]) == 30  # under the default limit: all of them
+        with pytest.raises(ValueError, match="limit"):
+            engine.status({"limit": "-1"})
+        with pytest.raises(ValueError, match="held_limit"):
+            engine.status({"held_limit": "many"})
+
+
+def _summary_event(node: str, gpu: int, at: float) -> Event:
+    attrs: dict[str, Scalar] = {"gpu": gpu, "util_mean": 99.0, "power_mean": 650.0, "window_s": 5}
+    return Event(
+        id=f"s-{node}-{gpu}-{at}", node=node, source="nvml", kind="gpu_summary", time=at, attrs=attrs
+    )
+
+
+def _lost_event(node: str, gpu: int, at: float) -> Event:
+    attrs: dict[str, Scalar] = {
+        "condition": "gpu_lost",
+        "gpu": gpu,
+        "value": 1,
+        "evidence": "NVML: GPU is lost",
+    }
+    return Event(id=f"l-{node}-{gpu}-{at}", node=node, source="nvml", kind="gpu_health", time=at, attrs=attrs)
 
 
 async def test_the_engine_owns_the_elected_leadership(tmp_path: Path) -> None:
@@ -192,3 +239,44 @@ async def test_rule_state_snapshots_stretch_to_ten_times_a_slow_save(tmp_path: P
         await asyncio.sleep(1.3)
     gaps = [b - a for a, b in itertools.pairwise(saves)]
     assert saves and all(g >= 0.45 for g in gaps), gaps  # ~10 x 0.05 s between saves, not 0.05 s
+
+
+async def test_fleet_evictions_are_counted_in_a_metric(tmp_path: Path) -> None:
+    async with Engine(config(tmp_path), scheduler=FakeScheduler()) as engine:
+        fleet = engine.correlator.fleet
+        fleet.max_nodes = 2
+        for i in range(5):
+            fleet.observe(_summary_event(f"n{i}", 0, 100.0 + i))
+        fleet.observe(_summary_event("n4", 999, 110.0))  # a GPU index past the bound: refused
+        engine._count_evictions()
+        engine._count_evictions()  # counted once
+        value = engine.metrics.registry.get_sample_value
+        assert value("watchd_fleet_evicted_total", {"what": "node"}) == 3
+        assert value("watchd_fleet_evicted_total", {"what": "gpu"}) == 1
+        assert sorted({n for n, _ in fleet.gpus}) == ["n3", "n4"]
+        assert engine.status()["fleet"] == {"evicted": {"node": 3, "gpu": 1}}
+
+
+async def test_the_prune_job_drops_resolved_held_actions_and_finished_intents_past_retention(
+    tmp_path: Path,
+) -> None:
+    from watchd.store.held import HeldAction
+
+    async with Engine(config(tmp_path), scheduler=FakeScheduler()) as engine:
+        store, now = engine.store, time.time()
+        old = now - engine.config.state.audit_retention_days * 86400 - 10
+
+        def held(node: str) -> int:
+            return store.held.hold(HeldAction("r", "drain", node, "all", {}, {}, "breaker", old))
+
+        resolved, recent, waiting = held("n1"), held("n2"), held("n3")
+        store.held.discard(resolved, "ops", old)
+        store.held.discard(recent, "ops", now)
+        assert store.intents.begin("drain:n1", "drain", "n1", "r", "e1", {}, old, None)
+        store.intents.finish("drain:n1", "drained", "", old)
+        assert store.intents.begin("drain:n3", "drain", "n3", "r", "e3", {}, old, None)
+        await engine._prune()
+        assert store.held.get(resolved) is None and store.held.get(recent) is not None
+        assert store.held.get(waiting) is not None  # still held: never pruned
+        assert [i.key for i in store.intents.unfinished()] == ["drain:n3"]
+        assert store.intents.last_finished("drain:n1") is None

@@ -285,3 +285,32 @@ async def test_status_lists_nodes_recent_actions_and_prints_them(engine: Engine)
     assert "nodes: 2 reporting; 1 with faults (24 h), lost GPUs or held actions:" in text
     assert "gpu-1            0 GPUs, jobs -, 1 faults (last: xid 79" in text
     assert "recent actions (last " in text and " drain    gpu-1            drained" in text
+
+
+async def test_status_cli_pages_and_filters_nodes(engine: Engine) -> None:
+    import io
+    import time
+
+    from watchd.model.events import Event
+    from watchd.operator_cli import run_status
+
+    now = time.time()
+    summaries = [
+        Event(id=f"s{i}", node=f"gpu-{i}", source="nvml", kind="gpu_summary", time=now, attrs={"gpu": 0})
+        for i in range(3, 8)
+    ]
+    assert (await post(engine, json.dumps(batch_to_wire("gpu-3", summaries))))[0] == 200
+    await eventually(lambda: engine.status()["nodes_total"] == 5, what="five nodes")
+    url = f"http://127.0.0.1:{engine.port}"
+    out = io.StringIO()
+    assert await asyncio.to_thread(run_status, url, False, out, limit=2) == 0
+    assert "nodes: 5 reporting (2 shown, troubled first); 0 with faults" in out.getvalue()
+    raw = io.StringIO()
+    assert await asyncio.to_thread(run_status, url, True, raw, node="gpu-6") == 0
+    doc = json.loads(raw.getvalue())
+    assert [n["node"] for n in doc["nodes"]] == ["gpu-6"] and doc["nodes_total"] == 1
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"{url}/api/v1/status?limit=x") as r,
+    ):
+        assert r.status == 400 and "limit" in (await r.json())["error"]

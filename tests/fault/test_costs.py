@@ -59,10 +59,6 @@ def _summary(node: str, gpu: int = 0) -> Event:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 6: GET /api/v1/status costs O(nodes x lost GPUs) on the event loop",
-)
 def test_status_cost_with_many_nodes_and_lost_gpus(tmp_path: Path) -> None:
     engine = start_engine(tmp_path, mode="dry-run")
     try:
@@ -99,10 +95,6 @@ def test_status_cost_with_many_nodes_and_lost_gpus(tmp_path: Path) -> None:
         engine.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 7: every held row is loaded per action: a batch costs more as held actions grow",
-)
 def test_held_actions_cost_does_not_grow_per_action(tmp_path: Path) -> None:
     slurm, env = fake_slurm(tmp_path, pool="n[1-100000]")
     engine = start_engine(
@@ -158,8 +150,8 @@ def test_held_actions_cost_does_not_grow_per_action(tmp_path: Path) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 16 item 8: per-node state is bounded by count, not bytes: random node ids grow RSS ~1.9 KB "
-    "per node",
+    reason="issue 16 item 8: per-node state is bounded by count (131,072 nodes), not to 512 B per node: "
+    "random node ids still grow RSS ~1.3 KB per node",
 )
 def test_per_node_state_bounded_by_bytes(tmp_path: Path) -> None:
     engine = start_engine(tmp_path, mode="dry-run")

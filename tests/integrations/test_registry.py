@@ -89,4 +89,6 @@ async def test_an_engine_acts_through_the_configured_fake(tmp_path: Path) -> Non
         assert isinstance(engine.scheduler, FakeScheduler)
         result = await engine.resume("gpu-1", "alice")
         assert result == {"outcome": "not_drained", "detail": "IDLE"}
-        assert engine.status()["breaker"] == [{"pool": "all", "size": 2, "taken_out": [], "limit": 1}]
+        assert engine.status()["breaker"] == [
+            {"pool": "all", "size": 2, "taken_out": [], "taken_out_count": 0, "limit": 1}
+        ]

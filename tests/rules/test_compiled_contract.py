@@ -325,3 +325,21 @@ def test_the_engine_decides_and_remembers_as_the_specification(
         assert engine.evaluate(event) == specification.evaluate(event), event
     remembered = {name: copy for name, (_, copy) in engine.snapshot().items()}
     assert remembered == {n: copy_state(s) for n, s in specification.state.items() if not is_empty(s)}
+
+
+@PROPERTY
+@given(rule_sets(), timelines(), st.sampled_from([70, 150, 400]))
+def test_tables_bounded_by_key_bytes_forget_the_same_groups(
+    specs: list[dict[str, Any]], events: list[Event], max_bytes: int
+) -> None:
+    """Issue 16 item 8: bounded by the bytes of their keys (a few groups' worth here), the engine and the
+    specification still decide alike and remember the same groups afterwards."""
+    from watchd.rules.persist import copy_state, is_empty
+
+    rules = rules_of(*specs)
+    engine = RuleEngine(rules, max_bytes=max_bytes)
+    specification = Interpreter(rules, max_bytes=max_bytes)
+    for event in events:
+        assert engine.evaluate(event) == specification.evaluate(event), event
+    remembered = {name: copy for name, (_, copy) in engine.snapshot().items()}
+    assert remembered == {n: copy_state(s) for n, s in specification.state.items() if not is_empty(s)}

@@ -3,11 +3,12 @@ last moment, with the disruption counted in the durable window as soon as it is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from watchd.actions.pools import Pools
-from watchd.actions.safety import BreakerLimits, Verdict, breaker_verdict, rate_verdict
+from watchd.actions.safety import BreakerLimits, Verdict, breaker_verdict_counted, rate_verdict_counted
 from watchd.store import keys
 
 if TYPE_CHECKING:
@@ -58,22 +59,34 @@ class Safety:
 
         return SafetyGate(decide)
 
+    def drain_counted(self, attempt: Attempt) -> bool:
+        """Whether the node of ``attempt`` is counted as taken out within the breaker's window (in the
+        window of its mode): after a drain, whether the breaker let that drain through."""
+        since = attempt.now - self.limits.window_s
+        node = attempt.action.node
+        return all(
+            self._store.breaker.contains(_counted(p, attempt.mode), node, since)
+            for p in self.pools.pools(node)
+        )
+
     def _verdict(self, attempt: Attempt, limit: Any) -> Verdict:
         rule, node, now = attempt.rule, attempt.action.node, attempt.now
         if limit is not None:
             pool = _counted(keys.rule_pool(rule), attempt.mode)
-            times = [t for _, t in self._store.breaker.since(pool, now - limit.per)]
-            verdict = rate_verdict(rule, times, now, limit.max, limit.per)
+            # strictly within ``per`` (as rate_verdict counts), by one SQL count
+            within = self._store.breaker.count(pool, math.nextafter(now - limit.per, math.inf))
+            verdict = rate_verdict_counted(rule, within, limit.max, limit.per)
             if not verdict.allowed:
                 return Verdict(False, verdict.reason, keys.rule_pool(rule))
         if not attempt.handler.takes_node_out:  # the breaker counts nodes taken out of service
             return Verdict(True)
         pools = self.pools.pools(node)
         since = now - self.limits.window_s
-        recent = {
-            p: [n for n, _ in self._store.breaker.since(_counted(p, attempt.mode), since)] for p in pools
-        }
-        return breaker_verdict(node, pools, self.pools.sizes, recent, self.limits)
+        window = self._store.breaker
+        # per pool one indexed lookup and one SQL count: the cost does not grow with the window's rows
+        counted = {p: window.contains(_counted(p, attempt.mode), node, since) for p in pools}
+        taken = {p: window.count(_counted(p, attempt.mode), since) for p in pools if not counted[p]}
+        return breaker_verdict_counted(node, pools, self.pools.sizes, taken, counted, self.limits)
 
     def _count(self, rule: str, node: str, mode: Mode, now: float) -> None:
         for pool in (keys.rule_pool(rule), *self.pools.pools(node)):

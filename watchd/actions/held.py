@@ -34,9 +34,7 @@ class Hold:
 
     def __call__(self, attempt: Attempt, reason: str, pool: str) -> ActionResult:
         action, decision = attempt.action, attempt.decision
-        already = next(
-            (h for h in self._store.held.list() if h.kind == action.kind and h.node == action.node), None
-        )
+        already = self._store.held.find(action.kind, action.node)
         if already is not None:  # a repeated event (a condition re-reported) adds no second held row
             return ActionResult(Outcome.HELD, f"already held as #{already.id}: {reason}")
         params = attempt.params

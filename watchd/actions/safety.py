@@ -64,9 +64,41 @@ def breaker_verdict(
     return Verdict(True)
 
 
+def breaker_verdict_counted(
+    node: str,
+    pools_of_node: Sequence[str],
+    pool_sizes: Mapping[str, int],
+    taken: Mapping[str, int],
+    counted: Mapping[str, bool],
+    limits: BreakerLimits,
+) -> Verdict:
+    """:func:`breaker_verdict` from counts: ``taken`` per pool, how many nodes watchd disrupted within the
+    window; ``counted`` per pool, whether ``node`` is one of them (the same verdict, without the lists)."""
+    for pool in pools_of_node or ("all",):
+        if counted.get(pool, False):
+            continue
+        n = taken.get(pool, 0)
+        size = pool_sizes.get(pool, 0)
+        allowed = limits.allowed_in(size)
+        if n + 1 > allowed:
+            share = f"{n} of {size}" if size else f"{n}"
+            return Verdict(
+                False,
+                f"blast-radius breaker: {share} nodes of pool {pool} already taken out by watchd within "
+                f"{limits.window_s:g} s (limit {allowed}: {limits.max_fraction:.0%}, "
+                f"at most {limits.max_nodes})",
+                pool,
+            )
+    return Verdict(True)
+
+
 def rate_verdict(rule: str, times: Iterable[float], now: float, max_actions: int, per_s: float) -> Verdict:
     """``times``: when this rule's earlier disruptive actions were taken."""
-    within = sum(1 for t in times if now - t < per_s)
+    return rate_verdict_counted(rule, sum(1 for t in times if now - t < per_s), max_actions, per_s)
+
+
+def rate_verdict_counted(rule: str, within: int, max_actions: int, per_s: float) -> Verdict:
+    """``within``: how many disruptive actions this rule took within the last ``per_s``."""
     if within >= max_actions:
         return Verdict(
             False,

@@ -2,13 +2,16 @@
 
 Fed every event the engine ingests (:meth:`FleetState.observe`); the detectors only read it. Memory is
 bounded: a GPU keeps ``history_s`` of windows, a node its last 64 hardware events, and GPUs, nodes and ranks
-that fell silent are pruned.
+that fell silent are pruned. Between prunes it is bounded by count too, whatever the inputs: at most
+``max_nodes`` nodes (the node that reported least recently is evicted first) and GPU indexes below
+``max_gpus_per_node``; each eviction or refusal is counted in :attr:`FleetState.evicted`.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +35,8 @@ from watchd.xid.pci import normalize_pci
 # Which signals are hardware evidence, which are slowdown attribution: the model's table
 # (watchd.model.conditions): HARDWARE_CONDITIONS, SLOWDOWN_CONDITIONS, HARDWARE_XID_BUCKETS.
 _EWMA = 0.2
+MAX_NODES = 131_072  # a 100,000-GPU fleet of 1-GPU nodes, with room: the bound any input can reach
+MAX_GPUS_PER_NODE = 64  # GPU indexes 0..63 (the largest nodes have 16)
 
 
 def _float(value: float | None) -> float | None:
@@ -58,7 +63,7 @@ class GpuTrack:
     gpu: int
     model: str | None = None
     job: str | None = None
-    windows: deque[Window] = field(default_factory=deque)
+    windows: list[Window] = field(default_factory=list)  # oldest first (a list: an empty deque costs 600 B)
     power_base: float | None = None  # running baseline while computing (never fed by spin windows)
     link_base: float | None = None
     computed_s: float = 0.0  # time spent computing under the current job
@@ -118,6 +123,8 @@ class FleetState:
         history_s: float = 300.0,
         spin_power_ratio: float = 0.6,
         rank_ttl_s: float = 600.0,
+        max_nodes: int = MAX_NODES,
+        max_gpus_per_node: int = MAX_GPUS_PER_NODE,
     ) -> None:
         self.topology = topology if topology is not None else JobTopology()
         self.history_s = history_s
@@ -128,6 +135,52 @@ class FleetState:
         self.ranks: dict[str, dict[int, RankTrack]] = {}  # job -> rank -> track
         self.lost: dict[tuple[str, int], float] = {}  # (node, gpu) -> when NVML said lost
         self.pci: dict[str, dict[str, int]] = {}  # node -> PCI bus id -> GPU index (from the summaries)
+        self.lost_by_node: dict[str, dict[int, float]] = {}  # the same as ``lost``, indexed by node
+        self.max_nodes = max_nodes
+        self.max_gpus_per_node = max_gpus_per_node
+        # node -> when it last reported, least recent first: the eviction order
+        self._recency: dict[str, float] = {}
+        self.evicted: dict[str, int] = {"node": 0, "gpu": 0}  # counted for watchd_fleet_evicted_total{what}
+
+    def _touch(self, node: str, at: float) -> None:
+        """``node`` reported now: it moves to the end of the eviction order; the oldest beyond ``max_nodes``
+        are evicted (all of their state)."""
+        recency = self._recency
+        recency.pop(node, None)
+        recency[node] = at
+        while len(recency) > self.max_nodes:
+            self.forget_node(next(iter(recency)))
+            self.evicted["node"] += 1
+
+    def forget_node(self, node: str) -> None:
+        """Drop everything kept about ``node`` (its GPUs, lost GPUs, hardware events, PCI map)."""
+        self._recency.pop(node, None)
+        for gpu in range(self.max_gpus_per_node):
+            self.gpus.pop((node, gpu), None)
+        for gpu in self.lost_by_node.pop(node, {}):
+            self.lost.pop((node, gpu), None)
+        self.hardware.pop(node, None)
+        self.pci.pop(node, None)
+        self.topology.forget_node(node)
+
+    def _set_lost(self, node: str, gpu: int, at: float) -> None:
+        self.lost[(node, gpu)] = at
+        self.lost_by_node.setdefault(node, {})[gpu] = at
+
+    def _clear_lost(self, node: str, gpu: int) -> None:
+        if self.lost.pop((node, gpu), None) is None:
+            return
+        lost = self.lost_by_node.get(node)
+        if lost is not None:
+            lost.pop(gpu, None)
+            if not lost:
+                del self.lost_by_node[node]
+
+    def _gpu_in_bounds(self, gpu: int) -> bool:
+        if 0 <= gpu < self.max_gpus_per_node:
+            return True
+        self.evicted["gpu"] += 1  # refused: counted with the evictions
+        return False
 
     # -------------------------------------------------------------------------------- observing
 
@@ -147,7 +200,10 @@ class FleetState:
         if s is None:
             return
         gpu = s.gpu
+        if not self._gpu_in_bounds(gpu):
+            return
         key = (e.node, gpu)
+        self._touch(e.node, e.time)
         track = self.gpus.get(key)
         if track is None:
             track = self.gpus[key] = GpuTrack(e.node, gpu)
@@ -173,13 +229,17 @@ class FleetState:
         )
         if track.windows and w.end <= track.windows[-1].end:
             return  # a re-sent or late window: history stays in time order
-        track.windows.append(w)
+        windows = track.windows
+        windows.append(w)
         horizon = w.end - self.history_s
-        while track.windows and track.windows[0].end < horizon:
-            track.windows.popleft()
+        stale = 0
+        while stale < len(windows) and windows[stale].end < horizon:
+            stale += 1
+        if stale:
+            del windows[:stale]
         self._learn_baseline(track, w, float(s.window_s or 5.0))
         track.last_seen = e.time
-        self.lost.pop(key, None)
+        self._clear_lost(e.node, gpu)
         self.topology.observe_gpu(e.node, gpu, job, e.time)
 
     def _learn_baseline(self, track: GpuTrack, w: Window, window_s: float) -> None:
@@ -245,8 +305,11 @@ class FleetState:
         if h is None or not h.value:
             return  # value 0: the condition cleared
         condition = h.condition
+        if h.gpu is not None and not self._gpu_in_bounds(h.gpu):
+            return
         if condition == "gpu_lost" and h.gpu is not None:
-            self.lost[(e.node, h.gpu)] = e.time
+            self._touch(e.node, e.time)
+            self._set_lost(e.node, h.gpu, e.time)
         if condition in HARDWARE_CONDITIONS or condition in SLOWDOWN_CONDITIONS:
             evidence = h.evidence
             what = f"{condition}: {evidence}" if evidence else condition
@@ -254,6 +317,7 @@ class FleetState:
             self._hardware(HardwareEvent(e.time, e.node, h.gpu, what, hardware, condition))
 
     def _hardware(self, h: HardwareEvent) -> None:
+        self._touch(h.node, h.time)
         self.hardware.setdefault(h.node, deque(maxlen=64)).append(h)
 
     def _gpu_of_pci(self, node: str, pci: object) -> int | None:
@@ -271,28 +335,66 @@ class FleetState:
             gpu = self._gpu_of_pci(e.node, e.attrs.get("pci_bus_id"))
         return None if gpu is None else self.topology.job_of(e.node, gpu, e.time)
 
-    def nodes(self, now: float, recent_s: float = 86400.0) -> list[dict[str, Any]]:
+    def nodes(
+        self,
+        now: float,
+        recent_s: float = 86400.0,
+        *,
+        limit: int | None = None,
+        node: str | None = None,
+        troubled_first: Callable[[str], bool] | None = None,
+    ) -> tuple[list[dict[str, Any]], int]:
         """Each node the agents report on, as the status API shows it: its GPUs, their jobs, when it last
-        reported, GPUs NVML called lost, and its GPU faults of the last ``recent_s``."""
-        by_node: dict[str, list[GpuTrack]] = {}
-        for (node, _), track in self.gpus.items():
-            by_node.setdefault(node, []).append(track)
+        reported, GPUs NVML called lost, and its GPU faults of the last ``recent_s``; and how many nodes
+        match in all. Linear in the nodes (no sort of them all when ``limit`` is given); only the ``limit``
+        nodes shown are described.
+
+        Order: troubled nodes first (a lost GPU, a recent fault, or ``troubled_first(node)``), each group by
+        name. ``node``: only that node (an exact name) or, ending in ``*``, the nodes with that prefix."""
+        names: Iterable[str] = self._recency  # every node with state (kept in step by _touch and prune)
+        if node is not None:
+            if node.endswith("*"):
+                prefix = node[:-1]
+                names = [n for n in names if n.startswith(prefix)]
+            else:
+                names = [node] if node in self._recency else []
+        since = now - recent_s
+        troubled: list[str] = []
+        calm: list[str] = []
+        for name in names:
+            events = self.hardware.get(name)
+            if (
+                name in self.lost_by_node
+                or (events and events[-1].time >= since)
+                or (troubled_first is not None and troubled_first(name))
+            ):
+                troubled.append(name)
+            else:
+                calm.append(name)
+        total = len(troubled) + len(calm)
+        troubled.sort()
+        if limit is None:
+            shown = troubled + sorted(calm)
+        else:
+            limit = max(0, limit)
+            shown = troubled[:limit] + heapq.nsmallest(max(0, limit - len(troubled)), calm)
         out = []
-        for node in sorted({*by_node, *self.hardware}):
-            tracks = sorted(by_node.get(node, []), key=lambda t: t.gpu)
-            faults = [h for h in self.hardware.get(node, ()) if h.time >= now - recent_s]
+        gpus = self.gpus
+        for name in shown:
+            tracks = [t for g in range(self.max_gpus_per_node) if (t := gpus.get((name, g))) is not None]
+            faults = [h for h in self.hardware.get(name, ()) if h.time >= since]
             out.append(
                 {
-                    "node": node,
+                    "node": name,
                     "gpus": len(tracks),
                     "jobs": sorted({t.job for t in tracks if t.job is not None}),
                     "last_report": max((t.last_seen for t in tracks), default=None),
-                    "lost_gpus": sorted(g for (n, g) in self.lost if n == node),
+                    "lost_gpus": sorted(self.lost_by_node.get(name, ())),
                     "recent_faults": len(faults),
                     "last_fault": faults[-1].what if faults else None,
                 }
             )
-        return out
+        return out, total
 
     def hardware_events(self, node: str, since: float) -> list[HardwareEvent]:
         return [h for h in self.hardware.get(node, ()) if h.time >= since]
@@ -302,12 +404,15 @@ class FleetState:
         for key in [k for k, t in self.gpus.items() if t.last_seen < horizon]:
             del self.gpus[key]
         for key in [k for k, t in self.lost.items() if t < horizon]:
-            del self.lost[key]
+            self._clear_lost(*key)
         for node in [n for n, q in self.hardware.items() if not q or q[-1].time < now - 86400.0]:
             del self.hardware[node]
         tracked = {node for node, _ in self.gpus}
         for node in [n for n in self.pci if n not in tracked]:
             del self.pci[node]
+        kept = tracked | self.hardware.keys() | self.lost_by_node.keys()
+        for node in [n for n in self._recency if n not in kept]:
+            del self._recency[node]
         rank_horizon = now - self.rank_ttl_s
         for job in list(self.ranks):
             ranks = self.ranks[job]

@@ -44,6 +44,19 @@ class EngineMetrics:
             ["reason"],
             registry=r,
         )
+        self.fleet_evicted = Counter(
+            "watchd_fleet_evicted",
+            "Fleet state the detectors keep, evicted to stay within its bounds (node) or refused (gpu: an "
+            "index past detect.fleet.MAX_GPUS_PER_NODE).",
+            ["what"],
+            registry=r,
+        )
+        self.rule_groups_evicted = Counter(
+            "watchd_rule_groups_evicted",
+            "Rule groups forgotten (least recently inserted first) to keep a rule's tables within their "
+            "bounds by count and by bytes of keys.",
+            registry=r,
+        )
         self.rule_matches = Counter(
             "watchd_rule_matches",
             "Events matched, by rule.",

@@ -10,6 +10,7 @@ import contextlib
 import json
 import time
 from collections import deque
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
@@ -124,6 +125,8 @@ class Engine:
         self.queue: asyncio.Queue[Accepted] = asyncio.Queue(maxsize=config.ingest.queue_size)
         self._acks: dict[int, asyncio.Future[None]] = {}  # id(queued event) -> its batch's reply waits
         self.seen = SeenIds(self.clock, config.ingest.dedup_window_s, config.ingest.dedup_max_ids)
+        self._evictions_seen: dict[str, int] = {}  # fleet evictions already counted, by what
+        self._groups_evaluator, self._groups_seen = 0, 0  # the rule engine whose evictions were counted
         self.periodic = Periodic()
         self.port = 0
         self._stack = AsyncExitStack()
@@ -223,8 +226,9 @@ class Engine:
         except asyncio.QueueFull:
             _log.warning("feedback_event_dropped_queue_full", node=event.node)
 
-    def status(self) -> dict[str, Any]:
-        return self.status_model.document()
+    def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The status document; ``query``: its paging and filters (see EngineStatus.document)."""
+        return self.status_model.document(query)
 
     def ready(self) -> tuple[bool, str]:
         """Ready for traffic: unless replicas elect a leader and this one follows, or the state database does
@@ -486,6 +490,11 @@ class Engine:
         self.store.audit.prune(now - self.config.state.audit_retention_days * 86400)
         self.store.breaker.prune(now - max(self.config.safety.window_s, 86400.0))
         self.store.intents.prune_cooldowns(now)
+        # resolved held actions and finished intents past the audit's retention (held ones and unfinished
+        # intents are never pruned): the tables stay bounded by the rate of actions, not by uptime
+        retention = now - self.config.state.audit_retention_days * 86400
+        self.store.held.prune(retention)
+        self.store.intents.prune(retention)
 
     async def _refresh_jobs(self) -> None:
         self._jobs_refreshed_at = self.clock.monotonic()
@@ -501,6 +510,7 @@ class Engine:
 
     async def _detect(self) -> None:
         """One cycle of the detectors; findings go to the rules like any other event."""
+        self._count_evictions()
         topology = self.correlator.topology
         if (
             topology.take_unknown()
@@ -521,6 +531,22 @@ class Engine:
 
     async def _prune_fleet(self) -> None:
         self.correlator.prune(self.clock.now())
+        self._count_evictions()
+
+    def _count_evictions(self) -> None:
+        """What the fleet state and the rule tables evicted (counted in pure code) into their counters."""
+        for what, n in self.correlator.fleet.evicted.items():
+            seen = self._evictions_seen.get(what, 0)
+            if n > seen:
+                self.metrics.fleet_evicted.labels(what).inc(n - seen)
+                self._evictions_seen[what] = n
+        evaluator = self.evaluator
+        if id(evaluator) != self._groups_evaluator:  # a reload: a new engine counts from 0
+            self._groups_evaluator, self._groups_seen = id(evaluator), 0
+        n = evaluator.groups_evicted
+        if n > self._groups_seen:
+            self.metrics.rule_groups_evicted.inc(n - self._groups_seen)
+            self._groups_seen = n
 
     def _ack_when_settled(self, fut: asyncio.Future[None]) -> None:
         """Resolve a batch's reply once the decisions submitted so far have run: the reply then says

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -62,7 +62,7 @@ def restamp_future(events: list[Event], now: float, metrics: EngineMetrics) -> l
 class EngineApi(Protocol):
     """What the HTTP API asks of the engine besides ingest (the :class:`~watchd.engine.runner.Engine`)."""
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]: ...
 
     def recent_actions(self, limit: int) -> list[dict[str, Any]]: ...
 
@@ -237,8 +237,12 @@ def make_app(
             return error_response(400, "limit: expected an integer")
         return json_response({"actions": engine.recent_actions(limit)})
 
-    async def status_handler(_: web.Request) -> web.Response:
-        return json_response(engine.status())
+    async def status_handler(request: web.Request) -> web.Response:
+        try:
+            document = engine.status(request.query)
+        except ValueError as exc:  # ?limit=, ?held_limit=: not a non-negative integer
+            return error_response(400, str(exc))
+        return json_response(document)
 
     async def held_handler(_: web.Request) -> web.Response:
         return json_response({"held": engine.held()})

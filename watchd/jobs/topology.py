@@ -78,9 +78,9 @@ class JobTopology:
             self._unknown_labels.add(job)
 
     def forget_node(self, node: str) -> None:
-        self._node_gpus.pop(node, None)
-        for key in [k for k in self._seen if k[0] == node]:
-            del self._seen[key]
+        # every (node, gpu) in _seen is in _node_gpus too (observe_gpu sets both, prune uses one horizon)
+        for gpu in self._node_gpus.pop(node, {}):
+            self._seen.pop((node, gpu), None)
         for rank in [k for k in self._ranks if k[0] == node]:
             del self._ranks[rank]
 

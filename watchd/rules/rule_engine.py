@@ -14,25 +14,32 @@ from watchd.rules.compiled.dispatch import compile_rules
 from watchd.rules.decision import Decision
 from watchd.rules.persist import StateCopy, copy_state, fingerprint, is_empty, state_from_data
 from watchd.rules.rule import Rule
-from watchd.rules.rule_state import MAX_GROUPS, GroupKey, RuleState
+from watchd.rules.rule_state import MAX_GROUP_BYTES, MAX_GROUPS, GroupBound, RuleState
 
 
 class RuleEngine:
     """Evaluates events against ``rules``. Each event kind the rules name gets one generated function: its
     ``unless`` sightings, the rule index's checks and the rules with ``for`` inline, then each matching
     rule's own generated evaluation, over this engine's state. Tables hold at most ``max_groups`` groups
-    per rule; beyond it the least recently inserted is forgotten (``groups_evicted`` counts them)."""
+    per rule, with keys of at most ``max_bytes``; beyond either the least recently inserted is forgotten
+    (``groups_evicted`` counts them)."""
 
     evaluate: Callable[[Event], list[Decision]]
     """Every decision an event triggers, in rule-file order."""
 
-    def __init__(self, rules: tuple[Rule, ...], max_groups: int = MAX_GROUPS) -> None:
+    def __init__(
+        self, rules: tuple[Rule, ...], max_groups: int = MAX_GROUPS, max_bytes: int = MAX_GROUP_BYTES
+    ) -> None:
         self.rules = rules
         self._state: dict[str, RuleState] = {r.name: RuleState() for r in rules if r.stateful}
         self._fingerprints: dict[str, str] = {}
         self._by_name = {r.name: r for r in rules}
-        self.groups_evicted = 0
-        self.evaluate = compile_rules(rules, self._state, self._evict, max_groups)
+        self._bound = GroupBound(max_groups, max_bytes)
+        self.evaluate = compile_rules(rules, self._state, self._bound.added)
+
+    @property
+    def groups_evicted(self) -> int:
+        return self._bound.evicted
 
     def carry_state_from(self, old: RuleEngine) -> None:
         """After a reload: rules whose definition did not change keep their windows and cooldowns."""
@@ -83,10 +90,6 @@ class RuleEngine:
     @property
     def tracked_groups(self) -> int:
         return sum(len(s.window) + len(s.held_since) + len(s.last_fired) for s in self._state.values())
-
-    def _evict(self, table: dict[GroupKey, Any]) -> None:
-        del table[next(iter(table))]
-        self.groups_evicted += 1
 
 
 def decisions_for(rules: tuple[Rule, ...], events: list[Event]) -> list[Decision]:

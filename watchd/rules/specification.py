@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from watchd.model.events import Event
 from watchd.rules.context import Context, render_params
 from watchd.rules.decision import Decision, PlannedAction
-from watchd.rules.rule_state import MAX_GROUPS, GroupKey, RuleState
+from watchd.rules.rule_state import MAX_GROUP_BYTES, MAX_GROUPS, GroupBound, GroupKey, RuleState
 
 if TYPE_CHECKING:
     from watchd.rules.rule import Rule
@@ -153,14 +153,21 @@ FOR_STALE_S = 300.0
 
 class Interpreter:
     """Evaluates events against ``rules`` by reading each rule's spec. The only clock is the events' own
-    time. Tables hold at most ``max_groups`` groups per rule: beyond it the least recently inserted group
-    is forgotten (``groups_evicted`` counts them)."""
+    time. Tables hold at most ``max_groups`` groups per rule, and keys of at most ``max_bytes`` (as
+    ``key_bytes`` counts them): beyond either the least recently inserted group is forgotten
+    (``groups_evicted`` counts them)."""
 
-    def __init__(self, rules: tuple[Rule, ...], max_groups: int = MAX_GROUPS) -> None:
+    def __init__(
+        self, rules: tuple[Rule, ...], max_groups: int = MAX_GROUPS, max_bytes: int = MAX_GROUP_BYTES
+    ) -> None:
         self.rules = tuple(sorted(rules, key=lambda r: r.order))  # decisions come in rule-file order
         self.state = {r.name: RuleState() for r in self.rules}
         self.max_groups = max_groups
-        self.groups_evicted = 0
+        self._bound = GroupBound(max_groups, max_bytes)
+
+    @property
+    def groups_evicted(self) -> int:
+        return self._bound.evicted
 
     def evaluate(self, event: Event) -> list[Decision]:
         """Every decision ``event`` triggers, in rule-file order.
@@ -251,13 +258,13 @@ class Interpreter:
         return window
 
     def _remember(self, table: dict[GroupKey, Any], key: GroupKey, value: Any, move: bool = True) -> None:
-        """Set ``table[key]`` as its most recent entry; forget the least recent beyond ``max_groups``."""
-        if move:
-            table.pop(key, None)
+        """Set ``table[key]`` as its most recent entry; forget the least recent beyond the bounds."""
+        new = key not in table
+        if move and not new:
+            del table[key]
         table[key] = value
-        if len(table) > self.max_groups:
-            del table[next(iter(table))]
-            self.groups_evicted += 1
+        if new:
+            self._bound.added(table, key)
 
 
 def stateful(rule: Rule) -> bool:

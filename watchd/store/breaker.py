@@ -18,16 +18,43 @@ class BreakerWindow:
         with self._db.write(f"forgetting a disruption of {node}") as conn:
             conn.execute("DELETE FROM disruptions WHERE pool = ? AND node = ? AND at = ?", (pool, node, at))
 
-    def since(self, pool: str, since: float) -> list[tuple[str, float]]:
+    def since(self, pool: str, since: float, limit: int | None = None) -> list[tuple[str, float]]:
         """The distinct nodes of ``pool`` disrupted at or after ``since``, each with its latest disruption,
-        oldest first: ``len()`` of it is what a breaker counts."""
-        rows = self._db.all(
+        oldest first: ``len()`` of it is what a breaker counts (:meth:`count` counts without reading them).
+        With ``limit``: only the ``limit`` most recent of them (still oldest first)."""
+        if limit is None:
+            rows = self._db.all(
+                "reading the breaker window",
+                "SELECT node, MAX(at) AS last FROM disruptions WHERE pool = ? AND at >= ?"
+                " GROUP BY node ORDER BY last, node",
+                (pool, since),
+            )
+        else:
+            rows = self._db.all(
+                "reading the breaker window",
+                "SELECT node, MAX(at) AS last FROM disruptions WHERE pool = ? AND at >= ?"
+                " GROUP BY node ORDER BY last DESC, node DESC LIMIT ?",
+                (pool, since, limit),
+            )[::-1]
+        return [(str(r[0]), float(r[1])) for r in rows]
+
+    def count(self, pool: str, since: float) -> int:
+        """How many distinct nodes of ``pool`` were disrupted at or after ``since`` (one SQL count)."""
+        row = self._db.one(
             "reading the breaker window",
-            "SELECT node, MAX(at) AS last FROM disruptions WHERE pool = ? AND at >= ?"
-            " GROUP BY node ORDER BY last, node",
+            "SELECT count(DISTINCT node) FROM disruptions WHERE pool = ? AND at >= ?",
             (pool, since),
         )
-        return [(str(r[0]), float(r[1])) for r in rows]
+        return 0 if row is None else int(row[0])
+
+    def contains(self, pool: str, node: str, since: float) -> bool:
+        """Whether ``node`` of ``pool`` was disrupted at or after ``since`` (one indexed lookup)."""
+        row = self._db.one(
+            "reading the breaker window",
+            "SELECT 1 FROM disruptions WHERE pool = ? AND node = ? AND at >= ? LIMIT 1",
+            (pool, node, since),
+        )
+        return row is not None
 
     def prune(self, older_than: float) -> int:
         return self._db.delete(

@@ -59,12 +59,40 @@ class HeldActions:
             )
             return int(cur.lastrowid or 0)
 
-    def list(self, status: HeldStatus = "held") -> list[HeldAction]:
-        """Held actions with ``status``, oldest first."""
-        rows = self._db.all(
-            "reading held actions", f"SELECT {_COLS} FROM held WHERE status = ? ORDER BY id", (status,)
-        )
+    def list(self, status: HeldStatus = "held", limit: int | None = None) -> list[HeldAction]:
+        """Held actions with ``status``, oldest first; with ``limit``, only the newest ``limit`` of them."""
+        if limit is None:
+            rows = self._db.all(
+                "reading held actions", f"SELECT {_COLS} FROM held WHERE status = ? ORDER BY id", (status,)
+            )
+        else:
+            rows = self._db.all(
+                "reading held actions",
+                f"SELECT {_COLS} FROM held WHERE status = ? ORDER BY id DESC LIMIT ?",
+                (status, limit),
+            )[::-1]
         return [_held(r) for r in rows]
+
+    def find(self, kind: str, node: str) -> HeldAction | None:
+        """The oldest action of ``kind`` on ``node`` still held; None when none is (one indexed lookup)."""
+        row = self._db.one(
+            "reading a held action",
+            f"SELECT {_COLS} FROM held WHERE status = 'held' AND kind = ? AND node = ? ORDER BY id LIMIT 1",
+            (kind, node),
+        )
+        return None if row is None else _held(row)
+
+    def count(self, status: HeldStatus = "held") -> int:
+        row = self._db.one("counting held actions", "SELECT count(*) FROM held WHERE status = ?", (status,))
+        return 0 if row is None else int(row[0])
+
+    def count_by_node(self) -> dict[str, int]:
+        """Per node, how many actions are held on it (nodes with none are absent)."""
+        rows = self._db.all(
+            "counting held actions",
+            "SELECT node, count(*) FROM held WHERE status = 'held' GROUP BY node",
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
 
     def get(self, id: int) -> HeldAction | None:
         row = self._db.one("reading a held action", f"SELECT {_COLS} FROM held WHERE id = ?", (id,))

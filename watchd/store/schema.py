@@ -78,5 +78,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             resolve_at REAL NOT NULL
         ) WITHOUT ROWID""",
     ),
+    (  # 3: lookups that must not grow with the table: a held action by (kind, node), a node in the window
+        "CREATE INDEX held_kind_node ON held (kind, node, id) WHERE status = 'held'",
+        "CREATE INDEX held_resolved ON held (resolved_at) WHERE status != 'held'",
+        "CREATE INDEX disruptions_pool_node_at ON disruptions (pool, node, at)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -18,6 +18,12 @@ class DryRun:
         detail = attempt.handler.describe(attempt.action) if attempt.mode == "dry-run" else None
         if detail is None:
             return await next(attempt)
+        if (
+            attempt.handler.follows_drain
+            and attempt.after_drain is not None
+            and not self._safety.drain_counted(attempt)
+        ):  # the drain it follows would have been held: this requeue would not happen, and is not counted
+            return ActionResult(Outcome.DRY_RUN, f"{detail}; not counted: the drain it follows would be held")
         gate = self._safety.gate(attempt)
         verdict = gate() if gate is not None else Verdict(True)
         if not verdict.allowed:  # dry-run holds nothing and pages nobody

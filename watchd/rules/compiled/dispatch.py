@@ -18,12 +18,12 @@ _ANY = object()
 
 
 def compile_rules(
-    rules: tuple[Rule, ...], state: Mapping[str, RuleState], evict: Evict, max_groups: int
+    rules: tuple[Rule, ...], state: Mapping[str, RuleState], evict: Evict
 ) -> Callable[[Event], list[Decision]]:
     """``event -> decisions`` in rule-file order, over ``state`` (every stateful rule's tables; rules with
     the same ``unless`` match and ``group_by`` are made to share one table of sightings)."""
     share_sightings(rules, state)
-    evaluators = {r.name: compile_evaluator(r, state.get(r.name), evict, max_groups) for r in rules}
+    evaluators = {r.name: compile_evaluator(r, state.get(r.name), evict) for r in rules}
     # a rule with ``for`` is checked for every event of its kind (one that does not match ends a hold)
     index = RuleIndex([r for r in rules if r.spec.for_ is None], found=lambda r: evaluators[r.name])
     order = {evaluators[r.name]: r.order for r in rules}
@@ -43,7 +43,6 @@ def compile_rules(
             ),
             order,
             evict,
-            max_groups,
         )
 
     named = index.kinds | {k for k in (*unless_rules, *for_rules) if isinstance(k, str)}

@@ -25,12 +25,13 @@ from watchd.rules.rule_state import GroupKey, RuleState
 from watchd.rules.specification import FOR_STALE_S
 
 Evaluator = Callable[[Event], "Decision | None"]
-#: Drops the least recently inserted entry of a table that grew past its bound (and counts it).
-Evict = Callable[[dict[GroupKey, Any]], None]
+#: Told that a key was just inserted into a table (as its newest): drops the least recently inserted
+#: entries beyond the bounds, by count and by bytes of keys, and counts them (rule_state.GroupBound.added).
+Evict = Callable[[dict[GroupKey, Any], GroupKey], None]
 
 
-def compile_evaluator(rule: Rule, state: RuleState | None, evict: Evict, max_groups: int) -> Evaluator:
-    """``state`` is the rule's (None for a stateless rule); tables grow to at most ``max_groups`` entries."""
+def compile_evaluator(rule: Rule, state: RuleState | None, evict: Evict) -> Evaluator:
+    """``state`` is the rule's (None for a stateless rule); ``evict`` bounds its tables after each new key."""
     spec = rule.spec
     ns = Namespace(
         new=tuple.__new__, Decision=Decision, PlannedAction=PlannedAction, deque=deque, evict=evict
@@ -43,7 +44,6 @@ def compile_evaluator(rule: Rule, state: RuleState | None, evict: Evict, max_gro
         body("    c = 1")
     else:
         src = Source(ns)
-        limit = bind(max_groups)
         body("    a = e.attrs")
         body("    now = e.time")
         body(f"    key = {src.key(spec.group_by)}")
@@ -58,7 +58,7 @@ def compile_evaluator(rule: Rule, state: RuleState | None, evict: Evict, max_gro
             body(f"    h = {held}.get(key)")
             body("    if h is None:")
             body(f"        h = {held}[key] = [now, now]")
-            body(f"        if len({held}) > {limit}: evict({held})")
+            body(f"        evict({held}, key)")
             body(f"    elif now - h[1] > {bind(FOR_STALE_S)}:  # not seen for too long: a new hold")
             body("        h[0] = h[1] = now")
             body(f"        {fired}.discard(key)")
@@ -72,7 +72,7 @@ def compile_evaluator(rule: Rule, state: RuleState | None, evict: Evict, max_gro
             body(f"    w = {windows}.get(key)")
             body("    if w is None:")
             body(f"        w = {windows}[key] = deque()")
-            body(f"        if len({windows}) > {limit}: evict({windows})")
+            body(f"        evict({windows}, key)")
             body(f"    w.append((now, {src.key(tuple(spec.distinct))}))")
             body(f"    horizon = now - {bind(spec.window)}")
             body("    while w[0][0] < horizon:")
@@ -88,9 +88,12 @@ def compile_evaluator(rule: Rule, state: RuleState | None, evict: Evict, max_gro
             body(f"    last = {last}.get(key)")
             body(f"    if last is not None and now - last < {bind(spec.cooldown)}:")
             body("        return None")
-            body(f"    {last}.pop(key, None)")
-            body(f"    {last}[key] = now")
-            body(f"    if len({last}) > {limit}: evict({last})")
+            body("    if last is None:")
+            body(f"        {last}[key] = now")
+            body(f"        evict({last}, key)")
+            body("    else:")
+            body(f"        del {last}[key]")
+            body(f"        {last}[key] = now")
         if rule.counted:
             body(f"    {bind(state.window)}.pop(key, None)  # fired: the next firing needs a fresh count")
         group = ", ".join(f"{bind(name)}: key[{i}]" for i, name in enumerate(spec.group_by))
@@ -117,7 +120,7 @@ class KindRules(NamedTuple):
 
 
 def compile_kind(
-    rules: KindRules, order: Mapping[Evaluator, int], evict: Evict, max_groups: int
+    rules: KindRules, order: Mapping[Evaluator, int], evict: Evict
 ) -> Callable[[Event], list[Decision]]:
     """One function ``event -> decisions`` (in rule-file order, ``order`` giving each evaluator's place) for
     events of one kind: each distinct ``unless`` match checked once and its sightings recorded for every
@@ -125,7 +128,6 @@ def compile_kind(
     the evaluators of the rules that matched."""
     src = Source(Namespace(evict=evict))
     bind = src.bind
-    limit = bind(max_groups)
     lines = ["def evaluate(e):", "    a = e.attrs"]
     add = lines.append
     for group in rules.unless:
@@ -139,9 +141,11 @@ def compile_kind(
             recorded.add(id(state.unless_seen))
             seen = bind(state.unless_seen)
             add(f"        k = {src.key(rule.spec.group_by)}")
-            add(f"        {seen}.pop(k, None)")
-            add(f"        {seen}[k] = (e.time, e.id)")
-            add(f"        if len({seen}) > {limit}: evict({seen})")
+            add(f"        if {seen}.pop(k, None) is None:")
+            add(f"            {seen}[k] = (e.time, e.id)")
+            add(f"            evict({seen}, k)")
+            add("        else:")
+            add(f"            {seen}[k] = (e.time, e.id)")
     lines += ["    out = []", "    add = out.append", *rules.rule_index.source(rules.kind, src)]
     for rule, evaluator, state in rules.for_rules:
         add(f"    if {src.condition(rule.spec.match, rule.matches)}:")
