@@ -12,7 +12,7 @@ import contextlib
 import os
 import socket
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -27,6 +27,7 @@ from watchd.httputil import (
     HttpLimits,
     decode_json,
     error_response,
+    errors_as_json,
     json_response,
     read_body,
 )
@@ -39,25 +40,6 @@ PATH = "/v1/heartbeat"
 MAX_BODY_BYTES = 256 * 1024
 MAX_REPORTS_PER_REQUEST = 1024
 _TICK_MAX_S = 0.25
-
-
-def _error(status: int, reason: str) -> web.Response:
-    return error_response(status, reason)
-
-
-@web.middleware
-async def _errors_as_json(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        return error_response(exc.status, exc.reason)
-    except RecursionError:
-        return error_response(400, "request nested too deeply")
-    except Exception:
-        _log.exception("heartbeat_request_failed", path=request.path)
-        return error_response(500, "internal error")
 
 
 class HeartbeatServer:
@@ -87,7 +69,9 @@ class HeartbeatServer:
         self.http_port = 0  # bound port, 0 when off
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors_as_json])
+        app = web.Application(
+            client_max_size=MAX_BODY_BYTES, middlewares=[errors_as_json("heartbeat_request_failed")]
+        )
         app.router.add_post(PATH, self._handle)
         self._runner = GuardedRunner(app, self._limits, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -149,17 +133,17 @@ class HeartbeatServer:
             raw = await read_body(request, MAX_BODY_BYTES, self._limits.body_timeout_s)
         except BodyError as exc:
             self._metrics.heartbeats.labels("invalid").inc()
-            return _error(exc.status, exc.reason)
+            return error_response(exc.status, exc.reason)
         try:
             body = decode_json(request, raw)
         except ValueError as exc:
             self._metrics.heartbeats.labels("invalid").inc()
-            return _error(400, str(exc))
+            return error_response(400, str(exc))
         try:
             reports = parse_reports(body, self._clock.now(), MAX_REPORTS_PER_REQUEST)
         except ReportError as exc:
             self._metrics.heartbeats.labels("invalid").inc()
-            return _error(400, f"invalid report: {exc}")
+            return error_response(400, f"invalid report: {exc}")
         accepted = refused = 0
         for report in reports:
             events = self.coalescer.offer(report)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ from watchd.httputil import (
     HttpLimits,
     decode_json,
     error_response,
+    errors_as_json,
     json_response,
     metrics_handler,
     read_body,
@@ -272,7 +273,7 @@ def make_app(
             result = engine.discard(held_id, by)
         return json_response(result, status=404 if result["outcome"] == "not_held" else 200)
 
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors_as_json])
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[errors_as_json("request_failed")])
     app.router.add_post(INGEST_PATH, ingest)
     app.router.add_get("/metrics", metrics_handler(metrics.registry))
     app.router.add_get("/healthz", healthz)
@@ -283,18 +284,3 @@ def make_app(
     app.router.add_post(r"/api/v1/held/{id}/{verb:release|discard}", resolve_held)
     app.router.add_post("/api/v1/nodes/{node}/resume", resume_node)
     return app
-
-
-@web.middleware
-async def _errors_as_json(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        return error_response(exc.status, exc.reason)
-    except RecursionError:
-        return error_response(400, "request nested too deeply")
-    except Exception:
-        _log.exception("request_failed", path=request.path)
-        return error_response(500, "internal error")
