@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from watchd.actions.pools import Pools
-from watchd.actions.safety import BreakerLimits, Verdict, breaker_verdict_counted, rate_verdict_counted
+from watchd.actions.safety import BreakerLimits, Verdict, breaker_verdict, rate_verdict_counted
 from watchd.store import keys
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class Safety:
         # per pool one indexed lookup and one SQL count: the cost does not grow with the window's rows
         counted = {p: window.contains(_counted(p, attempt.mode), node, since) for p in pools}
         taken = {p: window.count(_counted(p, attempt.mode), since) for p in pools if not counted[p]}
-        return breaker_verdict_counted(node, pools, self.pools.sizes, taken, counted, self.limits)
+        return breaker_verdict(node, pools, self.pools.sizes, taken, counted, self.limits)
 
     def _count(self, rule: str, node: str, mode: Mode, now: float) -> None:
         for pool in (keys.rule_pool(rule), *self.pools.pools(node)):

@@ -40,40 +40,13 @@ def breaker_verdict(
     node: str,
     pools_of_node: Sequence[str],
     pool_sizes: Mapping[str, int],
-    recent: Mapping[str, Iterable[str]],
-    limits: BreakerLimits,
-) -> Verdict:
-    """May ``node`` be taken out now? ``recent``: per pool, the nodes watchd disrupted within the window.
-
-    A node already counted in the window does not count twice (draining it again changes nothing)."""
-    for pool in pools_of_node or ("all",):
-        taken = set(recent.get(pool, ()))
-        if node in taken:
-            continue
-        size = pool_sizes.get(pool, 0)
-        allowed = limits.allowed_in(size)
-        if len(taken) + 1 > allowed:
-            share = f"{len(taken)} of {size}" if size else f"{len(taken)}"
-            return Verdict(
-                False,
-                f"blast-radius breaker: {share} nodes of pool {pool} already taken out by watchd within "
-                f"{limits.window_s:g} s (limit {allowed}: {limits.max_fraction:.0%}, "
-                f"at most {limits.max_nodes})",
-                pool,
-            )
-    return Verdict(True)
-
-
-def breaker_verdict_counted(
-    node: str,
-    pools_of_node: Sequence[str],
-    pool_sizes: Mapping[str, int],
     taken: Mapping[str, int],
     counted: Mapping[str, bool],
     limits: BreakerLimits,
 ) -> Verdict:
-    """:func:`breaker_verdict` from counts: ``taken`` per pool, how many nodes watchd disrupted within the
-    window; ``counted`` per pool, whether ``node`` is one of them (the same verdict, without the lists)."""
+    """May ``node`` be taken out now? ``taken``: per pool, how many nodes watchd disrupted within the window;
+    ``counted``: per pool, whether ``node`` is one of them (a node already counted does not count twice:
+    draining it again changes nothing)."""
     for pool in pools_of_node or ("all",):
         if counted.get(pool, False):
             continue
