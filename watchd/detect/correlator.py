@@ -32,7 +32,11 @@ class Correlator:
         self.config = config or DetectorsConfig()
         self.detectors = tuple(detectors)
         self.fleet = FleetState(
-            topology, history_s=self.config.history_s, spin_power_ratio=self.config.hang.spin_power_ratio
+            topology,
+            history_s=self.config.history_s,
+            spin_power_ratio=self.config.hang.spin_power_ratio,
+            max_nodes=self.config.max_nodes,
+            max_bytes=int(self.config.max_state_mib * 1024 * 1024),
         )
         self.episodes = Episodes(self.config.clear_after_s)
         self.last_cycle_jobs = 0

@@ -2,19 +2,22 @@
 
 Fed every event the engine ingests (:meth:`FleetState.observe`); the detectors only read it. Memory is
 bounded: a GPU keeps ``history_s`` of windows, a node its last 64 hardware events, and GPUs, nodes and ranks
-that fell silent are pruned. Between prunes it is bounded by count too, whatever the inputs: at most
-``max_nodes`` nodes (the node that reported least recently is evicted first) and GPU indexes below
-``max_gpus_per_node``; each eviction or refusal is counted in :attr:`FleetState.evicted`.
+that fell silent are pruned. Between prunes it is bounded whatever the inputs, by count and by bytes: at most
+``max_nodes`` nodes and an estimated ``max_bytes`` of state (:mod:`watchd.detect.fleet_bytes`), the node
+that reported least recently evicted first (with everything kept about it: GPUs, windows, faults, ranks),
+and GPU indexes below ``max_gpus_per_node``; each eviction or refusal is counted in
+:attr:`FleetState.evicted`.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from watchd.detect import fleet_bytes as cost
 from watchd.jobs.topology import JobTopology
 from watchd.model.conditions import (
     APPLICATION_XID_BUCKETS,
@@ -37,6 +40,7 @@ from watchd.xid.pci import normalize_pci
 _EWMA = 0.2
 MAX_NODES = 131_072  # a 100,000-GPU fleet of 1-GPU nodes, with room: the bound any input can reach
 MAX_GPUS_PER_NODE = 64  # GPU indexes 0..63 (the largest nodes have 16)
+MAX_BYTES = 2048 * 1024 * 1024  # 100,000 GPUs with 300 s of 5 s windows take about 850 MiB
 
 
 def _float(value: float | None) -> float | None:
@@ -125,6 +129,7 @@ class FleetState:
         rank_ttl_s: float = 600.0,
         max_nodes: int = MAX_NODES,
         max_gpus_per_node: int = MAX_GPUS_PER_NODE,
+        max_bytes: int = MAX_BYTES,
     ) -> None:
         self.topology = topology if topology is not None else JobTopology()
         self.history_s = history_s
@@ -138,22 +143,40 @@ class FleetState:
         self.lost_by_node: dict[str, dict[int, float]] = {}  # the same as ``lost``, indexed by node
         self.max_nodes = max_nodes
         self.max_gpus_per_node = max_gpus_per_node
-        # node -> when it last reported, least recent first: the eviction order
-        self._recency: dict[str, float] = {}
-        self.evicted: dict[str, int] = {"node": 0, "gpu": 0}  # counted for watchd_fleet_evicted_total{what}
+        self.max_bytes = max_bytes
+        # node -> when it last reported, least recent first: the eviction order (ordered: a plain dict's
+        # first key gets slow to find after many deletions at its front)
+        self._recency: OrderedDict[str, float] = OrderedDict()
+        self._ranks_on: dict[str, set[tuple[str, int]]] = {}  # node -> (job, rank) of the ranks it reports
+        self._node_bytes: dict[str, int] = {}  # what each node's state costs (fleet_bytes' estimate)
+        self.bytes = 0  # their sum
+        # counted for watchd_fleet_evicted_total{what}: node (to stay within max_nodes and max_bytes) and gpu
+        # (an index past max_gpus_per_node, refused)
+        self.evicted: dict[str, int] = {"node": 0, "gpu": 0}
+
+    def _charge(self, node: str, n: int) -> None:
+        self._node_bytes[node] = self._node_bytes.get(node, 0) + n
+        self.bytes += n
 
     def _touch(self, node: str, at: float) -> None:
-        """``node`` reported now: it moves to the end of the eviction order; the oldest beyond ``max_nodes``
-        are evicted (all of their state)."""
+        """``node`` reported now: it moves to the end of the eviction order."""
         recency = self._recency
-        recency.pop(node, None)
+        if node in recency:
+            recency.move_to_end(node)
+        else:
+            self._charge(node, cost.node(node))
         recency[node] = at
-        while len(recency) > self.max_nodes:
+
+    def _evict_over_bounds(self) -> None:
+        """Evict the nodes that reported least recently (all of their state) while there are more than
+        ``max_nodes`` or their state costs more than ``max_bytes``; never the node that reported last."""
+        recency = self._recency
+        while len(recency) > 1 and (len(recency) > self.max_nodes or self.bytes > self.max_bytes):
             self.forget_node(next(iter(recency)))
             self.evicted["node"] += 1
 
     def forget_node(self, node: str) -> None:
-        """Drop everything kept about ``node`` (its GPUs, lost GPUs, hardware events, PCI map)."""
+        """Drop everything kept about ``node`` (its GPUs, lost GPUs, hardware events, PCI map, ranks)."""
         self._recency.pop(node, None)
         for gpu in range(self.max_gpus_per_node):
             self.gpus.pop((node, gpu), None)
@@ -161,15 +184,25 @@ class FleetState:
             self.lost.pop((node, gpu), None)
         self.hardware.pop(node, None)
         self.pci.pop(node, None)
+        for job, rank in self._ranks_on.pop(node, ()):
+            ranks = self.ranks.get(job)
+            if ranks is not None:
+                ranks.pop(rank, None)
+                if not ranks:
+                    del self.ranks[job]
+        self.bytes -= self._node_bytes.pop(node, 0)
         self.topology.forget_node(node)
 
     def _set_lost(self, node: str, gpu: int, at: float) -> None:
+        if self.lost.get((node, gpu)) is None:
+            self._charge(node, cost.LOST)
         self.lost[(node, gpu)] = at
         self.lost_by_node.setdefault(node, {})[gpu] = at
 
     def _clear_lost(self, node: str, gpu: int) -> None:
         if self.lost.pop((node, gpu), None) is None:
             return
+        self._charge(node, -cost.LOST)
         lost = self.lost_by_node.get(node)
         if lost is not None:
             lost.pop(gpu, None)
@@ -194,6 +227,9 @@ class FleetState:
             self._xid(event)
         elif kind == HEALTH_KIND:
             self._health(event)
+        else:
+            return
+        self._evict_over_bounds()
 
     def _summary(self, e: Event) -> None:
         s = GpuSummary.read(e)
@@ -207,12 +243,17 @@ class FleetState:
         track = self.gpus.get(key)
         if track is None:
             track = self.gpus[key] = GpuTrack(e.node, gpu)
+            self._charge(e.node, cost.GPU)
         job = job_label(s.job)
         if job != track.job:
             track.job, track.computed_s = job, 0.0
             track.power_base = track.link_base = None
         if s.pci_bus_id is not None:
-            self.pci.setdefault(e.node, {})[normalize_pci(s.pci_bus_id) or s.pci_bus_id] = gpu
+            by_pci = self.pci.get(e.node)
+            pci = normalize_pci(s.pci_bus_id) or s.pci_bus_id
+            if by_pci is None or pci not in by_pci:
+                self._charge(e.node, cost.pci(pci, by_pci is None))
+            self.pci.setdefault(e.node, {})[pci] = gpu
         track.model = s.model if s.model is not None else track.model
         # the model read the numbers: each is finite or None
         links = (s.nvlink_tx_mean, s.nvlink_rx_mean, s.pcie_tx_mean, s.pcie_rx_mean)
@@ -237,6 +278,7 @@ class FleetState:
             stale += 1
         if stale:
             del windows[:stale]
+        self._charge(e.node, (1 - stale) * cost.WINDOW)
         self._learn_baseline(track, w, float(s.window_s or 5.0))
         track.last_seen = e.time
         self._clear_lost(e.node, gpu)
@@ -266,9 +308,13 @@ class FleetState:
         track = ranks.get(rank)
         if track is None:
             track = ranks[rank] = RankTrack(job, rank, e.node, last_advance=e.time)
+            self._ranks_on.setdefault(e.node, set()).add((job, rank))
+            self._charge(e.node, cost.rank(job))
         if e.time < track.last_report:
             return  # out of order: an older report
-        track.node = e.node
+        if track.node != e.node:  # the rank moved (a requeue): its cost and eviction go with it
+            self._move_rank(track, e.node)
+        self._touch(e.node, e.time)
         track.gpu = hb.gpu if hb.gpu is not None else track.gpu
         was_quiet = track.phase in QUIET_PHASES
         track.phase = hb.phase or DEFAULT_PHASE
@@ -318,7 +364,27 @@ class FleetState:
 
     def _hardware(self, h: HardwareEvent) -> None:
         self._touch(h.node, h.time)
-        self.hardware.setdefault(h.node, deque(maxlen=64)).append(h)
+        events = self.hardware.get(h.node)
+        if events is None:
+            events = self.hardware[h.node] = deque(maxlen=64)
+            self._charge(h.node, cost.HARDWARE_FIRST)
+        elif len(events) == events.maxlen:
+            self._charge(h.node, -cost.hardware(events[0].what, False))  # pushed out by this one
+        events.append(h)
+        self._charge(h.node, cost.hardware(h.what, False))
+
+    def _move_rank(self, track: RankTrack, node: str) -> None:
+        key = (track.job, track.rank)
+        on_old = self._ranks_on.get(track.node)
+        if on_old is not None:
+            on_old.discard(key)
+            if not on_old:
+                del self._ranks_on[track.node]
+        if track.node in self._node_bytes:
+            self._charge(track.node, -cost.rank(track.job))
+        self._ranks_on.setdefault(node, set()).add(key)
+        self._charge(node, cost.rank(track.job))
+        track.node = node
 
     def _gpu_of_pci(self, node: str, pci: object) -> int | None:
         if not isinstance(pci, str):
@@ -410,9 +476,6 @@ class FleetState:
         tracked = {node for node, _ in self.gpus}
         for node in [n for n in self.pci if n not in tracked]:
             del self.pci[node]
-        kept = tracked | self.hardware.keys() | self.lost_by_node.keys()
-        for node in [n for n in self._recency if n not in kept]:
-            del self._recency[node]
         rank_horizon = now - self.rank_ttl_s
         for job in list(self.ranks):
             ranks = self.ranks[job]
@@ -420,4 +483,31 @@ class FleetState:
                 del ranks[rank]
             if not ranks:
                 del self.ranks[job]
+        self._ranks_on = {}
+        for job, ranks in self.ranks.items():
+            for rank, track in ranks.items():
+                self._ranks_on.setdefault(track.node, set()).add((job, rank))
+        kept = tracked | self.hardware.keys() | self.lost_by_node.keys() | self._ranks_on.keys()
+        for node in [n for n in self._recency if n not in kept]:
+            del self._recency[node]
+        self._recount()
         self.topology.prune(now)
+
+    def _recount(self) -> None:
+        """What the state costs, counted afresh (the running count is kept exact between prunes too; this
+        keeps any drift from lasting)."""
+        by_node = {node: cost.node(node) for node in self._recency}
+        for (node, _), track in self.gpus.items():
+            by_node[node] = by_node.get(node, 0) + cost.GPU + cost.WINDOW * len(track.windows)
+        for node, events in self.hardware.items():
+            by_node[node] = (
+                by_node.get(node, 0) + cost.HARDWARE_FIRST + sum(cost.hardware(h.what, False) for h in events)
+            )
+        for node, lost in self.lost_by_node.items():
+            by_node[node] = by_node.get(node, 0) + cost.LOST * len(lost)
+        for node, by_pci in self.pci.items():
+            by_node[node] = by_node.get(node, 0) + sum(cost.pci(p, i == 0) for i, p in enumerate(by_pci))
+        for node, keys in self._ranks_on.items():
+            by_node[node] = by_node.get(node, 0) + sum(cost.rank(job) for job, _ in keys)
+        self._node_bytes = by_node
+        self.bytes = sum(by_node.values())

@@ -100,6 +100,15 @@ class DetectorParams(_Strict):
 class DetectorsConfig(DetectorParams):
     interval_s: Seconds = Field(default=5.0, description="how often the detectors run")
     history_s: Seconds = Field(default=300.0, description="per-GPU window history kept")
+    max_nodes: int = Field(
+        default=131_072, ge=1, description="nodes whose state is kept; the least recently reporting evicted"
+    )
+    max_state_mib: float = Field(
+        default=2048.0,
+        gt=0,
+        description="memory the detectors' fleet state may take (estimated); the least recently reporting "
+        "nodes evicted beyond it",
+    )
     partitions: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per partition: the same keys, only those that differ"
     )

@@ -46,9 +46,15 @@ class EngineMetrics:
         )
         self.fleet_evicted = Counter(
             "watchd_fleet_evicted",
-            "Fleet state the detectors keep, evicted to stay within its bounds (node) or refused (gpu: an "
-            "index past detect.fleet.MAX_GPUS_PER_NODE).",
+            "Fleet state the detectors keep, evicted to stay within its bounds (node: past "
+            "detectors.max_nodes or detectors.max_state_mib) or refused (gpu: an index past "
+            "detect.fleet.MAX_GPUS_PER_NODE).",
             ["what"],
+            registry=r,
+        )
+        self.fleet_state_bytes = Gauge(
+            "watchd_fleet_state_bytes",
+            "Memory the detectors' fleet state takes, as estimated against detectors.max_state_mib.",
             registry=r,
         )
         self.rule_groups_evicted = Counter(

@@ -535,6 +535,7 @@ class Engine:
 
     def _count_evictions(self) -> None:
         """What the fleet state and the rule tables evicted (counted in pure code) into their counters."""
+        self.metrics.fleet_state_bytes.set(self.correlator.fleet.bytes)
         for what, n in self.correlator.fleet.evicted.items():
             seen = self._evictions_seen.get(what, 0)
             if n > seen:

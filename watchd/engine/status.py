@@ -99,7 +99,11 @@ class EngineStatus:
             "findings": [f.to_event().to_wire() for f in list(self.findings)[-50:]],
             "breaker": self.breaker(now),
             "alerts": self.alerts.state() if self.alerts is not None else [],
-            "fleet": {"evicted": dict(self.correlator.fleet.evicted)},
+            "fleet": {
+                "evicted": dict(self.correlator.fleet.evicted),
+                "state_bytes": self.correlator.fleet.bytes,
+                "max_state_bytes": self.correlator.fleet.max_bytes,
+            },
         }
 
     def breaker(self, now: float) -> list[dict[str, Any]]:

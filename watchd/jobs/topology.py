@@ -46,6 +46,7 @@ class JobTopology:
         self._seen: dict[tuple[str, int], tuple[str, float]] = {}  # (node, gpu) -> (job label, last seen)
         self._node_gpus: dict[str, dict[int, float]] = {}  # node -> gpu -> last seen (any job or none)
         self._ranks: dict[tuple[str, str, int | None], float] = {}  # (node, job label, gpu) -> last report
+        self._ranks_on: dict[str, set[tuple[str, str, int | None]]] = {}  # node -> its keys in _ranks
         self._unknown_labels: set[str] = set()
 
     # ------------------------------------------------------------------------------------- updates
@@ -73,7 +74,10 @@ class JobTopology:
 
     def observe_rank(self, node: str, job: str, gpu: int | None, now: float) -> None:
         """A training rank of ``job`` reported from ``node`` at ``now``, on GPU ``gpu`` when it said which."""
-        self._ranks[(node, job, gpu)] = now
+        key = (node, job, gpu)
+        if key not in self._ranks:
+            self._ranks_on.setdefault(node, set()).add(key)
+        self._ranks[key] = now
         if self.provided(job) is None and self._snapshots:
             self._unknown_labels.add(job)
 
@@ -81,8 +85,8 @@ class JobTopology:
         # every (node, gpu) in _seen is in _node_gpus too (observe_gpu sets both, prune uses one horizon)
         for gpu in self._node_gpus.pop(node, {}):
             self._seen.pop((node, gpu), None)
-        for rank in [k for k in self._ranks if k[0] == node]:
-            del self._ranks[rank]
+        for rank in self._ranks_on.pop(node, ()):
+            self._ranks.pop(rank, None)
 
     def take_unknown(self) -> set[str]:
         """Job labels the agents reported that no provider lists (a refresh may find them); clears them."""
@@ -181,6 +185,10 @@ class JobTopology:
             del self._seen[key]
         for rank in [k for k, seen in self._ranks.items() if seen < horizon]:
             del self._ranks[rank]
+            on = self._ranks_on[rank[0]]
+            on.discard(rank)
+            if not on:
+                del self._ranks_on[rank[0]]
         for node in list(self._node_gpus):
             gpus = self._node_gpus[node]
             for gpu in [g for g, seen in gpus.items() if seen < horizon]:
