@@ -22,7 +22,8 @@ def test_every_recorded_file_is_cited_in_the_readme() -> None:
     assert missing == []
 
 
-# (file, rows, avg busbw, busbw at the largest size, #wrong, out-of-bounds, errors?, gpu model, columns, complete)
+# file: rows, avg busbw, busbw at the largest size, #wrong, out-of-bounds, errors?, GPU model, columns,
+# complete
 NCCL_EXPECTED = {
     "h100-2node-16rank-wrong-columns.txt": (
         31,
@@ -181,7 +182,8 @@ def test_dcgm_3x_rows_and_wrapped_messages() -> None:
     persistence = next(t for t in r.tests if t.name == "Persistence Mode")
     assert persistence.status == "pass"
     assert persistence.messages[0].startswith(
-        'info: Persistence mode for GPU 0 is disabled. Enable persistence mode by running "nvidia-smi -i <gpuId>'
+        "info: Persistence mode for GPU 0 is disabled. "
+        'Enable persistence mode by running "nvidia-smi -i <gpuId>'
     )
     memory = next(t for t in r.tests if t.name == "GPU Memory")
     assert (memory.category, len(memory.messages)) == ("Hardware", 8)
@@ -196,8 +198,8 @@ def test_dcgm_4x_per_gpu_statuses() -> None:
     assert pcie.gpus == {i: "pass" for i in range(8)}
     assert pcie.messages == [
         "There was an internal error during the test: 'Output of child process (11167) couldn't be parsed: "
-        "'* Line 1, Column 1 Syntax error: value, object or array expected. '' Check DCGM and system logs for "
-        "errors. Reset GPU. Restart DCGM. Rerun diagnostics."
+        "'* Line 1, Column 1 Syntax error: value, object or array expected. '' Check DCGM and system logs "
+        "for errors. Reset GPU. Restart DCGM. Rerun diagnostics."
     ]
 
 
