@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from watchd.checks.judge import judge, judge_peers
 from watchd.checks.metrics import CheckMetrics
-from watchd.checks.params import CheckSpec, ChecksConfig, PeersConfig
+from watchd.checks.params import ChecksConfig, CheckSpec, PeersConfig
 from watchd.checks.runner import CheckJob, RunOutput
 from watchd.checks.service import CheckService
 from watchd.clock import FakeClock
