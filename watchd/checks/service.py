@@ -91,10 +91,17 @@ class CheckService:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._rounds: dict[str, str] = {}  # check -> its round in progress
         self._validating: set[str] = set()
+        self._jobs: dict[str, str] = {}  # run id -> the scheduler's job id (for the event)
+        self._failing: dict[
+            str, set[str]
+        ] = {}  # node -> checks whose last result failed (awaiting validation)
 
     # ----------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         """Follow the runs a restart interrupted, resume unfinished rounds, schedule every check."""
+        for st in self.store.checks.all_nodes():
+            if st.last_outcome in ("failed", "timeout"):
+                self._failing.setdefault(st.node, set()).add(st.check)
         for run in self.store.checks.unfinished():
             self._spawn(self._follow(run))
         now = self.clock.now()
@@ -287,6 +294,7 @@ class CheckService:
                 output = RunOutput("not_started", detail=str(exc))
             else:
                 self.store.checks.submitted(run_id, handle.job_id, handle.output)
+                self._jobs[run_id] = handle.job_id
                 output = await self.runner.wait(handle)
         finally:
             self._running.pop(node, None)
@@ -301,6 +309,7 @@ class CheckService:
             self._finish_raw(run.run_id, "error", "the engine stopped before the job was submitted", {})
             return
         self._running[run.node] = run.run_id
+        self._jobs[run.run_id] = run.job_id
         try:
             handle = JobHandle(
                 run.run_id, run.node, run.job_id, run.job_output, run.started_at, spec.time_limit
@@ -366,10 +375,17 @@ class CheckService:
         self._finish(spec, node, run_id, verdict, emitted=True, count_round=count_round)
         self.metrics.runs.labels(spec.name, verdict.outcome).inc()
         event = self.event(spec, node, rid, run_id, verdict, validation=validation)
-        (_log.info if verdict.passed else _log.warning)(
+        (_log.debug if verdict.passed else _log.warning)(
             "check_result", check=spec.name, node=node, outcome=verdict.outcome, evidence=verdict.evidence
         )
-        self._update_awaiting()
+        failing = self._failing.setdefault(node, set())
+        if verdict.outcome in ("failed", "timeout"):
+            failing.add(spec.name)
+        elif verdict.outcome == "passed":
+            failing.discard(spec.name)
+        if not failing:
+            self._failing.pop(node, None)
+        self.metrics.awaiting_validation.set(len(self._failing))
         await self.emit(event)
         return event
 
@@ -377,10 +393,7 @@ class CheckService:
         self, spec: CheckSpec, node: str, rid: str, run_id: str, verdict: Verdict, *, validation: bool = False
     ) -> Event:
         figures: dict[str, Any] = {k: verdict.figures.get(k) for k in _FIGURES}
-        job = None
-        with contextlib.suppress(StoreError):
-            row = next((r for r in self.store.checks.history(node, 5) if r.run_id == run_id), None)
-            job = row.job_id if row is not None and row.job_id else None
+        job = self._jobs.pop(run_id, None)
         attrs = check_kind.CheckResult(
             check=spec.name,
             check_type=spec.type,
@@ -401,12 +414,7 @@ class CheckService:
         )
 
     def _update_awaiting(self) -> None:
-        try:
-            nodes = self.store.checks.all_nodes()
-        except StoreError:
-            return
-        failing = {n.node for n in nodes if n.last_outcome in ("failed", "timeout")}
-        self.metrics.awaiting_validation.set(len(failing))
+        self.metrics.awaiting_validation.set(len(self._failing))
 
     # ------------------------------------------------------------------------------- on demand, validate
     def _spec(self, name: str) -> CheckSpec:
@@ -485,6 +493,8 @@ class CheckService:
             done = await self.runner.end_validation(node, passed, reason)
         finally:
             self._validating.discard(node)
+        if passed:
+            self._failing.pop(node, None)  # validated: back in service
         self._update_awaiting()
         return passed, results, done
 
@@ -518,7 +528,7 @@ class CheckService:
 
     def status(self) -> dict[str, Any]:
         nodes = self.store.checks.all_nodes()
-        failing = sorted({n.node for n in nodes if n.last_outcome in ("failed", "timeout")})
+        failing = sorted(self._failing)
         return {
             "checks": self.listing(),
             "running": dict(sorted(self._running.items())),
