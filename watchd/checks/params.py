@@ -147,8 +147,9 @@ class KubernetesCheckRunner(Strict):
     namespace: str = "watchd"
     image: str = "nvcr.io/nvidia/pytorch:24.04-py3"
     gpu_resource: str = "nvidia.com/gpu"
-    gpus: Annotated[int, Field(ge=0)] = 8
+    gpus: Annotated[int, Field(ge=0)] = 8  # requested by the check's pod (every GPU of the node)
     poll_interval_s: Annotated[float, Field(gt=0)] = 2.0
+    grace: Duration = 30.0  # past the time limit the Job is deleted and counted as timed out
 
 
 class ChecksConfig(Strict):
