@@ -163,7 +163,9 @@ class ChecksConfig(Strict):
     peers: PeersConfig = PeersConfig()
     slurm: SlurmCheckRunner = SlurmCheckRunner()
     kubernetes: KubernetesCheckRunner = KubernetesCheckRunner()
-    history_limit: Annotated[int, Field(ge=1)] = 100  # runs kept per node and check
+    #: event kinds that start `watchd node validate` on their node by themselves (e.g. a repair system's
+    #: ``node_repaired``): only nodes watchd drained are validated, as by hand
+    auto_validate: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _valid(self) -> ChecksConfig:

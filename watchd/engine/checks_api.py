@@ -95,6 +95,22 @@ async def validate(engine: Engine, node: str, by: str) -> dict[str, Any]:
     return {"outcome": done, "detail": detail, "results": results}
 
 
+_auto: set[asyncio.Task[Any]] = set()
+
+
+def auto_validate(engine: Engine, event: Event) -> None:
+    """An event of a kind in ``checks.auto_validate`` (``node_repaired``): validate its node, in the
+    background (only a node watchd drained; the outcome is audited as any validation)."""
+
+    async def run() -> None:
+        result = await validate(engine, event.node, f"auto: {event.kind} {event.id}")
+        _log.info("auto_validation", node=event.node, kind=event.kind, outcome=result["outcome"])
+
+    task = asyncio.ensure_future(run())
+    _auto.add(task)
+    task.add_done_callback(_auto.discard)
+
+
 def add_routes(app: web.Application, engine: Engine, authorized: Callable[[web.Request], bool]) -> None:
     def operator(request: web.Request) -> str:
         by = request.headers.get("X-Watchd-Operator", "api")[:100]

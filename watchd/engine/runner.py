@@ -136,6 +136,7 @@ class Engine:
         self._probed_at = -1e18  # monotonic time of the last inline probe of an unwritable store
         self._ack_waiters: set[asyncio.Future[Any]] = set()
         self.checks: CheckService | None = None  # issue 21: active checks (watchd.engine.checks_api)
+        self._auto_validate = frozenset(config.checks.auto_validate) if config.checks.enabled else frozenset()
 
     # ---------------------------------------------------------------------------------------- rules
 
@@ -593,6 +594,10 @@ class Engine:
                     for decision in self.evaluator.evaluate(with_job(event)):
                         self.metrics.rule_matches.labels(decision.rule).inc()
                         self.executor.submit(decision, received_at)
+                    if self._auto_validate and event.kind in self._auto_validate:  # issue 21
+                        from watchd.engine import checks_api
+
+                        checks_api.auto_validate(self, event)
                 except Exception:
                     _log.exception("evaluation_failed", event_id=event.id, node=event.node)
                 if acks and (fut := acks.pop(id(event), None)) is not None and not fut.done():
