@@ -270,7 +270,10 @@ async def test_validate_resumes_only_after_every_check_passes(
     assert ("validate", "drain", "drained") in audit and ("validate", "resume", "resumed") in audit
     validation_jobs = [a for a in runner_of(engine).submissions if "--reservation=watchd-validate-gpu-1" in a]
     assert len(validation_jobs) == 4  # nccl + dcgm, twice
-    # the CLI's history and run
+    # the CLI's list, history and run
+    out = io.StringIO()
+    assert await asyncio.to_thread(run_checks, "list", [], [], url, None, None, None, False, 30, out) == 0
+    assert out.getvalue().startswith("nccl ") and "dcgm " in out.getvalue()
     out = io.StringIO()
     assert (
         await asyncio.to_thread(run_checks, "history", ["gpu-1"], [], url, None, None, None, False, 30, out)
