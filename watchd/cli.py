@@ -58,6 +58,23 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--by", help="who decides (default: your user name), recorded in the audit")
     r.add_argument("-c", "--config", type=Path, help="engine YAML config: the engine's address and token")
 
+    # issue 21: active checks and the validated return to service
+    v = nsub.add_parser("validate", help="run the check suite; resume the node only if every check passes")
+    v.add_argument("name")
+    ck = sub.add_parser("checks", help="active checks: list them, run them on nodes, a node's history")
+    ck.add_argument("verb", choices=["list", "run", "history"])
+    ck.add_argument("nodes", nargs="*", help="nodes (run, history)")
+    ck.add_argument("--check", action="append", default=[], help="run only this check (repeatable)")
+    ck.add_argument("--json", action="store_true", help="the raw documents")
+    for parser in (v, ck):
+        parser.add_argument("--url", help=f"the engine (default: from --config, else {DEFAULT_URL})")
+        parser.add_argument("--token-file", type=Path, help="the engine's token (default: $WATCHD_TOKEN)")
+        parser.add_argument("--by", help="who decides (default: your user name), recorded in the audit")
+        parser.add_argument(
+            "-c", "--config", type=Path, help="engine YAML config: the engine's address and token"
+        )
+        parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the checks")
+
     rl = sub.add_parser("rules", help="check, test and describe rule files")
     rsub = rl.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
     rc = rsub.add_parser("check", help="report every problem with file:line:column; exit 1 on any")
@@ -123,6 +140,27 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.progress,
             args.check,
             args.log_level,
+            sys.stdout,
+        )
+    if args.command == "node" and args.node_command == "validate":
+        from watchd.checks.commands import run_validate
+
+        return run_validate(
+            args.name, args.url, args.token_file, args.config, args.by, args.timeout, sys.stdout
+        )
+    if args.command == "checks":
+        from watchd.checks.commands import run_checks
+
+        return run_checks(
+            args.verb,
+            args.nodes,
+            args.check,
+            args.url,
+            args.token_file,
+            args.config,
+            args.by,
+            args.json,
+            args.timeout,
             sys.stdout,
         )
     if args.command == "node":

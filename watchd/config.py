@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from watchd.checks.params import ChecksConfig
 from watchd.detect.params import DetectorsConfig
 from watchd.errors import ConfigError
 from watchd.strict import Strict as _Strict
@@ -221,6 +222,7 @@ class EngineConfig(_Strict):
     alertmanager: AlertmanagerConfig = AlertmanagerConfig()
     jobs: JobsConfig = JobsConfig()
     detectors: DetectorsConfig = DetectorsConfig()
+    checks: ChecksConfig = ChecksConfig()  # issue 21: active checks (docs/checks.md)
     log: LogConfig = LogConfig()
 
     def scheduler_settings(self) -> dict[str, SchedulerSettings]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
@@ -34,6 +34,12 @@ class Periodic:
     def every(self, seconds: float, job: Job, name: str) -> None:
         """Run ``job`` every ``seconds`` once started (jobs may be added before or after)."""
         self._scheduler.add_job(self._run, "interval", seconds=seconds, args=(job, name), id=name, name=name)
+
+    def schedule(self, trigger: Any, job: Job, name: str, next_run_time: datetime | None = None) -> None:
+        """Run ``job`` on an APScheduler ``trigger`` (cron, or an interval with jitter: the active checks);
+        ``next_run_time``: the first run (e.g. now, for a round a restart found missed)."""
+        extra = {"next_run_time": next_run_time} if next_run_time is not None else {}
+        self._scheduler.add_job(self._run, trigger, args=(job, name), id=name, name=name, **extra)
 
     def start(self) -> None:
         # APScheduler's own log lines would bypass structlog: the jobs log their failures themselves, and what
@@ -67,4 +73,12 @@ class Periodic:
 
     def jobs(self) -> dict[str, float]:
         """Each job's name and interval in seconds (for tests and the log)."""
-        return {j.id: j.trigger.interval.total_seconds() for j in self._scheduler.get_jobs()}
+        return {
+            j.id: j.trigger.interval.total_seconds()
+            for j in self._scheduler.get_jobs()
+            if hasattr(j.trigger, "interval")
+        }
+
+    def next_runs(self) -> dict[str, datetime | None]:
+        """Each job's next run time."""
+        return {j.id: j.next_run_time for j in self._scheduler.get_jobs()}

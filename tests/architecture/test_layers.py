@@ -31,6 +31,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "watchd.integrations.leadership",
         "watchd.integrations.webhook.sender",
     ),
+    # issue 21: the checks are a domain like actions: parsers, judge, plan and params are pure (model only);
+    # the service keeps rounds on APScheduler (periodic) and in the state database; the runners are built by
+    # name from the integrations (never imported here); the CLI calls the engine's API (operator_cli)
+    "checks": ("watchd.model", "watchd.store", "watchd.periodic", "watchd.operator_cli"),
 }
 
 

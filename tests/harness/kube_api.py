@@ -15,6 +15,13 @@ loopback, with the real client library. What it implements, as the real API serv
   percentages rounded up, over the healthy pods its selector matches), 500 when two budgets match the pod.
 - leases (coordination.k8s.io/v1): GET, POST (409 AlreadyExists), PUT with optimistic concurrency (409 on a
   stale resourceVersion, 404 on a lease that does not exist).
+- jobs (batch/v1, issue 21): POST (409 AlreadyExists, 422 without a pod template), GET, DELETE (the
+  Job's pods go with it, as with ``propagationPolicy`` Background or Foreground); creating a Job creates its
+  Pod as the Job controller does (``<job>-<suffix>``, labels ``job-name``/``batch.kubernetes.io/job-name``,
+  an owner reference, phase ``Pending``), the test plays the kubelet with :meth:`KubeApiServer.run_job` /
+  :meth:`KubeApiServer.finish_job`, and ``activeDeadlineSeconds`` is enforced as the controller does (past
+  it the Job fails with reason ``DeadlineExceeded`` and its running pods are deleted); pod logs
+  (``GET pods/{name}/log``, plain text).
 - errors as ``Status`` objects; bearer-token authentication (401) and per-verb/resource denial (403);
   injectable failures (any status, a delay for timeouts) for the next N matching requests.
 
@@ -110,6 +117,9 @@ class KubeState:
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     leases: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pdbs: list[PDB] = field(default_factory=list)
+    jobs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    logs: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, pod) -> its log
+    job_started: dict[tuple[str, str], float] = field(default_factory=dict)  # for activeDeadlineSeconds
     revision: int = 1000
 
     def bump(self, obj: dict[str, Any]) -> None:
@@ -274,6 +284,11 @@ class KubeApiServer:
         r.add_delete("/api/v1/namespaces/{ns}/pods/{name}", self._delete_pod)
         r.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch_pod)
         r.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict)
+        r.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._pod_log)
+        jobs = "/apis/batch/v1/namespaces/{ns}/jobs"
+        r.add_post(jobs, self._create_job)
+        r.add_get(jobs + "/{name}", self._get_job)
+        r.add_delete(jobs + "/{name}", self._delete_job)
         lease = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
         r.add_post(lease, self._create_lease)
         r.add_get(lease + "/{name}", self._get_lease)
@@ -497,6 +512,173 @@ class KubeApiServer:
         return max(0, len(self._healthy(b)) - self._healthy_needed(b))
 
     # ------------------------------------------------------------------------------------------ leases
+    # ------------------------------------------------------------------------------------------ jobs
+    def _job_or_404(self, ns: str, name: str) -> dict[str, Any]:
+        job = self.state.jobs.get((ns, name))
+        if job is None:
+            raise ApiFailure(
+                404, "NotFound", f'jobs.batch "{name}" not found', {"name": name, "kind": "jobs"}
+            )
+        return job
+
+    def _job_pods(self, ns: str, name: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for (pns, _), p in self.state.pods.items()
+            if pns == ns and p["metadata"].get("labels", {}).get("job-name") == name
+        ]
+
+    async def _create_job(self, request: web.Request) -> web.Response:
+        ns = request.match_info["ns"]
+        body = await _body(request)
+        meta = body.get("metadata", {}) if isinstance(body, dict) else {}
+        name = meta.get("name")
+        template = (body.get("spec") or {}).get("template") if isinstance(body, dict) else None
+        if not name or not isinstance(template, dict) or not (template.get("spec") or {}).get("containers"):
+            raise ApiFailure(
+                422, "Invalid", "Job.batch is invalid: spec.template.spec.containers: Required value"
+            )
+        if (ns, name) in self.state.jobs:
+            raise ApiFailure(409, "AlreadyExists", f'jobs.batch "{name}" already exists')
+        job = copy.deepcopy(body)
+        job["metadata"] = {**meta, "namespace": ns, "uid": self._new_uid(), "creationTimestamp": _now_iso()}
+        job["status"] = {}
+        self.state.bump(job)
+        self.state.jobs[(ns, name)] = job
+        # the Job controller: one pod from the template
+        pod_spec = copy.deepcopy(template["spec"])
+        labels = {
+            **(template.get("metadata") or {}).get("labels", {}),
+            "job-name": name,
+            "batch.kubernetes.io/job-name": name,
+            "controller-uid": job["metadata"]["uid"],
+        }
+        pod_name = f"{name}-{self._uid:05x}"[-63:]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "namespace": ns,
+                "uid": self._new_uid(),
+                "labels": labels,
+                "annotations": {},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": name,
+                        "uid": job["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": pod_spec,
+            "status": {"phase": "Pending"},
+        }
+        self.state.bump(pod)
+        self.state.pods[(ns, pod_name)] = pod
+        return _json(job, status=201)
+
+    def _enforce_deadline(self, ns: str, name: str) -> None:
+        job = self.state.jobs[(ns, name)]
+        deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+        started = self.state.job_started.get((ns, name))
+        status = job["status"]
+        if deadline is None or started is None or status.get("conditions"):
+            return
+        if time.time() - started > float(deadline):
+            for pod in self._job_pods(ns, name):
+                del self.state.pods[(ns, pod["metadata"]["name"])]
+            status.update(
+                active=0,
+                failed=1,
+                conditions=[
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "DeadlineExceeded",
+                        "message": "Job was active longer than specified deadline",
+                    }
+                ],
+            )
+            self.state.bump(job)
+
+    async def _get_job(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        self._job_or_404(ns, name)
+        self._enforce_deadline(ns, name)
+        return _json(self.state.jobs[(ns, name)])
+
+    async def _delete_job(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        job = self._job_or_404(ns, name)
+        del self.state.jobs[(ns, name)]
+        for pod in self._job_pods(ns, name):
+            del self.state.pods[(ns, pod["metadata"]["name"])]
+        return _json(job)
+
+    async def _pod_log(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        pod = self._pod_or_404(ns, name)
+        if pod["status"].get("phase") == "Pending":
+            raise ApiFailure(400, "BadRequest", f'container "check" in pod "{name}" is waiting to start')
+        resp = web.Response(body=self.state.logs.get((ns, name), "").encode())
+        resp.headers["Content-Type"] = "text/plain"
+        return resp
+
+    def run_job(self, namespace: str, name: str) -> None:
+        """The kubelet starts the Job's pod."""
+        job = self.state.jobs[(namespace, name)]
+        for pod in self._job_pods(namespace, name):
+            pod["status"] = {"phase": "Running"}
+            self.state.bump(pod)
+        job["status"].update(active=1, startTime=_now_iso())
+        self.state.job_started[(namespace, name)] = time.time()
+        self.state.bump(job)
+
+    def finish_job(self, namespace: str, name: str, output: str, exit_code: int = 0) -> None:
+        """The pod's container ends with ``exit_code`` having printed ``output``; the Job controller marks the
+        Job Complete (0) or Failed (BackoffLimitExceeded: watchd's Jobs have backoffLimit 0)."""
+        job = self.state.jobs[(namespace, name)]
+        if (namespace, name) not in self.state.job_started:
+            self.run_job(namespace, name)
+        for pod in self._job_pods(namespace, name):
+            pod["status"] = {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "containerStatuses": [
+                    {
+                        "name": pod["spec"]["containers"][0].get("name", "check"),
+                        "image": pod["spec"]["containers"][0].get("image", ""),
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {
+                            "terminated": {
+                                "exitCode": exit_code,
+                                "reason": "Completed" if exit_code == 0 else "Error",
+                            }
+                        },
+                    }
+                ],
+            }
+            self.state.logs[(namespace, pod["metadata"]["name"])] = output
+            self.state.bump(pod)
+        cond = (
+            {"type": "Complete", "status": "True"}
+            if exit_code == 0
+            else {
+                "type": "Failed",
+                "status": "True",
+                "reason": "BackoffLimitExceeded",
+                "message": "Job has reached the specified backoff limit",
+            }
+        )
+        job["status"].update(
+            active=0, succeeded=int(exit_code == 0), failed=int(exit_code != 0), conditions=[cond]
+        )
+        self.state.bump(job)
+
     def _lease_or_404(self, ns: str, name: str) -> dict[str, Any]:
         lease = self.state.leases.get((ns, name))
         if lease is None:
@@ -553,6 +735,10 @@ class KubeApiServer:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def _json(body: Any, status: int = 200) -> web.Response:
     # exactly "application/json" as the API server sends it (clients compare the header, charset and all)
     resp = web.Response(body=json.dumps(body).encode(), status=status)

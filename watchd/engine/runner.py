@@ -18,6 +18,7 @@ from typing import Any
 from watchd.actions.audit import MemoryAudit
 from watchd.actions.executor import ActionExecutor, Pools
 from watchd.actions.safety import BreakerLimits
+from watchd.checks.service import CheckService
 from watchd.clock import Clock, SystemClock
 from watchd.config import EngineConfig
 from watchd.detect.correlator import Correlator
@@ -134,6 +135,8 @@ class Engine:
         self._started = False
         self._probed_at = -1e18  # monotonic time of the last inline probe of an unwritable store
         self._ack_waiters: set[asyncio.Future[Any]] = set()
+        self.checks: CheckService | None = None  # issue 21: active checks (watchd.engine.checks_api)
+        self._auto_validate = frozenset(config.checks.auto_validate) if config.checks.enabled else frozenset()
 
     # ---------------------------------------------------------------------------------------- rules
 
@@ -228,7 +231,10 @@ class Engine:
 
     def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The status document; ``query``: its paging and filters (see EngineStatus.document)."""
-        return self.status_model.document(query)
+        document = self.status_model.document(query)
+        if self.checks is not None:
+            document["checks"] = self.checks.status()
+        return document
 
     def ready(self) -> tuple[bool, str]:
         """Ready for traffic: unless replicas elect a leader and this one follows, or the state database does
@@ -300,6 +306,12 @@ class Engine:
         refused by the scheduler)."""
         result = await self.executor.operator_resume(node, by)
         return {"outcome": result.outcome, "detail": result.detail}
+
+    async def validate(self, node: str, by: str) -> dict[str, Any]:
+        """``watchd node validate``: the check suite, then back to service only if every check passed."""
+        from watchd.engine import checks_api
+
+        return await checks_api.validate(self, node, by)
 
     def evaluated(self, event: Event) -> asyncio.Future[None]:
         """Done once ``event`` has been evaluated and the decisions handed to the executor until then have
@@ -428,6 +440,12 @@ class Engine:
         periodic.every(STORE_PROBE_S, self._probe_store, "store-probe")
         if config.reload.watch_files and config.rules:
             periodic.every(config.reload.poll_interval_s, self._check_rule_files, "rules-watch")
+        if config.checks.enabled:  # issue 21: scheduled checks, validated return to service
+            from watchd.engine import checks_api
+
+            self.checks = checks_api.build_service(self)
+            await self.checks.start()
+            stack.push_async_callback(self.checks.stop)
         periodic.start()
         stack.push_async_callback(self._stop_tasks)
         app = make_app(
@@ -495,6 +513,7 @@ class Engine:
         retention = now - self.config.state.audit_retention_days * 86400
         self.store.held.prune(retention)
         self.store.intents.prune(retention)
+        self.store.checks.prune(retention)
 
     async def _refresh_jobs(self) -> None:
         self._jobs_refreshed_at = self.clock.monotonic()
@@ -576,6 +595,10 @@ class Engine:
                     for decision in self.evaluator.evaluate(with_job(event)):
                         self.metrics.rule_matches.labels(decision.rule).inc()
                         self.executor.submit(decision, received_at)
+                    if self._auto_validate and event.kind in self._auto_validate:  # issue 21
+                        from watchd.engine import checks_api
+
+                        checks_api.auto_validate(self, event)
                 except Exception:
                     _log.exception("evaluation_failed", event_id=event.id, node=event.node)
                 if acks and (fut := acks.pop(id(event), None)) is not None and not fut.done():

@@ -283,4 +283,8 @@ def make_app(
     app.router.add_get("/api/v1/held", held_handler)
     app.router.add_post(r"/api/v1/held/{id}/{verb:release|discard}", resolve_held)
     app.router.add_post("/api/v1/nodes/{node}/resume", resume_node)
+    if getattr(engine, "checks", None) is not None:  # issue 21: /api/v1/checks, /api/v1/nodes/{node}/validate
+        from watchd.engine import checks_api
+
+        checks_api.add_routes(app, engine, authorized)  # type: ignore[arg-type]
     return app

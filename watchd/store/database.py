@@ -47,6 +47,7 @@ from pathlib import Path
 from watchd.store.alerts import FiringAlerts
 from watchd.store.audit import AuditLog
 from watchd.store.breaker import BreakerWindow
+from watchd.store.checks import CheckRuns
 from watchd.store.connection import Connection, StoreError
 from watchd.store.held import HeldActions
 from watchd.store.intents import Intents
@@ -81,6 +82,7 @@ class Store:
         self.rule_state = RuleStates(self._db)
         self.breaker = BreakerWindow(self._db)
         self.meta = Meta(self._db)
+        self.checks = CheckRuns(self._db)  # issue 21: active checks
         self.health = StoreHealth()
         self._listeners: list[Callable[[str, StoreError], None]] = []
         self._db.on_error = self._failed

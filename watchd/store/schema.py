@@ -83,5 +83,45 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX held_resolved ON held (resolved_at) WHERE status != 'held'",
         "CREATE INDEX disruptions_pool_node_at ON disruptions (pool, node, at)",
     ),
+    (  # issue 21: active checks (nccl-tests, dcgmi diag, commands): rounds, runs, and where each node stands
+        """CREATE TABLE check_rounds (
+            check_name TEXT NOT NULL,
+            round TEXT NOT NULL,
+            scheduled_at REAL NOT NULL,
+            started_at REAL NOT NULL,
+            finished_at REAL,
+            PRIMARY KEY (check_name, round)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX check_rounds_started ON check_rounds (check_name, started_at)",
+        """CREATE TABLE check_runs (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL UNIQUE,
+            check_name TEXT NOT NULL,
+            node TEXT NOT NULL,
+            round TEXT NOT NULL,
+            validation INTEGER NOT NULL DEFAULT 0,
+            job_id TEXT NOT NULL DEFAULT '',
+            job_output TEXT NOT NULL DEFAULT '',
+            started_at REAL NOT NULL,
+            finished_at REAL,
+            outcome TEXT,
+            evidence TEXT NOT NULL DEFAULT '',
+            figures TEXT NOT NULL DEFAULT '{}'
+        )""",
+        "CREATE INDEX check_runs_node ON check_runs (node, id)",
+        "CREATE INDEX check_runs_round ON check_runs (check_name, round)",
+        "CREATE INDEX check_runs_unfinished ON check_runs (finished_at) WHERE finished_at IS NULL",
+        """CREATE TABLE check_nodes (
+            check_name TEXT NOT NULL,
+            node TEXT NOT NULL,
+            last_round TEXT NOT NULL DEFAULT '',
+            last_run REAL,
+            last_outcome TEXT NOT NULL DEFAULT '',
+            last_success REAL,
+            failures INTEGER NOT NULL DEFAULT 0,
+            next_try REAL NOT NULL DEFAULT 0,
+            PRIMARY KEY (check_name, node)
+        ) WITHOUT ROWID""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

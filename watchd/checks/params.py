@@ -1,0 +1,187 @@
+"""The ``checks:`` section of the engine config (docs/checks.md): which active checks run, when, where, within
+which limits, and what they are compared with. Strict like every config model: an unknown key is an error.
+
+Durations are seconds or ``30s``, ``10m``, ``24h``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from apscheduler.triggers.cron import CronTrigger
+from pydantic import Field, model_validator
+
+from watchd.model.durations import Duration
+from watchd.strict import Strict
+
+__all__ = [
+    "DEFAULT_BASELINES",
+    "Baseline",
+    "CheckSpec",
+    "ChecksConfig",
+    "KubernetesCheckRunner",
+    "PeersConfig",
+    "Schedule",
+    "SlurmCheckRunner",
+    "command_of",
+]
+
+CheckType = Literal["nccl", "dcgm-diag", "command"]
+Share = Annotated[float, Field(gt=0, le=1)]
+
+
+class Schedule(Strict):
+    """When a check's rounds start: ``every`` (an interval) or ``cron`` (five fields, UTC), and a random delay
+    of up to ``jitter`` so that engines and checks do not start in step."""
+
+    every: Duration | None = None
+    cron: str | None = None
+    jitter: Duration = 0.0
+
+    @model_validator(mode="after")
+    def _one(self) -> Schedule:
+        if (self.every is None) == (self.cron is None):
+            raise ValueError("give exactly one of every, cron")
+        if self.every is not None and self.every < 60:
+            raise ValueError("every: at least 60s (a round takes minutes)")
+        if self.cron is not None:
+            try:
+                CronTrigger.from_crontab(self.cron, timezone="UTC")
+            except ValueError as exc:
+                raise ValueError(f"cron: {exc}") from None
+        return self
+
+
+class Backoff(Strict):
+    """A node where the check keeps failing to run (could not be submitted, timed out, unreadable output)
+    waits ``initial`` x 2^(failures-1), at most ``max``, before the check tries it again."""
+
+    initial: Duration = 600.0
+    max: Duration = 86400.0
+
+
+class CheckSpec(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+    type: CheckType
+    #: the program and its arguments, run on the node (no shell). Defaults: nccl: all_reduce_perf -b 8
+    #: -e 8G -f 2 -g 8; dcgm-diag: dcgmi diag -r <level> [-j]; command: required
+    command: list[str] | None = None
+    level: Literal[1, 2, 3, 4] = 2  # dcgm-diag: dcgmi diag -r LEVEL
+    json_output: bool = False  # dcgm-diag: add -j (DCGM 2.x and later print JSON then)
+    fail_on_warn: bool = False  # dcgm-diag: a test that warns fails the check
+    schedule: Schedule | None = None  # None: only on demand (watchd checks run, watchd node validate)
+    partitions: list[str] = Field(default_factory=list)  # Slurm partitions / Kubernetes pools covered
+    nodes: list[str] = Field(
+        default_factory=list
+    )  # shell patterns on node names (with or instead of partitions)
+    max_share: Share = 0.1  # of a partition checked at once
+    time_limit: Duration = 600.0
+    backoff: Backoff = Backoff()
+    threshold: Share = 0.8  # nccl: the share of the baseline (and of the peers' median) a node must reach
+    baseline_gbps: float | None = Field(default=None, gt=0)  # nccl: overrides the baselines table
+    in_suite: bool = True  # part of `watchd node validate`
+
+    def argv(self) -> list[str]:
+        return command_of(self)
+
+
+def command_of(spec: CheckSpec) -> list[str]:
+    if spec.command:
+        return list(spec.command)
+    if spec.type == "nccl":
+        return ["all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "8"]
+    if spec.type == "dcgm-diag":
+        return ["dcgmi", "diag", "-r", str(spec.level), *(["-j"] if spec.json_output else [])]
+    raise ValueError(f"check {spec.name}: type command needs a command")
+
+
+class Baseline(Strict):
+    """The bus bandwidth a healthy node reaches: for the GPU model all_reduce_perf prints (a case-insensitive
+    substring, e.g. ``H100``) or for nodes (shell patterns). The first that matches applies."""
+
+    gpu_model: str | None = None
+    nodes: list[str] = Field(default_factory=list)
+    busbw_gbps: float = Field(gt=0)
+    source: str = ""  # where the figure comes from (shown in the event)
+
+    @model_validator(mode="after")
+    def _matches_something(self) -> Baseline:
+        if self.gpu_model is None and not self.nodes:
+            raise ValueError("give gpu_model or nodes")
+        return self
+
+
+#: The shipped defaults (docs/checks.md): single-node all_reduce_perf over 8 NVLink-4 GPUs. 450 GB/s is what
+#: the default threshold (80%) is applied to: an 8 x H100 SXM node measured 470.7 GB/s at 2 GiB
+#: (tests/data/checks/nccl/h100-8gpu-single-node-pass.txt); the H200 has the same NVLink generation.
+DEFAULT_BASELINES: tuple[Baseline, ...] = (
+    Baseline(gpu_model="H100", busbw_gbps=450.0, source="8 x H100 SXM NVLink: 470.7 GB/s measured at 2 GiB"),
+    Baseline(gpu_model="H200", busbw_gbps=450.0, source="NVLink 4 as the H100 (8 x H100: 470.7 GB/s)"),
+)
+
+
+class PeersConfig(Strict):
+    """A node whose bus bandwidth is below ``share`` of the median of its peers in the same round (same check,
+    same GPU model) fails, baseline or not, when the round has at least ``min_nodes`` measured."""
+
+    enabled: bool = True
+    share: Share = 0.8
+    min_nodes: Annotated[int, Field(ge=2)] = 4
+
+
+class SlurmCheckRunner(Strict):
+    sbatch: str = "sbatch"
+    scancel: str = "scancel"
+    partition: str | None = None  # -p (default: the partition the node was picked from)
+    qos: str | None = None
+    reservation: str | None = None
+    account: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    poll_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    #: validate: the user the maintenance reservation admits (sbatch's user: the engine's)
+    user: str = "root"
+    grace: Duration = 30.0  # past the time limit, the job is cancelled and counted as timed out
+
+
+class KubernetesCheckRunner(Strict):
+    namespace: str = "watchd"
+    image: str = "nvcr.io/nvidia/pytorch:24.04-py3"
+    gpu_resource: str = "nvidia.com/gpu"
+    gpus: Annotated[int, Field(ge=0)] = 8  # requested by the check's pod (every GPU of the node)
+    poll_interval_s: Annotated[float, Field(gt=0)] = 2.0
+    grace: Duration = 30.0  # past the time limit the Job is deleted and counted as timed out
+
+
+class ChecksConfig(Strict):
+    enabled: bool = False
+    runner: Literal["slurm", "kubernetes", "fake"] = "slurm"
+    #: where jobs write their output (Slurm: a path the engine can read, e.g. on a shared file system)
+    output_dir: Path = Path("/var/lib/watchd/checks")
+    max_output_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
+    items: list[CheckSpec] = Field(default_factory=list)
+    baselines: list[Baseline] = Field(default_factory=lambda: list(DEFAULT_BASELINES))
+    peers: PeersConfig = PeersConfig()
+    slurm: SlurmCheckRunner = SlurmCheckRunner()
+    kubernetes: KubernetesCheckRunner = KubernetesCheckRunner()
+    #: event kinds that start `watchd node validate` on their node by themselves (e.g. a repair system's
+    #: ``node_repaired``): only nodes watchd drained are validated, as by hand
+    auto_validate: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _valid(self) -> ChecksConfig:
+        names = [c.name for c in self.items]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"items: duplicate check names {dup}")
+        for i, c in enumerate(self.items):
+            if c.type == "command" and not c.command:
+                raise ValueError(f"items.{i}.command: a check of type command needs a command")
+            if c.schedule is not None and not (c.partitions or c.nodes):
+                raise ValueError(f"items.{i}: a scheduled check needs partitions or nodes")
+        return self
+
+    def check(self, name: str) -> CheckSpec | None:
+        return next((c for c in self.items if c.name == name), None)
+
+    def suite(self) -> list[CheckSpec]:
+        return [c for c in self.items if c.in_suite]

@@ -1,0 +1,92 @@
+"""Where checks run: one small protocol, a real runner per scheduler (Slurm: ``sbatch`` pinned to the node;
+Kubernetes: a Job pinned to the node) and a faithful fake, built by name (:mod:`watchd.checks.registry`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+__all__ = ["Availability", "CheckJob", "CheckRunner", "JobHandle", "JobStatus", "RunOutput", "RunnerError"]
+
+JobStatus = Literal["completed", "failed", "timeout", "cancelled", "node_fail", "not_started", "lost"]
+
+
+class RunnerError(Exception):
+    """The scheduler could not be asked (the command failed, timed out, or answered something unreadable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckJob:
+    check: str
+    node: str
+    argv: tuple[str, ...]
+    time_limit_s: float
+    run_id: str  # unique per run: names the job and its output file
+    partition: str | None = None
+    validation: bool = False  # runs inside the node's validation reservation
+
+
+@dataclass(frozen=True, slots=True)
+class JobHandle:
+    run_id: str
+    node: str
+    job_id: str  # the scheduler's id (Slurm job id, Kubernetes Job name)
+    output: str = ""  # where the output is collected from (a path, a pod)
+    submitted_at: float = 0.0
+    time_limit_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutput:
+    status: JobStatus
+    output: str = ""
+    exit_code: int | None = None
+    detail: str = ""  # the scheduler's words (state, reason) when it did not complete
+    duration_s: float | None = None
+    job_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    """Whether a node may be checked now, and why not."""
+
+    idle: bool
+    why: str = ""
+    partitions: tuple[str, ...] = ()
+    drained_by_watchd: bool = False
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+class CheckRunner(Protocol):
+    name: str
+
+    async def members(self, partitions: Sequence[str]) -> dict[str, list[str]]:
+        """Each named partition (pool) and its nodes; every partition when ``partitions`` is empty."""
+        ...
+
+    async def availability(self, nodes: Sequence[str], within_s: float) -> dict[str, Availability]:
+        """Whether each node is idle for a check lasting up to ``within_s``: Slurm: idle, not drained, not
+        reserved now or within ``within_s``, no job on it or starting; Kubernetes: schedulable, no GPU pod."""
+        ...
+
+    async def submit(self, job: CheckJob) -> JobHandle:
+        """Start ``job`` on its node; RunnerError when the scheduler refuses."""
+        ...
+
+    async def wait(self, handle: JobHandle) -> RunOutput:
+        """Until the job ends (the runner enforces the time limit plus a grace: then it cancels the job and
+        answers ``timeout``); its output, collected from the job."""
+        ...
+
+    async def cancel(self, handle: JobHandle) -> None: ...
+
+    async def begin_validation(self, node: str, time_limit_s: float) -> None:
+        """Make a node watchd drained runnable for its checks and for nothing else (Slurm: a maintenance
+        reservation admitting only watchd's user, then the drain lifted)."""
+        ...
+
+    async def end_validation(self, node: str, passed: bool, reason: str) -> str:
+        """Return the node to service (``passed``) or drain it again with ``reason``; undo what
+        :meth:`begin_validation` did either way. Answers what was done (``resumed`` | ``drained``)."""
+        ...

@@ -1,0 +1,565 @@
+"""The checks in the engine: rounds on APScheduler, runs through the runner, verdicts to the state database
+and to the rules as ``check_result`` events, and the validated return to service.
+
+A round of a check: its nodes (partitions, node patterns) are started as they are idle, the least recently
+checked first, never more than ``max_share`` of a partition at once, never a node backing off; each run is a
+scheduler job pinned to the node, followed to its end, its output judged (:mod:`watchd.checks.judge`). A run
+that fails on its own (low bandwidth against the baseline, ``#wrong``, a failed diagnostic, a crash) is
+reported at once; one that passes waits for the round's end, where the peers are compared (a node below
+``peers.share`` of its peers' median fails). Nodes that were not idle while the round lasted wait for the
+next.
+
+Restarts: every round and run is in the state database before anything is submitted. At start, runs still in
+flight are followed to their end (their jobs keep running), an unfinished round is resumed with the nodes it
+has not done, and a round the schedule should have started while the engine was away is started at once (one,
+not one per missed slot)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from watchd.checks import plan
+from watchd.checks.judge import Verdict, judge, judge_peers
+from watchd.checks.metrics import CheckMetrics
+from watchd.checks.params import ChecksConfig, CheckSpec
+from watchd.checks.runner import Availability, CheckJob, CheckRunner, JobHandle, RunnerError, RunOutput
+from watchd.clock import Clock
+from watchd.logs import get_logger
+from watchd.model import check as check_kind
+from watchd.model.events import Event, Scalar, stable_id
+from watchd.periodic import Periodic
+from watchd.store.checks import CheckRun
+from watchd.store.connection import StoreError
+from watchd.store.database import Store
+
+__all__ = ["CheckService", "RunResult"]
+
+_log = get_logger("watchd.checks")
+Emit = Callable[[Event], Awaitable[None]]
+
+_FIGURES = (
+    "busbw_gbps",
+    "avg_busbw_gbps",
+    "sizes",
+    "wrong",
+    "baseline_gbps",
+    "baseline_source",
+    "threshold",
+    "peers_median_gbps",
+    "peers",
+    "gpu_model",
+    "failed_tests",
+    "warned_tests",
+    "skipped_tests",
+    "dcgm_version",
+    "exit_status",
+    "duration_s",
+)
+
+
+class RunResult(dict[str, Any]):
+    """One run as the API answers it: node, check, outcome, passed, evidence, job, figures."""
+
+
+class CheckService:
+    def __init__(
+        self,
+        config: ChecksConfig,
+        runner: CheckRunner,
+        store: Store,
+        clock: Clock,
+        emit: Emit,
+        metrics: CheckMetrics,
+        periodic: Periodic | None = None,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.store = store
+        self.clock = clock
+        self.emit = emit
+        self.metrics = metrics
+        self.periodic = periodic
+        self._running: dict[str, str] = {}  # node -> run id (any check): a node runs one check at a time
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._rounds: dict[str, str] = {}  # check -> its round in progress
+        self._validating: set[str] = set()
+        self._jobs: dict[str, str] = {}  # run id -> the scheduler's job id (for the event)
+        self._failing: dict[
+            str, set[str]
+        ] = {}  # node -> checks whose last result failed (awaiting validation)
+
+    # ----------------------------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Follow the runs a restart interrupted, resume unfinished rounds, schedule every check."""
+        for st in self.store.checks.all_nodes():
+            if st.last_outcome in ("failed", "timeout"):
+                self._failing.setdefault(st.node, set()).add(st.check)
+        for run in self.store.checks.unfinished():
+            self._spawn(self._follow(run))
+        now = self.clock.now()
+        for spec in self.config.items:
+            if spec.schedule is None:
+                continue
+            last = self.store.checks.last_round(spec.name)
+            if last is not None and last[2] is None:
+                self._spawn(self._round(spec, last[1], resumed=True))
+            if self.periodic is not None:
+                trigger, first = self._trigger(spec, last, now)
+                self.periodic.schedule(trigger, self._scheduled(spec), f"check:{spec.name}", first)
+        self._update_awaiting()
+
+    async def stop(self) -> None:
+        """Stop following (the jobs go on; the next start follows them again)."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5.0)
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _trigger(
+        self, spec: CheckSpec, last: tuple[str, float, float | None] | None, now: float
+    ) -> tuple[Any, datetime | None]:
+        sched = spec.schedule
+        assert sched is not None
+        jitter = int(sched.jitter) or None
+        now_dt = datetime.fromtimestamp(now, UTC)
+        if sched.every is not None:
+            start = datetime.fromtimestamp(last[1], UTC) if last is not None else now_dt
+            trigger = IntervalTrigger(seconds=sched.every, start_date=start, jitter=jitter, timezone=UTC)
+            due = last is None or last[1] + sched.every <= now
+            return trigger, (now_dt if due else None)
+        assert sched.cron is not None
+        trigger = CronTrigger.from_crontab(sched.cron, timezone=UTC)
+        trigger.jitter = jitter
+        if last is not None:
+            after = datetime.fromtimestamp(last[1], UTC) + timedelta(seconds=1)
+            missed = trigger.get_next_fire_time(None, after)
+            if missed is not None and missed <= now_dt:
+                return trigger, now_dt  # the engine was away when a round was due: one round now
+        return trigger, None
+
+    def _scheduled(self, spec: CheckSpec) -> Callable[[], Awaitable[None]]:
+        async def fire() -> None:
+            if spec.name in self._rounds:
+                _log.info("check_round_still_running", check=spec.name, round=self._rounds[spec.name])
+                return
+            await self._round(spec, self.clock.now())
+
+        return fire
+
+    # ------------------------------------------------------------------------------------------- rounds
+    async def run_round(self, name: str, scheduled_at: float | None = None) -> dict[str, Any]:
+        """One round of check ``name`` now (tests, the benchmark): what it did."""
+        spec = self._spec(name)
+        return await self._round(spec, self.clock.now() if scheduled_at is None else scheduled_at)
+
+    async def _round(self, spec: CheckSpec, scheduled_at: float, resumed: bool = False) -> dict[str, Any]:
+        rid = plan.round_id(spec.name, scheduled_at)
+        self._rounds[spec.name] = rid
+        try:
+            return await self._round_body(spec, rid, scheduled_at, resumed)
+        finally:
+            self._rounds.pop(spec.name, None)
+
+    async def _round_body(
+        self, spec: CheckSpec, rid: str, scheduled_at: float, resumed: bool
+    ) -> dict[str, Any]:
+        store = self.store.checks
+        store.begin_round(spec.name, rid, scheduled_at, self.clock.now())
+        try:
+            members = await self.runner.members(spec.partitions)
+        except RunnerError as exc:
+            _log.error("check_round_no_members", check=spec.name, error=str(exc))
+            return {"round": rid, "error": str(exc)}
+        cands = plan.candidates(spec, members)
+        limits = plan.caps(
+            spec, {p: members[p] for p in members if p in set(p for ps in cands.values() for p in ps)}
+        )
+        verdicts: dict[str, Verdict] = {}
+        held: dict[str, tuple[str, Verdict]] = {}  # passed, waiting for the peers: node -> (run id, verdict)
+        done: set[str] = set()
+        for run in store.in_round(spec.name, rid):  # a resumed round: what it did before the restart
+            if run.finished_at is not None and run.outcome is not None:
+                done.add(run.node)
+                v = Verdict(run.outcome, run.evidence, {k: run.figures.get(k) for k in _FIGURES})
+                verdicts[run.node] = v
+                if run.outcome == "passed" and not run.figures.get("emitted"):
+                    held[run.node] = (run.run_id, v)
+            else:
+                done.add(run.node)  # followed by _follow since the start
+        running: dict[str, tuple[str, ...]] = {}
+        tasks: dict[asyncio.Task[tuple[str, str, Verdict, RunOutput]], str] = {}
+        waiting: dict[str, str] = {}
+        passed_over: dict[str, str] = {}
+        while True:
+            pending = [n for n in cands if n not in done and n not in running and n not in passed_over]
+            if pending:
+                try:
+                    avail = await self.runner.availability(pending, spec.time_limit)
+                except RunnerError as exc:
+                    _log.warning("check_availability_failed", check=spec.name, error=str(exc))
+                    avail = {}
+                # a node running any check (this engine's) is busy whatever the scheduler says
+                for node in pending:
+                    if node in self._running and node in avail:
+                        avail[node] = Availability(False, "already being checked", avail[node].partitions)
+                chosen = plan.pick(
+                    {n: cands[n] for n in pending},
+                    avail,
+                    store.nodes(spec.name),
+                    running=running,
+                    done=done,
+                    limits=limits,
+                    now=self.clock.now(),
+                )
+                for node, why in chosen.passed_over.items():
+                    passed_over[node] = why
+                    self.metrics.passed_over.labels(spec.name, why.split(" ", 1)[0]).inc()
+                waiting = chosen.waiting
+                for node, partition in chosen.start:
+                    running[node] = cands[node]
+                    task = asyncio.ensure_future(self._run_one(spec, node, rid, partition))
+                    tasks[task] = node
+            if not tasks:
+                break
+            finished, _ = await asyncio.wait(list(tasks), return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                node = tasks.pop(task)
+                running.pop(node, None)
+                done.add(node)
+                try:
+                    _, run_id, verdict, output = task.result()
+                except Exception:  # a bug must cost only this node's run
+                    _log.exception("check_run_failed", check=spec.name, node=node)
+                    continue
+                verdicts[node] = verdict
+                if verdict.outcome == "passed":
+                    held[node] = (run_id, verdict)
+                    self._finish(spec, node, run_id, verdict, emitted=False)
+                else:
+                    await self._settle(spec, node, rid, run_id, verdict, output)
+        # the peers: nodes below their share of the round's median fail
+        compared = judge_peers(verdicts, self.config.peers)
+        for node, (run_id, verdict) in held.items():
+            final = compared.get(node, verdict)
+            await self._settle(spec, node, rid, run_id, final, None)
+        self.store.checks.finish_round(spec.name, rid, self.clock.now())
+        self.metrics.rounds.labels(spec.name).inc()
+        summary = {
+            "round": rid,
+            "checked": sorted(verdicts),
+            "failed": sorted(n for n, v in {**verdicts, **compared}.items() if v.outcome != "passed"),
+            "not_idle": dict(sorted(waiting.items())),
+            "passed_over": dict(sorted(passed_over.items())),
+        }
+        _log.info(
+            "check_round_finished", check=spec.name, **{k: len(v) for k, v in summary.items() if k != "round"}
+        )
+        return summary
+
+    # --------------------------------------------------------------------------------------------- runs
+    async def _run_one(
+        self, spec: CheckSpec, node: str, rid: str, partition: str | None, validation: bool = False
+    ) -> tuple[str, str, Verdict, RunOutput]:
+        run_id = f"{spec.name}.{node}.{uuid.uuid4().hex[:10]}"
+        self.store.checks.start(run_id, spec.name, node, rid, self.clock.now(), validation=validation)
+        self._running[node] = run_id
+        self.metrics.running.inc()
+        try:
+            job = CheckJob(
+                check=spec.name,
+                node=node,
+                argv=tuple(spec.argv()),
+                time_limit_s=spec.time_limit,
+                run_id=run_id,
+                partition=partition,
+                validation=validation,
+            )
+            try:
+                handle = await self.runner.submit(job)
+            except RunnerError as exc:
+                output = RunOutput("not_started", detail=str(exc))
+            else:
+                self.store.checks.submitted(run_id, handle.job_id, handle.output)
+                self._jobs[run_id] = handle.job_id
+                output = await self.runner.wait(handle)
+        finally:
+            self._running.pop(node, None)
+            self.metrics.running.dec()
+        verdict = judge(spec, node, output, self.config.baselines)
+        return node, run_id, verdict, output
+
+    async def _follow(self, run: CheckRun) -> None:
+        """A run a restart interrupted: follow its job to the end and settle it as if nothing happened."""
+        spec = self.config.check(run.check)
+        if spec is None or not run.job_id:
+            self._finish_raw(run.run_id, "error", "the engine stopped before the job was submitted", {})
+            return
+        self._running[run.node] = run.run_id
+        self._jobs[run.run_id] = run.job_id
+        try:
+            handle = JobHandle(
+                run.run_id, run.node, run.job_id, run.job_output, run.started_at, spec.time_limit
+            )
+            output = await self.runner.wait(handle)
+        finally:
+            self._running.pop(run.node, None)
+        verdict = judge(spec, run.node, output, self.config.baselines)
+        if verdict.outcome == "passed" and not run.validation and not run.round.startswith("run:"):
+            self._finish(spec, run.node, run.run_id, verdict, emitted=False)  # the resumed round emits it
+            return
+        await self._settle(spec, run.node, run.round, run.run_id, verdict, output, validation=run.validation)
+
+    def _finish_raw(self, run_id: str, outcome: str, evidence: str, figures: dict[str, Any]) -> None:
+        try:
+            self.store.checks.finish(run_id, self.clock.now(), outcome, evidence, figures)
+        except StoreError as exc:
+            _log.error("check_store_failed", run=run_id, error=str(exc))
+
+    def _finish(
+        self,
+        spec: CheckSpec,
+        node: str,
+        run_id: str,
+        verdict: Verdict,
+        *,
+        emitted: bool,
+        count_round: bool = True,
+    ) -> None:
+        figures = {k: v for k, v in verdict.figures.items() if v is not None}
+        figures["emitted"] = emitted
+        try:
+            st = self.store.checks.finish(
+                run_id,
+                self.clock.now(),
+                verdict.outcome,
+                verdict.evidence,
+                figures,
+                backoff=(spec.backoff.initial, spec.backoff.max),
+                count_round=count_round,
+            )
+        except StoreError as exc:
+            _log.error("check_store_failed", run=run_id, error=str(exc))
+            return
+        if st is not None and st.last_success is not None:
+            self.metrics.last_success.labels(spec.name, node).set(st.last_success)
+        if verdict.busbw is not None:
+            self.metrics.busbw.labels(spec.name, node).set(verdict.busbw)
+
+    async def _settle(
+        self,
+        spec: CheckSpec,
+        node: str,
+        rid: str,
+        run_id: str,
+        verdict: Verdict,
+        output: RunOutput | None,
+        *,
+        validation: bool = False,
+        count_round: bool = True,
+    ) -> Event:
+        """Record the run's final verdict, count it, and hand its event to the rules."""
+        self._finish(spec, node, run_id, verdict, emitted=True, count_round=count_round)
+        self.metrics.runs.labels(spec.name, verdict.outcome).inc()
+        event = self.event(spec, node, rid, run_id, verdict, validation=validation)
+        (_log.debug if verdict.passed else _log.warning)(
+            "check_result", check=spec.name, node=node, outcome=verdict.outcome, evidence=verdict.evidence
+        )
+        failing = self._failing.setdefault(node, set())
+        if verdict.outcome in ("failed", "timeout"):
+            failing.add(spec.name)
+        elif verdict.outcome == "passed":
+            failing.discard(spec.name)
+        if not failing:
+            self._failing.pop(node, None)
+        self.metrics.awaiting_validation.set(len(self._failing))
+        await self.emit(event)
+        return event
+
+    def event(
+        self, spec: CheckSpec, node: str, rid: str, run_id: str, verdict: Verdict, *, validation: bool = False
+    ) -> Event:
+        figures: dict[str, Any] = {k: verdict.figures.get(k) for k in _FIGURES}
+        job = self._jobs.pop(run_id, None)
+        attrs = check_kind.CheckResult(
+            check=spec.name,
+            check_type=spec.type,
+            passed=verdict.passed,
+            outcome=verdict.outcome,
+            evidence=verdict.evidence,
+            round=rid,
+            validation=validation,
+            job=job,
+            **{k: _scalar(v) for k, v in figures.items()},  # type: ignore[arg-type]
+        )
+        now = self.clock.now()
+        return attrs.to_event(
+            id=stable_id(check_kind.KIND, run_id, verdict.outcome),
+            node=node,
+            source=check_kind.SOURCE,
+            time=now,
+        )
+
+    def _update_awaiting(self) -> None:
+        self.metrics.awaiting_validation.set(len(self._failing))
+
+    # ------------------------------------------------------------------------------- on demand, validate
+    def _spec(self, name: str) -> CheckSpec:
+        spec = self.config.check(name)
+        if spec is None:
+            raise KeyError(
+                f"no check named {name!r} (configured: {', '.join(c.name for c in self.config.items)})"
+            )
+        return spec
+
+    async def run_now(self, nodes: Sequence[str], names: Sequence[str] = ()) -> list[RunResult]:
+        """``watchd checks run``: the named checks (default: the suite) on each node, now, if it is idle."""
+        specs = [self._spec(n) for n in names] if names else self.config.suite()
+        rid = f"run:{uuid.uuid4().hex[:8]}"
+        try:
+            avail = await self.runner.availability(
+                list(nodes), max((s.time_limit for s in specs), default=60.0)
+            )
+        except RunnerError as exc:
+            return [RunResult(node=n, outcome="error", passed=False, evidence=str(exc)) for n in nodes]
+
+        async def on(node: str) -> list[RunResult]:
+            a = avail.get(node)
+            if a is None or not a.idle or node in self._running:
+                why = (
+                    "unknown node"
+                    if a is None
+                    else ("already being checked" if node in self._running else a.why)
+                )
+                return [
+                    RunResult(node=node, check=s.name, outcome="skipped", passed=False, evidence=why)
+                    for s in specs
+                ]
+            out = []
+            for spec in specs:
+                _, run_id, verdict, output = await self._run_one(
+                    spec, node, rid, (a.partitions or (None,))[0]
+                )
+                event = await self._settle(spec, node, rid, run_id, verdict, output, count_round=False)
+                out.append(_result(event))
+            return out
+
+        results = await asyncio.gather(*(on(n) for n in dict.fromkeys(nodes)))
+        return [r for rs in results for r in rs]
+
+    async def validate(self, node: str) -> tuple[bool, list[RunResult], str]:
+        """Run the suite on ``node`` (drained by watchd: the caller checked), inside what the runner sets up
+        for it; return the node to service only if every check passed, else drain it again with the new
+        evidence. Answers (passed, results, what the runner did: resumed | drained)."""
+        specs = self.config.suite()
+        if not specs:
+            raise KeyError("no checks in the validation suite (checks.items[].in_suite)")
+        if node in self._validating or node in self._running:
+            raise RuntimeError(f"{node} is already being checked")
+        self._validating.add(node)
+        rid = f"validate:{uuid.uuid4().hex[:8]}"
+        results: list[RunResult] = []
+        evidence: list[str] = []
+        try:
+            await self.runner.begin_validation(node, sum(s.time_limit for s in specs))
+            try:
+                for spec in specs:
+                    _, run_id, verdict, output = await self._run_one(spec, node, rid, None, validation=True)
+                    event = await self._settle(
+                        spec, node, rid, run_id, verdict, output, validation=True, count_round=False
+                    )
+                    results.append(_result(event))
+                    if not verdict.passed:
+                        evidence.append(verdict.evidence)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.runner.end_validation(node, False, "validation interrupted")
+                raise
+            passed = not evidence
+            reason = "validation failed: " + "; ".join(evidence) if evidence else ""
+            done = await self.runner.end_validation(node, passed, reason)
+        finally:
+            self._validating.discard(node)
+        if passed:
+            self._failing.pop(node, None)  # validated: back in service
+        self._update_awaiting()
+        return passed, results, done
+
+    # ------------------------------------------------------------------------------------------- reading
+    def listing(self) -> list[dict[str, Any]]:
+        out = []
+        next_runs = self.periodic.next_runs() if self.periodic is not None else {}
+        for spec in self.config.items:
+            last = self.store.checks.last_round(spec.name)
+            nxt = next_runs.get(f"check:{spec.name}")
+            out.append(
+                {
+                    "name": spec.name,
+                    "type": spec.type,
+                    "command": spec.argv(),
+                    "schedule": spec.schedule.model_dump() if spec.schedule is not None else None,
+                    "partitions": spec.partitions,
+                    "nodes": spec.nodes,
+                    "max_share": spec.max_share,
+                    "time_limit_s": spec.time_limit,
+                    "in_suite": spec.in_suite,
+                    "last_round": None if last is None else {"round": last[0], "finished_at": last[2]},
+                    "round_running": self._rounds.get(spec.name),
+                    "next_run": nxt.timestamp() if nxt is not None else None,
+                }
+            )
+        return out
+
+    def history(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in self.store.checks.history(node, limit)]
+
+    def status(self) -> dict[str, Any]:
+        nodes = self.store.checks.all_nodes()
+        failing = sorted(self._failing)
+        return {
+            "checks": self.listing(),
+            "running": dict(sorted(self._running.items())),
+            "validating": sorted(self._validating),
+            "awaiting_validation": failing,
+            "backing_off": sorted({f"{n.check}:{n.node}" for n in nodes if n.next_try > self.clock.now()}),
+            "last": [
+                {
+                    "check": n.check,
+                    "node": n.node,
+                    "outcome": n.last_outcome,
+                    "last_run": n.last_run,
+                    "last_success": n.last_success,
+                }
+                for n in sorted(nodes, key=lambda n: (n.check, n.node))[:500]
+            ],
+        }
+
+
+def _scalar(value: Any) -> Scalar:
+    return value if value is None or isinstance(value, str | int | float | bool) else str(value)
+
+
+def _result(event: Event) -> RunResult:
+    a = event.attrs
+    return RunResult(
+        node=event.node,
+        check=a.get("check"),
+        outcome=a.get("outcome"),
+        passed=a.get("passed"),
+        evidence=a.get("evidence"),
+        job=a.get("job"),
+        busbw_gbps=a.get("busbw_gbps"),
+    )

@@ -1,0 +1,266 @@
+"""Active checks on Kubernetes (issue 21): each check is a batch/v1 Job pinned to its node (``nodeName``: no
+scheduler in the way, every GPU of the node requested, ``backoffLimit: 0``, ``activeDeadlineSeconds`` as the
+time limit), its output read from its pod's log, its end from the Job's conditions.
+
+Idle here: the node is Ready, not cordoned, has no ``NoSchedule``/``NoExecute`` taint, and no pod on it that
+is pending or running asks for GPUs (``checks.kubernetes.gpu_resource``): a running check is such a pod too.
+Validation of a node watchd cordoned: the Job tolerates every taint and names the node, so it runs there while
+the node stays cordoned; passed: the scheduler adapter's resume (only what watchd did is undone); failed: the
+node stays cordoned and watchd's drain record carries the new evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import CascadeType, PatchType
+
+from watchd.checks.runner import Availability, CheckJob, JobHandle, JobStatus, RunnerError, RunOutput
+from watchd.integrations.base import SchedulerError
+from watchd.integrations.kubernetes.client import describe_error
+from watchd.integrations.kubernetes.scheduler import (
+    DRAIN_ANNOTATION,
+    DrainRecord,
+    KubernetesScheduler,
+    node_ready,
+    requests_gpu,
+    scheduler_from_settings,
+)
+from watchd.model.nodes import drain_reason
+
+__all__ = ["KubernetesCheckRunner", "runner_from_config"]
+
+_ERRORS = (Exception,)
+
+
+def _job_name(job: CheckJob) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", f"watchd-check-{job.check}".lower()).strip("-")[:40]
+    return f"{base}-{job.run_id.rsplit('.', 1)[-1][:10]}".strip("-")
+
+
+class KubernetesCheckRunner:
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        scheduler: KubernetesScheduler,
+        *,
+        namespace: str = "watchd",
+        image: str = "nvcr.io/nvidia/pytorch:24.04-py3",
+        gpu_resource: str = "nvidia.com/gpu",
+        gpus: int = 8,
+        poll_interval_s: float = 2.0,
+        grace_s: float = 30.0,
+    ) -> None:
+        self.scheduler = scheduler
+        self.client = scheduler.client
+        self.namespace = namespace
+        self.image = image
+        self.gpu_resource = gpu_resource
+        self.gpus = gpus
+        self.poll_interval_s = poll_interval_s
+        self.grace_s = grace_s
+        self.created: list[dict[str, Any]] = []  # every Job created (tests assert them)
+
+    async def members(self, partitions: Sequence[str]) -> dict[str, list[str]]:
+        try:
+            pools = await self.scheduler.pools()
+        except SchedulerError as exc:
+            raise RunnerError(str(exc)) from exc
+        return {p: n for p, n in pools.items() if not partitions or p in partitions}
+
+    async def availability(self, nodes: Sequence[str], within_s: float) -> dict[str, Availability]:
+        wanted = set(nodes)
+        try:
+            all_nodes = [n async for n in self.client.list(Node)]
+            pods = [p async for p in self.client.list(Pod, namespace="*")]
+        except _ERRORS as exc:
+            raise RunnerError(describe_error("LIST nodes/pods", exc)) from exc
+        gpu_pods: dict[str, str] = {}
+        for p in pods:
+            phase = p.status.phase if p.status is not None else None
+            node = p.spec.nodeName if p.spec is not None else None
+            if node in wanted and phase in ("Pending", "Running") and requests_gpu(p, self.gpu_resource):
+                meta = p.metadata
+                gpu_pods.setdefault(node, f"GPU pod {meta.namespace}/{meta.name}" if meta else "GPU pod")
+        pools = await self.members(())
+        parts: dict[str, list[str]] = {}
+        for p_name, members in pools.items():
+            for m in members:
+                parts.setdefault(m, []).append(p_name)
+        out: dict[str, Availability] = {}
+        for n in all_nodes:
+            name = n.metadata.name if n.metadata is not None else None
+            if name not in wanted or name is None:
+                continue
+            taints = [
+                t
+                for t in (n.spec.taints if n.spec is not None else None) or ()
+                if t.effect != "PreferNoSchedule"
+            ]
+            why = ""
+            if not node_ready(n):
+                why = "node is not Ready"
+            elif n.spec is not None and n.spec.unschedulable:
+                why = "cordoned"
+            elif taints:
+                why = f"tainted {taints[0].key}={taints[0].value or ''}:{taints[0].effect}"
+            elif name in gpu_pods:
+                why = gpu_pods[name]
+            out[name] = Availability(not why, why, tuple(parts.get(name, ())))
+        return out
+
+    def _manifest(self, job: CheckJob, name: str) -> dict[str, Any]:
+        container: dict[str, Any] = {"name": "check", "image": self.image, "command": list(job.argv)}
+        if self.gpus:
+            container["resources"] = {"limits": {self.gpu_resource: str(self.gpus)}}
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": {"app.kubernetes.io/managed-by": "watchd", "watchd.io/check": job.check},
+                "annotations": {"watchd.io/run": job.run_id, "watchd.io/node": job.node},
+            },
+            "spec": {
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": max(1, math.ceil(job.time_limit_s)),
+                "ttlSecondsAfterFinished": 86400,
+                "template": {
+                    "metadata": {
+                        "labels": {"app.kubernetes.io/managed-by": "watchd", "watchd.io/check": job.check}
+                    },
+                    "spec": {
+                        "nodeName": job.node,
+                        "restartPolicy": "Never",
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [container],
+                    },
+                },
+            },
+        }
+
+    async def submit(self, job: CheckJob) -> JobHandle:
+        name = _job_name(job)
+        manifest = self._manifest(job, name)
+        self.created.append(manifest)
+        try:
+            obj = cast(Job, Job.from_dict(manifest))
+            await self.client.create(obj)
+        except _ERRORS as exc:
+            raise RunnerError(describe_error(f"POST jobs {name}", exc)) from exc
+        return JobHandle(
+            job.run_id, job.node, name, f"{self.namespace}/{name}", time.time(), job.time_limit_s
+        )
+
+    async def _pod_of(self, name: str) -> Pod | None:
+        try:
+            pods = [
+                p async for p in self.client.list(Pod, namespace=self.namespace, labels={"job-name": name})
+            ]
+        except _ERRORS:
+            return None
+        return pods[0] if pods else None
+
+    async def _log(self, pod: Pod | None) -> str:
+        if pod is None or pod.metadata is None or pod.metadata.name is None:
+            return ""
+        try:
+            lines = [line async for line in self.client.log(pod.metadata.name, namespace=self.namespace)]
+        except _ERRORS:
+            return ""
+        return "".join(lines)
+
+    async def wait(self, handle: JobHandle) -> RunOutput:
+        deadline = handle.submitted_at + handle.time_limit_s + self.grace_s
+        name = handle.job_id
+        while True:
+            try:
+                job = await self.client.get(Job, name, namespace=self.namespace)
+            except _ERRORS as exc:
+                return RunOutput("lost", "", None, describe_error(f"GET jobs {name}", exc), None, name)
+            status = job.status
+            conditions = {c.type: c for c in (status.conditions if status is not None else None) or ()}
+            if "Complete" in conditions or "Failed" in conditions:
+                pod = await self._pod_of(name)
+                output = await self._log(pod)
+                exit_code = None
+                if pod is not None and pod.status is not None:
+                    for cs in pod.status.containerStatuses or ():
+                        if cs.state is not None and cs.state.terminated is not None:
+                            exit_code = cs.state.terminated.exitCode
+                failed = conditions.get("Failed")
+                kind: JobStatus = "completed"
+                if failed is not None:
+                    kind = "timeout" if failed.reason == "DeadlineExceeded" else "failed"
+                detail = f"{failed.reason}: {failed.message}" if failed is not None else "Complete"
+                return RunOutput(
+                    kind, output, exit_code if "Complete" not in conditions else 0, detail, None, name
+                )
+            if time.time() > deadline:
+                started = status is not None and bool(status.startTime)
+                await self.cancel(handle)
+                return RunOutput(
+                    "timeout" if started else "not_started",
+                    "",
+                    None,
+                    "deleted past its time limit",
+                    None,
+                    name,
+                )
+            await asyncio.sleep(self.poll_interval_s)
+
+    async def cancel(self, handle: JobHandle) -> None:
+        try:
+            await self.client.delete(
+                Job, handle.job_id, namespace=self.namespace, cascade=CascadeType.BACKGROUND
+            )
+        except _ERRORS:
+            return
+
+    async def begin_validation(self, node: str, time_limit_s: float) -> None:
+        return None  # the Job names the node and tolerates the taint: the node stays cordoned meanwhile
+
+    async def end_validation(self, node: str, passed: bool, reason: str) -> str:
+        if passed:
+            result = await self.scheduler.resume(node)
+            if result.outcome not in ("resumed", "not_drained"):
+                raise RunnerError(f"resume of {node}: {result.outcome}: {result.detail}")
+            return "resumed"
+        try:
+            current = await self.client.get(Node, node)
+            record = DrainRecord.parse(
+                ((current.metadata.annotations if current.metadata else None) or {}).get(DRAIN_ANNOTATION)
+            )
+            if record is not None:
+                new = DrainRecord(drain_reason(reason), record.cordoned, record.tainted, time.time())
+                await self.client.patch(
+                    Node,
+                    node,
+                    {"metadata": {"annotations": {DRAIN_ANNOTATION: new.to_json()}}},
+                    patch_type=PatchType.MERGE,
+                )
+        except _ERRORS as exc:
+            raise RunnerError(describe_error(f"PATCH nodes/{node}", exc)) from exc
+        return "drained"
+
+
+def runner_from_config(config: Any) -> KubernetesCheckRunner:
+    c = config.checks.kubernetes
+    return KubernetesCheckRunner(
+        scheduler_from_settings(config.kubernetes),
+        namespace=c.namespace,
+        image=c.image,
+        gpu_resource=c.gpu_resource,
+        gpus=c.gpus,
+        poll_interval_s=c.poll_interval_s,
+        grace_s=c.grace,
+    )

@@ -1,0 +1,392 @@
+"""Active checks on Slurm (issue 21): each check is a batch job pinned to its node (``sbatch -w NODE
+--exclusive``, the configured partition, QOS, reservation and account, a time limit), its output collected
+from the job's output file, its end from ``scontrol show job``.
+
+What "idle" means here (never a busy, drained, reserved or already-checking node): the node's state is
+``IDLE`` with no flag (no ``DRAIN``, ``RESERVED``, ``COMPLETING``, ``PLANNED``, ``MAINT``, ``POWER*``,
+``NOT_RESPONDING``...), ``squeue`` shows no job on it in any state that holds or is taking it (configuring,
+running, completing, suspended), and no reservation holds it now or starts before the check would end.
+
+Validation of a node watchd drained: Slurm never starts a job on a drained node, even inside a reservation
+(checked on Slurm 22.05). So the node is first put in a maintenance reservation that admits only watchd's user
+(``Flags=MAINT,IGNORE_JOBS``), then its drain is lifted: nothing but the checks can land there. Then the
+reservation is deleted (passed) or the node drained again with the new evidence first (failed).
+
+The output path must be readable by the engine: ``checks.output_dir`` on a file system the nodes share (the
+node writes it, slurmctld's host need not). New functions only: the scheduler adapter
+(:mod:`watchd.integrations.slurm.scheduler`) is reused for ``scontrol show node``, pools and subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import re
+import shlex
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from watchd.checks.params import ChecksConfig
+from watchd.checks.runner import Availability, CheckJob, JobHandle, JobStatus, RunnerError, RunOutput
+from watchd.integrations.base import SchedulerError
+from watchd.integrations.slurm.scheduler import SlurmScheduler, expand_hostlist
+from watchd.model.nodes import drain_reason, drained_by_watchd
+
+__all__ = ["SlurmCheckRunner", "parse_job", "parse_reservations", "runner_from_config"]
+
+#: node state flags that still let a check start (none of them takes or reserves the node)
+_HARMLESS_FLAGS = frozenset({"CLOUD", "DYNAMIC_NORM", "DYNAMIC_FUTURE"})
+_HOLDING = "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,STOPPED,RESIZING"
+_TERMINAL = {
+    "COMPLETED": "completed",
+    "FAILED": "failed",
+    "OUT_OF_MEMORY": "failed",
+    "TIMEOUT": "timeout",
+    "DEADLINE": "timeout",
+    "CANCELLED": "cancelled",
+    "PREEMPTED": "cancelled",
+    "NODE_FAIL": "node_fail",
+    "BOOT_FAIL": "node_fail",
+}
+VALIDATION_PREFIX = "watchd-validate-"
+
+
+def parse_job(line: str) -> dict[str, str]:
+    """One ``scontrol show job -o`` line: the keys the runner reads (JobState, ExitCode, Reason, NodeList,
+    RunTime, StdOut)."""
+    out: dict[str, str] = {}
+    for key in ("JobId", "JobState", "Reason", "ExitCode", "NodeList", "RunTime", "StdOut", "TimeLimit"):
+        m = re.search(rf"(?:^| ){key}=(\S*)", line)
+        if m is not None:
+            out[key] = m.group(1)
+    return out
+
+
+def _slurm_time(value: str) -> float | None:
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def parse_reservations(text: str) -> list[dict[str, Any]]:
+    """``scontrol show reservation -o``: name, nodes (expanded), start and end (Unix time, local time as
+    Slurm prints it), state."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"ReservationName=(\S+)", line.strip())
+        if m is None:
+            continue
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        nodes = fields.get("Nodes", "")
+        out.append(
+            {
+                "name": m.group(1),
+                "nodes": set(expand_hostlist(nodes)) if nodes and nodes != "(null)" else set(),
+                "start": _slurm_time(fields.get("StartTime", "")),
+                "end": _slurm_time(fields.get("EndTime", "")),
+                "state": fields.get("State", ""),
+            }
+        )
+    return out
+
+
+def _time_arg(seconds: float) -> str:
+    """``--time`` in minutes (Slurm's granularity), at least one."""
+    return str(max(1, math.ceil(seconds / 60)))
+
+
+class SlurmCheckRunner:
+    name = "slurm"
+
+    def __init__(
+        self,
+        scheduler: SlurmScheduler,
+        *,
+        output_dir: Path,
+        sbatch: str = "sbatch",
+        scancel: str = "scancel",
+        partition: str | None = None,
+        qos: str | None = None,
+        reservation: str | None = None,
+        account: str | None = None,
+        extra_args: Sequence[str] = (),
+        poll_interval_s: float = 1.0,
+        grace_s: float = 30.0,
+        user: str = "root",
+        max_output_bytes: int = 1024 * 1024,
+    ) -> None:
+        self.slurm = scheduler
+        self.output_dir = output_dir
+        self.sbatch = sbatch
+        self.scancel = scancel
+        self.partition = partition
+        self.qos = qos
+        self.reservation = reservation
+        self.account = account
+        self.extra_args = list(extra_args)
+        self.poll_interval_s = poll_interval_s
+        self.grace_s = grace_s
+        self.user = user
+        self.max_output_bytes = max_output_bytes
+        self.submissions: list[list[str]] = []  # every sbatch argv (tests assert them)
+
+    async def _run(self, *argv: str, input: str | None = None, check: bool = True) -> tuple[int, str, str]:
+        env = {**os.environ, **self.slurm.env_extra}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+            )
+        except OSError as exc:
+            raise RunnerError(f"{argv[0]}: cannot run: {exc}") from exc
+        try:
+            out, err = await asyncio.wait_for(
+                proc.communicate(input.encode() if input is not None else None), self.slurm.timeout
+            )
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise RunnerError(f"{' '.join(argv[:3])}: timed out after {self.slurm.timeout:g}s") from None
+        rc = proc.returncode if proc.returncode is not None else -1
+        stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+        if check and rc != 0:
+            raise RunnerError(f"{' '.join(argv[:3])}: exit status {rc}: {(stderr or stdout).strip()[:500]}")
+        return rc, stdout, stderr
+
+    # ------------------------------------------------------------------------------------------ protocol
+    async def members(self, partitions: Sequence[str]) -> dict[str, list[str]]:
+        try:
+            pools = await self.slurm.pools()
+        except SchedulerError as exc:
+            raise RunnerError(str(exc)) from exc
+        return {p: n for p, n in pools.items() if not partitions or p in partitions}
+
+    async def availability(self, nodes: Sequence[str], within_s: float) -> dict[str, Availability]:
+        if not nodes:
+            return {}
+        try:
+            states = await self.slurm.node_states(nodes)
+        except SchedulerError as exc:
+            raise RunnerError(str(exc)) from exc
+        _, jobs, _ = await self._run(self.slurm.squeue, "-h", "-t", _HOLDING, "-o", "%i|%N|%T")
+        busy: dict[str, str] = {}
+        for line in jobs.splitlines():
+            job_id, _, rest = line.strip().partition("|")
+            hosts, _, state = rest.partition("|")
+            for h in expand_hostlist(hosts) if hosts else []:
+                busy.setdefault(h, f"job {job_id} {state.lower()}")
+        _, resv, _ = await self._run(self.slurm.scontrol, "show", "reservation", "-o", check=False)
+        now = time.time()
+        reserved: dict[str, str] = {}
+        for r in parse_reservations(resv):
+            starts = r["start"]
+            if r["state"] == "ACTIVE" or (starts is not None and starts < now + within_s + self.grace_s):
+                for h in r["nodes"]:
+                    reserved.setdefault(h, f"reserved ({r['name']})")
+        pools = await self.members(())
+        parts: dict[str, list[str]] = {}
+        for p, members in pools.items():
+            for m in members:
+                parts.setdefault(m, []).append(p)
+        out: dict[str, Availability] = {}
+        for name in nodes:
+            st = states.get(name)
+            if st is None:
+                continue
+            flags = set(st.flags) - _HARMLESS_FLAGS
+            why = ""
+            if st.drained:
+                why = f"drained ({st.reason or 'no reason'})"
+            elif st.state != "idle":
+                why = f"node is {st.state}" + (f"+{'+'.join(sorted(flags))}" if flags else "")
+            elif flags:
+                why = f"node is idle+{'+'.join(sorted(flags))}"
+            elif name in busy:
+                why = busy[name]
+            elif name in reserved:
+                why = reserved[name]
+            out[name] = Availability(
+                idle=not why,
+                why=why,
+                partitions=tuple(parts.get(name, ())),
+                drained_by_watchd=drained_by_watchd(st),
+            )
+        return out
+
+    def _argv(self, job: CheckJob, output: Path) -> list[str]:
+        argv = [
+            self.sbatch,
+            "--parsable",
+            f"--job-name=watchd-check-{job.check}",
+            "-w",
+            job.node,
+            "-N",
+            "1",
+            "--exclusive",
+            "--no-requeue",
+            f"--time={_time_arg(job.time_limit_s)}",
+            f"--output={output}",
+            f"--chdir={self.output_dir}",
+        ]
+        partition = self.partition or job.partition
+        if partition and not job.validation:
+            argv.append(f"--partition={partition}")
+        if self.qos:
+            argv.append(f"--qos={self.qos}")
+        reservation = f"{VALIDATION_PREFIX}{job.node}" if job.validation else self.reservation
+        if reservation:
+            argv.append(f"--reservation={reservation}")
+        if self.account:
+            argv.append(f"--account={self.account}")
+        return argv + self.extra_args
+
+    async def submit(self, job: CheckJob) -> JobHandle:
+        output = self.output_dir / f"{job.run_id}.out"
+        argv = self._argv(job, output)
+        script = "#!/bin/sh\n# watchd check " + job.check + "\nexec " + shlex.join(job.argv) + " 2>&1\n"
+        self.submissions.append(argv)
+        _, out, _ = await self._run(*argv, input=script)
+        job_id = out.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise RunnerError(f"sbatch answered {out.strip()[:200]!r}, not a job id")
+        return JobHandle(job.run_id, job.node, job_id, str(output), time.time(), job.time_limit_s)
+
+    def _read_output(self, path: str) -> str:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(self.max_output_bytes + 1)
+        except OSError:
+            return ""
+        text = data[: self.max_output_bytes].decode(errors="replace")
+        return text + (
+            "\n# watchd: output cut at checks.max_output_bytes\n" if len(data) > self.max_output_bytes else ""
+        )
+
+    async def wait(self, handle: JobHandle) -> RunOutput:
+        deadline = handle.submitted_at + handle.time_limit_s + self.grace_s
+        started: float | None = None
+        while True:
+            rc, out, err = await self._run(
+                self.slurm.scontrol, "show", "job", "-o", handle.job_id, check=False
+            )
+            info = parse_job(out.strip()) if rc == 0 else {}
+            state = info.get("JobState", "")
+            if rc != 0 and "Invalid job id" in (err + out):
+                text = self._read_output(handle.output)
+                status: JobStatus = "completed" if text else "lost"
+                return RunOutput(status, text, None, "the job left slurmctld's memory", None, handle.job_id)
+            if state in ("RUNNING", "COMPLETING") and started is None:
+                started = time.time()
+            if state in _TERMINAL:
+                code, _, signal = info.get("ExitCode", "0:0").partition(":")
+                exit_code = int(code) if code.isdigit() else None
+                if signal.isdigit() and int(signal) and exit_code == 0:
+                    exit_code = 128 + int(signal)
+                return RunOutput(
+                    _TERMINAL[state],  # type: ignore[arg-type]
+                    self._read_output(handle.output),
+                    exit_code,
+                    f"{state} {info.get('Reason', '')}".strip(),
+                    time.time() - (started or handle.submitted_at),
+                    handle.job_id,
+                )
+            if time.time() > deadline:
+                await self.cancel(handle)
+                if started is None:
+                    return RunOutput(
+                        "not_started",
+                        "",
+                        None,
+                        f"did not start: {state} {info.get('Reason', '')}",
+                        None,
+                        handle.job_id,
+                    )
+                return RunOutput(
+                    "timeout",
+                    self._read_output(handle.output),
+                    None,
+                    f"cancelled after its time limit ({handle.time_limit_s:g}s + {self.grace_s:g}s)",
+                    time.time() - started,
+                    handle.job_id,
+                )
+            await asyncio.sleep(self.poll_interval_s)
+
+    async def cancel(self, handle: JobHandle) -> None:
+        await self._run(self.scancel, handle.job_id, check=False)
+
+    async def begin_validation(self, node: str, time_limit_s: float) -> None:
+        minutes = max(1, math.ceil((time_limit_s + 4 * self.grace_s) / 60))
+        name = f"{VALIDATION_PREFIX}{node}"
+        await self._run(self.slurm.scontrol, "delete", f"ReservationName={name}", check=False)
+        await self._run(
+            self.slurm.scontrol,
+            "create",
+            "reservation",
+            f"ReservationName={name}",
+            f"Nodes={node}",
+            f"Users={self.user}",
+            "StartTime=now",
+            f"Duration={minutes}",
+            "Flags=MAINT,IGNORE_JOBS",
+        )
+        rc, out, err = await self._run(
+            self.slurm.scontrol, "update", f"NodeName={node}", "State=RESUME", check=False
+        )
+        if rc != 0:
+            st = (await self.slurm.node_states([node])).get(node)
+            if st is None or st.drained:
+                await self._run(self.slurm.scontrol, "delete", f"ReservationName={name}", check=False)
+                raise RunnerError(f"cannot lift the drain of {node}: {(err or out).strip()}")
+
+    async def end_validation(self, node: str, passed: bool, reason: str) -> str:
+        name = f"{VALIDATION_PREFIX}{node}"
+        done = "resumed"
+        if not passed:
+            await self._run(
+                self.slurm.scontrol,
+                "update",
+                f"NodeName={node}",
+                "State=DRAIN",
+                f'Reason="{drain_reason(reason)}"',
+            )
+            done = "drained"
+        await self._run(self.slurm.scontrol, "delete", f"ReservationName={name}", check=False)
+        return done
+
+
+def runner_from_config(config: Any) -> SlurmCheckRunner:
+    checks: ChecksConfig = config.checks
+    slurm = config.slurm
+    env = {"SLURM_CONF": str(slurm.slurm_conf)} if slurm.slurm_conf else None
+    scheduler = SlurmScheduler(
+        scontrol=slurm.scontrol,
+        squeue=slurm.squeue,
+        sinfo=slurm.sinfo,
+        timeout=slurm.timeout_s,
+        env=env,
+        persistent=False,
+    )
+    c = checks.slurm
+    return SlurmCheckRunner(
+        scheduler,
+        output_dir=checks.output_dir,
+        sbatch=c.sbatch,
+        scancel=c.scancel,
+        partition=c.partition,
+        qos=c.qos,
+        reservation=c.reservation,
+        account=c.account,
+        extra_args=c.extra_args,
+        poll_interval_s=c.poll_interval_s,
+        grace_s=c.grace,
+        user=c.user,
+        max_output_bytes=checks.max_output_bytes,
+    )
