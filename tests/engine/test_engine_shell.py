@@ -76,6 +76,8 @@ async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
             "detectors": cfg.detectors.interval_s,
             "fleet-prune": 60.0,
             "store-probe": 2.0,  # the state database's write probe (issue 16 item 3)
+            "reliability-flush": cfg.reliability.flush_s,  # issue 17
+            "reliability": cfg.reliability.interval_s,
         }
         with pytest.raises(RuntimeError, match="already started"):
             await engine.start()
@@ -92,6 +94,7 @@ async def test_status_document_has_the_same_shape(tmp_path: Path) -> None:
     async with Engine(config(tmp_path), scheduler=FakeScheduler()) as engine:
         doc = engine.status()
     assert set(doc) == {
+        "reliability",  # issue 17
         "mode",
         "pid",
         "nodes",

@@ -48,6 +48,7 @@ class EngineStatus:
     scheduler: str | None
     alerts: AlertmanagerNotifier | None
     breaker_window_s: float
+    reliability: Callable[[], dict[str, Any]] | None = None  # issue 17: the accounting's summary
 
     def document(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The status document. Bounded whatever the fleet's size: at most ``limit`` nodes (troubled ones
@@ -100,6 +101,7 @@ class EngineStatus:
             "breaker": self.breaker(now),
             "alerts": self.alerts.state() if self.alerts is not None else [],
             "fleet": {"evicted": dict(self.correlator.fleet.evicted)},
+            "reliability": self.reliability() if self.reliability is not None else None,
         }
 
     def breaker(self, now: float) -> list[dict[str, Any]]:

@@ -51,6 +51,7 @@ from watchd.store.connection import Connection, StoreError
 from watchd.store.held import HeldActions
 from watchd.store.intents import Intents
 from watchd.store.meta import Meta
+from watchd.store.reliability import ReliabilityRecord
 from watchd.store.rule_state import RuleStates
 from watchd.store.schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -81,6 +82,7 @@ class Store:
         self.rule_state = RuleStates(self._db)
         self.breaker = BreakerWindow(self._db)
         self.meta = Meta(self._db)
+        self.reliability = ReliabilityRecord(self._db)  # issue 17
         self.health = StoreHealth()
         self._listeners: list[Callable[[str, StoreError], None]] = []
         self._db.on_error = self._failed
