@@ -293,7 +293,11 @@ class Reliability:
         since = parse_since(query.get("since"), now) if query.get("since") else None
         partition = query.get("partition") or None
         job = query.get("job") or None
-        report = self.report(now=now, since=since, partition=partition)
+        cached = self._report
+        if job is not None and cached is not None and since is None and partition is None:
+            report = cached  # the advice of one job (a training loop asking): the last cycle's accounting
+        else:
+            report = self.report(now=now, since=since, partition=partition)
         doc = report.to_dict()
         doc["partition"] = partition
         doc["advice_model"] = ADVICE_DOC
@@ -372,12 +376,12 @@ def parse_since(raw: str | None, now: float) -> float:
     return value
 
 
-def _estimate_samples(family: str, est: MtbfEstimate) -> Iterator[tuple[str, float | None]]:
-    yield "exposure", est.exposure_s / 3600.0
+def _estimate_samples(est: MtbfEstimate) -> Iterator[tuple[str, float | None]]:
+    yield "exposure", est.exposure_s
     yield "failures", float(est.failures)
-    yield "mtbf", None if est.mtbf is None else est.mtbf / 3600.0
-    yield "lower", None if est.lower is None else est.lower / 3600.0
-    yield "upper", None if est.upper is None else est.upper / 3600.0
+    yield "mtbf", est.mtbf
+    yield "lower", est.lower
+    yield "upper", est.upper
 
 
 class _Collector(Collector):
@@ -391,8 +395,8 @@ class _Collector(Collector):
         report, cfg = self.owner._report, self.owner.config
         g = {
             "exposure": GaugeMetricFamily(
-                "watchd_reliability_exposure_node_hours",
-                "Node-hours in service in the accounting window, by scope (partition | gpu_model) and name.",
+                "watchd_reliability_exposure_node_seconds",
+                "Node-seconds in service in the accounting window, by scope (partition | gpu_model) and name.",
                 labels=["scope", "name"],
             ),
             "failures": GaugeMetricFamily(
@@ -401,24 +405,24 @@ class _Collector(Collector):
                 labels=["scope", "name"],
             ),
             "mtbf": GaugeMetricFamily(
-                "watchd_reliability_mtbf_hours",
+                "watchd_reliability_mtbf_seconds",
                 "Node MTBF estimate (exposure / failures), by scope and name; absent without a failure.",
                 labels=["scope", "name"],
             ),
             "lower": GaugeMetricFamily(
-                "watchd_reliability_mtbf_lower_hours",
+                "watchd_reliability_mtbf_lower_seconds",
                 "Lower bound of the MTBF's confidence interval (exact chi-square), by scope and name.",
                 labels=["scope", "name"],
             ),
             "upper": GaugeMetricFamily(
-                "watchd_reliability_mtbf_upper_hours",
+                "watchd_reliability_mtbf_upper_seconds",
                 "Upper bound of the MTBF's confidence interval, by scope and name; absent without a failure.",
                 labels=["scope", "name"],
             ),
         }
         lost = GaugeMetricFamily(
-            "watchd_reliability_gpu_hours_lost",
-            "GPU-hours of nodes out of service after failures in the accounting window (GPUs x time out).",
+            "watchd_reliability_lost_gpu_seconds",
+            "GPU-seconds of nodes out of service after failures in the accounting window (GPUs x time out).",
         )
         lemons = GaugeMetricFamily(
             "watchd_reliability_lemon_failures",
@@ -429,10 +433,10 @@ class _Collector(Collector):
             scopes = [("partition", report.partitions), ("gpu_model", report.models)]
             for scope, groups in scopes:
                 for name, est in sorted(groups.items()):
-                    for key, value in _estimate_samples(scope, est):
+                    for key, value in _estimate_samples(est):
                         if value is not None:
                             g[key].add_metric([scope, name], value)
-            lost.add_metric([], report.gpu_hours_lost)
+            lost.add_metric([], report.gpu_hours_lost * 3600.0)
             for node, count in report.lemons[: cfg.metrics_lemons]:
                 lemons.add_metric([node], float(count))
         yield from g.values()
