@@ -396,7 +396,7 @@ class _Collector(Collector):
         g = {
             "exposure": GaugeMetricFamily(
                 "watchd_reliability_exposure_node_seconds",
-                "Node-seconds in service in the accounting window, by scope (partition | gpu_model) and name.",
+                "Node-seconds in service in the accounting window, by scope (partition, gpu_model) and name.",
                 labels=["scope", "name"],
             ),
             "failures": GaugeMetricFamily(
