@@ -18,6 +18,7 @@ import pytest
 
 from tests.daemons import Daemon, free_port, watchd_command
 from tests.support import real_components_required, wait_for
+from watchd.client import advised_checkpoint_interval
 from watchd.model.events import Event, batch_to_wire, stable_id
 
 pytestmark = pytest.mark.real
@@ -137,6 +138,11 @@ def test_reliability_end_to_end(tmp_path: Path) -> None:
         assert seven["current_interval_s"] == pytest.approx(1740.0)
         assert seven["advised_interval_s"] < seven["young_interval_s"]
         assert not seven["far_too_long"] and jobs["slurm:8"]["far_too_long"]
+
+        # what a training loop reads (watchd.client): the advice, or None, never an exception
+        assert advised_checkpoint_interval("slurm:7", url=engine.url) == seven["advised_interval_s"]
+        assert advised_checkpoint_interval("slurm:99", url=engine.url) is None
+        assert advised_checkpoint_interval("slurm:7", url=f"http://127.0.0.1:{free_port()}") is None
 
         text = cli(engine.url)
         assert "fleet: 1 failure in 3.0 node-h: MTBF 3.0 h (90%:" in text
