@@ -158,13 +158,13 @@ class Reliability:
     def flush_now(self) -> None:
         """Save the service intervals and what changed of the nodes (a failed write is retried next time)."""
         intervals = self.service.take()
-        nodes = self.service.take_dirty()
+        changed = {s.node: s for s in self.service.take_dirty()}
         for state in self.service.nodes.values():
             parts = tuple(sorted(self.partitions_of(state.node)))
             if self._partitions.get(state.node) != parts:
                 self._partitions[state.node] = parts
-                if state not in nodes:
-                    nodes.append(state)
+                changed[state.node] = state
+        nodes = list(changed.values())
         try:
             if intervals:
                 self.store.reliability.save_intervals(IntervalRow(i.node, i.start, i.end) for i in intervals)

@@ -16,6 +16,7 @@ evaluated by its series or its continued fraction (Numerical Recipes, 6.2) and i
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -69,6 +70,7 @@ def chi2_cdf(x: float, df: int) -> float:
     return gamma_p(df / 2.0, x / 2.0)
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet's nodes share a few failure counts: one bisection per count
 def chi2_ppf(p: float, df: int) -> float:
     """The ``p`` quantile of the chi-square distribution with ``df`` degrees of freedom (``0 < p < 1``)."""
     if not 0.0 < p < 1.0:
