@@ -76,19 +76,22 @@ class Reliability:
         kind, attrs = event.kind, event.attrs
         if kind == SUMMARY_KIND:
             gpu, model, job = attrs.get("gpu"), attrs.get("model"), attrs.get("job")
-            self.service.seen(
+            back = self.service.seen(
                 event.node,
                 event.time,
                 model=model if isinstance(model, str) else None,
                 gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
                 job=job if isinstance(job, str) else None,
             )
+            if back:
+                self._close_failures(event.node, event.time)
         elif kind == HEARTBEAT_KIND:
             job, rank, phase = attrs.get("job"), attrs.get("rank"), attrs.get("phase") or "train"
             if isinstance(job, str) and isinstance(rank, int) and isinstance(phase, str):
                 label = self.topology.canonical(job)
                 self.jobs.heartbeat(label, rank, phase, event.time, event.node)
-                self.service.seen(event.node, event.time, job=label)
+                if self.service.seen(event.node, event.time, job=label):
+                    self._close_failures(event.node, event.time)
             else:
                 self.service.seen(event.node, event.time)
         elif kind == "node_repaired":
@@ -124,6 +127,9 @@ class Reliability:
         if pending is None or outcome not in FAILURE_OUTCOMES:
             return
         source, evidence = pending
+        state = self.service.nodes.get(event.node)
+        if state is not None and state.out_since is not None:
+            return  # still out from a failure counted before (dry-run does not drain): the same failure
         at = min(source.time, event.time)
         self.service.failed(event.node, at)
         try:
@@ -145,10 +151,13 @@ class Reliability:
     def restored(self, node: str, t: float) -> None:
         """``node`` is back in service at ``t`` (watchd resumed it, a repair system said so)."""
         if self.service.restored(node, t) is not None:
-            try:
-                self.store.reliability.close_failures(node, t)
-            except StoreError as exc:
-                _log.error("failure_not_closed", node=node, error=str(exc))
+            self._close_failures(node, t)
+
+    def _close_failures(self, node: str, t: float) -> None:
+        try:
+            self.store.reliability.close_failures(node, t)
+        except StoreError as exc:  # the failure stays open (its GPU-hours lost keep growing): logged
+            _log.error("failure_not_closed", node=node, error=str(exc))
 
     # ------------------------------------------------------------------------------------- periodic
 

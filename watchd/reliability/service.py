@@ -74,9 +74,11 @@ class ServiceTracker:
 
     def seen(
         self, node: str, t: float, *, model: str | None = None, gpu: int | None = None, job: str | None = None
-    ) -> None:
-        """A report from ``node`` observed at ``t``."""
+    ) -> bool:
+        """A report from ``node`` observed at ``t``; True when it brought the node back into service (a job
+        it was not running at its failure)."""
         state = self._node(node)
+        back = False
         if model is not None and model != state.model:
             state.model, state.dirty = model, True
         if gpu is not None and 0 <= gpu < _MAX_GPUS and gpu not in state.gpus:
@@ -87,16 +89,17 @@ class ServiceTracker:
             if len(state.jobs) > _JOBS_KEPT:
                 del state.jobs[min(state.jobs, key=state.jobs.__getitem__)]
             if state.out_since is not None and job not in state.jobs_at_failure and t > state.out_since:
-                self.restored(node, t)
+                back = self.restored(node, t) is not None
         if state.out_since is not None:
-            return
+            return back
         if state.start is None or t - state.end > self.gap_s:
             if state.start is not None and t < state.end:
-                return  # late and out of order: within what was already counted, or before it
+                return back  # late and out of order: within what was already counted, or before it
             self._close(state)
             state.start = state.end = t
         elif t > state.end:
             state.end = t
+        return back
 
     def failed(self, node: str, t: float) -> None:
         """A failure at ``t``: the interval ends there and the node is out until it is back in service."""
