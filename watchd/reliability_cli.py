@@ -101,7 +101,7 @@ def _advice(a: dict[str, Any], out: TextIO) -> None:
     )
     flag = "  << far less often than advised" if a["far_too_long"] else ""
     print(
-        f"  job {a['job']} on {a['nodes']} nodes: "
+        f"  job {a['job']} on {a['nodes']} node{'s' if a['nodes'] != 1 else ''}: "
         f"checkpoint {a['checkpoint_cost_s']:.1f} s ({a['cost_source']}), "
         f"job MTBF {a['job_mtbf_hours']:.2f} h (node {a['node_mtbf_hours']:.1f} h, {a['mtbf_basis']})\n"
         f"    advised {a['advised_interval_s'] / 60:.1f} min "
