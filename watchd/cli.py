@@ -96,6 +96,14 @@ def _parser() -> argparse.ArgumentParser:
     ac.add_argument("--token-file", type=Path, help="the engine's token (default: $WATCHD_TOKEN)")
     ac.add_argument("--by", help="who decides (default: your user name), recorded in the audit")
 
+    # issue 17: reliability accounting and checkpoint advice
+    rb = sub.add_parser("reliability", help="failures, MTBF with its interval, lemons, checkpoint advice")
+    rb.add_argument("--url", default=DEFAULT_URL, help=f"the engine (default {DEFAULT_URL})")
+    rb.add_argument("--partition", help="only this partition's nodes")
+    rb.add_argument("--since", help="window start: epoch seconds or a duration back (30d, 12h; default 90d)")
+    rb.add_argument("--job", help="the checkpoint advice for one running job")
+    rb.add_argument("--json", action="store_true", help="the raw document")
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -183,6 +191,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         from watchd.operator_cli import run_actions
 
         return run_actions(args.verb, args.ids, args.url, args.token_file, args.by, sys.stdout)
+    if args.command == "reliability":
+        from watchd.reliability_cli import run_reliability
+
+        return run_reliability(
+            args.url, args.json, sys.stdout, partition=args.partition, since=args.since, job=args.job
+        )
     raise AssertionError(args.command)
 
 

@@ -12,6 +12,11 @@ It never raises into the training loop and never blocks it: a report is put in a
 ``127.0.0.1:WATCHD_HEARTBEAT_PORT`` (default 9123). No agent: reports are dropped, quietly, and the thread
 tries again later. At interpreter exit a ``done`` report says the rank finished (not hung).
 See docs/heartbeats.md.
+
+The engine's checkpoint advice for the job (docs/reliability.md), for a loop that adapts its interval:
+
+    from watchd.client import advised_checkpoint_interval
+    every_s = advised_checkpoint_interval() or every_s   # None: no advice (yet), or no engine reachable
 """
 
 from __future__ import annotations
@@ -26,13 +31,17 @@ import os
 import socket
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Heartbeat"]
+__all__ = ["Heartbeat", "advised_checkpoint_interval", "checkpoint_advice"]
 
 DEFAULT_SOCKET = "/run/watchd/heartbeat.sock"
 DEFAULT_PORT = 9123
+DEFAULT_ENGINE_URL = "http://127.0.0.1:9120"
+ADVICE_PATH = "/api/v1/reliability"
 PATH = "/v1/heartbeat"
 _JOB_VARS = ("WATCHD_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 _RANK_VARS = ("RANK", "SLURM_PROCID")
@@ -255,3 +264,40 @@ class Heartbeat:
             self.dropped += len(batch)
         else:
             self.sent += len(batch)
+
+
+# ------------------------------------------------------------------------------ checkpoint advice (issue 17)
+
+
+def checkpoint_advice(
+    job: str | None = None, *, url: str | None = None, timeout: float = 2.0
+) -> dict[str, Any] | None:
+    """The engine's checkpoint advice for ``job`` (default: from the environment, as :class:`Heartbeat`):
+    a dict with ``advised_interval_s`` (Daly's interval, compute seconds between checkpoints),
+    ``young_interval_s``, ``checkpoint_cost_s``, ``job_mtbf_hours``, ``current_interval_s``,
+    ``waste_current`` and ``waste_advised`` (expected shares of compute lost), ``far_too_long``. The engine is
+    ``url``, else ``WATCHD_ENGINE_URL``, else http://127.0.0.1:9120. None when there is no advice (no job id,
+    the engine does not know the job yet, no checkpoint cost measured or configured) or the engine cannot be
+    reached: it never raises into the training loop, and waits at most ``timeout`` seconds."""
+    try:
+        job = job if job is not None else _env_job()
+        if not job:
+            return None
+        base = (url or os.environ.get("WATCHD_ENGINE_URL") or DEFAULT_ENGINE_URL).rstrip("/")
+        query = urllib.parse.urlencode({"job": job})
+        with urllib.request.urlopen(f"{base}{ADVICE_PATH}?{query}", timeout=timeout) as resp:
+            doc = json.loads(resp.read())
+        advice = doc.get("job") if isinstance(doc, dict) else None
+        if isinstance(advice, dict) and isinstance(advice.get("advised_interval_s"), int | float):
+            return advice
+        return None
+    except Exception:  # unreachable, 404 (unknown job), a proxy's HTML: no advice
+        return None
+
+
+def advised_checkpoint_interval(
+    job: str | None = None, *, url: str | None = None, timeout: float = 2.0
+) -> float | None:
+    """Daly's advised compute time between checkpoints for ``job``, in seconds; None without advice."""
+    advice = checkpoint_advice(job, url=url, timeout=timeout)
+    return None if advice is None else float(advice["advised_interval_s"])

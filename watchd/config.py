@@ -203,6 +203,26 @@ class JobsConfig(_Strict):
     member_ttl_s: Seconds = 60.0  # an agent's report of a GPU's job counts this long
 
 
+class ReliabilityConfig(_Strict):
+    """Reliability accounting and checkpoint advice (issue 17; docs/reliability.md)."""
+
+    gap_s: Seconds = 300.0  # a node silent longer than this is not in service meanwhile
+    flush_s: Seconds = 60.0  # service intervals are saved this often (a crash loses at most this much)
+    interval_s: Seconds = 60.0  # the advice, its findings and the metrics are refreshed this often
+    confidence: Annotated[float, Field(gt=0, lt=1)] = 0.9  # of the MTBF interval (two-sided)
+    window_days: Annotated[float, Field(gt=0)] = 90.0  # the accounting's default window (--since)
+    retention_days: Annotated[float, Field(gt=0)] = 730.0
+    lemon_failures: Annotated[int, Field(ge=1)] = 2  # failures within lemon_window_days make a lemon
+    lemon_window_days: Annotated[float, Field(gt=0)] = 28.0
+    checkpoint_cost_s: Seconds | None = None  # C when a job's heartbeats do not time its checkpoints
+    restart_s: Annotated[float, Field(ge=0)] = 0.0  # R in Daly's model: restart time after a failure
+    assumed_node_mtbf_hours: Annotated[float, Field(gt=0)] | None = None  # before any exposure is measured
+    far_factor: Annotated[float, Field(gt=1)] = 3.0  # interval > factor x advised: a finding
+    finding_repeat_s: Seconds = 21600.0  # at most one finding per job this often
+    metrics_lemons: Annotated[int, Field(ge=0, le=100)] = 20  # lemons exported by name, at most
+    metrics_jobs: Annotated[int, Field(ge=0, le=10000)] = 500  # jobs exported by label, at most
+
+
 class EngineConfig(_Strict):
     listen: Listen = Listen(port=9120)
     http: HttpConfig = HttpConfig()
@@ -223,6 +243,7 @@ class EngineConfig(_Strict):
     jobs: JobsConfig = JobsConfig()
     detectors: DetectorsConfig = DetectorsConfig()
     checks: ChecksConfig = ChecksConfig()  # issue 21: active checks (docs/checks.md)
+    reliability: ReliabilityConfig = ReliabilityConfig()
     log: LogConfig = LogConfig()
 
     def scheduler_settings(self) -> dict[str, SchedulerSettings]:

@@ -17,6 +17,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "xid": ("watchd.model",),
     "jobs": ("watchd.model",),
     "detect": ("watchd.model", "watchd.xid", "watchd.jobs"),
+    "reliability": ("watchd.model", "watchd.xid"),  # issue 17: pure accounting and checkpoint advice
     # rules/model.py derives the rule schema from the action handler table
     "rules": ("watchd.model", "watchd.xid", "watchd.actions.handlers", "watchd.actions.handler"),
     "store": ("watchd.model", "watchd.actions.audit"),

@@ -76,6 +76,8 @@ async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
             "detectors": cfg.detectors.interval_s,
             "fleet-prune": 60.0,
             "store-probe": 2.0,  # the state database's write probe (issue 16 item 3)
+            "reliability-flush": cfg.reliability.flush_s,  # issue 17
+            "reliability": cfg.reliability.interval_s,
         }
         with pytest.raises(RuntimeError, match="already started"):
             await engine.start()
@@ -92,6 +94,7 @@ async def test_status_document_has_the_same_shape(tmp_path: Path) -> None:
     async with Engine(config(tmp_path), scheduler=FakeScheduler()) as engine:
         doc = engine.status()
     assert set(doc) == {
+        "reliability",  # issue 17
         "mode",
         "pid",
         "nodes",
@@ -115,7 +118,11 @@ async def test_status_document_has_the_same_shape(tmp_path: Path) -> None:
     assert doc["scheduler"] == "fake" and doc["mode"] == "dry-run" and doc["alerts"] == []
     assert doc["breaker"] == [{"pool": "all", "size": 0, "taken_out": [], "taken_out_count": 0, "limit": 1}]
     assert doc["nodes_total"] == doc["nodes_omitted"] == doc["held_total"] == doc["held_omitted"] == 0
-    assert doc["fleet"] == {"evicted": {"node": 0, "gpu": 0}}
+    assert doc["fleet"] == {
+        "evicted": {"node": 0, "gpu": 0},
+        "state_bytes": 0,
+        "max_state_bytes": 2048 * 1024 * 1024,
+    }
 
 
 async def test_status_document_is_bounded_troubled_nodes_first_and_pages(tmp_path: Path) -> None:
@@ -254,7 +261,8 @@ async def test_fleet_evictions_are_counted_in_a_metric(tmp_path: Path) -> None:
         assert value("watchd_fleet_evicted_total", {"what": "node"}) == 3
         assert value("watchd_fleet_evicted_total", {"what": "gpu"}) == 1
         assert sorted({n for n, _ in fleet.gpus}) == ["n3", "n4"]
-        assert engine.status()["fleet"] == {"evicted": {"node": 3, "gpu": 1}}
+        assert engine.status()["fleet"]["evicted"] == {"node": 3, "gpu": 1}
+        assert value("watchd_fleet_state_bytes", {}) == fleet.bytes > 0
 
 
 async def test_the_prune_job_drops_resolved_held_actions_and_finished_intents_past_retention(

@@ -56,6 +56,7 @@ def test_the_registry_names_every_kind_and_its_fields() -> None:
         "watchd_action",
         "check_result",
         *FINDING_KINDS,
+        "checkpoint_interval",  # issue 17
     }
     assert set(KINDS) | {"node_repaired"} == ALL_KINDS
     for kind, cls in KINDS.items():

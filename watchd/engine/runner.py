@@ -25,6 +25,7 @@ from watchd.detect.correlator import Correlator
 from watchd.detect.finding import Finding
 from watchd.engine.dedup import SeenIds
 from watchd.engine.metrics import EngineMetrics
+from watchd.engine.reliability import Reliability
 from watchd.engine.server import Accepted, make_app
 from watchd.engine.status import EngineStatus
 from watchd.errors import ConfigError
@@ -94,6 +95,7 @@ class Engine:
     webhooks: WebhookSender
     status_model: EngineStatus
     token: str | None
+    reliability: Reliability  # issue 17: reliability accounting and checkpoint advice
 
     def __init__(
         self,
@@ -224,6 +226,7 @@ class Engine:
 
     def _feed_back(self, event: Event) -> None:
         """The engine's own actions go back to the rules (e.g. the lemon-node rule counts drains)."""
+        self.reliability.feedback(event)  # a drain on hardware evidence is a failure (issue 17)
         try:
             self.queue.put_nowait((event, self.clock.monotonic()))
         except asyncio.QueueFull:
@@ -305,6 +308,8 @@ class Engine:
         """An operator's resume of ``node``, through the executor (audited; a node watchd did not drain is
         refused by the scheduler)."""
         result = await self.executor.operator_resume(node, by)
+        if result.outcome == "resumed":
+            self.reliability.restored(node, self.clock.now())
         return {"outcome": result.outcome, "detail": result.detail}
 
     async def validate(self, node: str, by: str) -> dict[str, Any]:
@@ -419,7 +424,19 @@ class Engine:
             scheduler=self.scheduler.name if self.scheduler is not None else None,
             alerts=self.alerts,
             breaker_window_s=safety.window_s,
+            reliability=lambda: self.reliability.summary(),
         )
+        # issue 17: reliability accounting and checkpoint advice (docs/reliability.md)
+        self.reliability = Reliability(
+            config.reliability,
+            self.store,
+            self.clock,
+            self.correlator.topology,
+            lambda node: self.executor.pools.of_node.get(node, []),
+        )
+        self.metrics.registry.register(self.reliability.metrics_collector)
+        stack.callback(self.metrics.registry.unregister, self.reliability.metrics_collector)
+        stack.callback(self.reliability.flush_now)  # runs before the store closes
         await stack.enter_async_context(self.webhooks)
         if self.alerts is not None:
             await stack.enter_async_context(self.alerts)
@@ -438,6 +455,8 @@ class Engine:
         periodic.every(config.detectors.interval_s, self._detect, "detectors")
         periodic.every(60.0, self._prune_fleet, "fleet-prune")
         periodic.every(STORE_PROBE_S, self._probe_store, "store-probe")
+        periodic.every(config.reliability.flush_s, self.reliability.flush, "reliability-flush")
+        periodic.every(config.reliability.interval_s, self._reliability_cycle, "reliability")
         if config.reload.watch_files and config.rules:
             periodic.every(config.reload.poll_interval_s, self._check_rule_files, "rules-watch")
         if config.checks.enabled:  # issue 21: scheduled checks, validated return to service
@@ -514,6 +533,7 @@ class Engine:
         self.store.held.prune(retention)
         self.store.intents.prune(retention)
         self.store.checks.prune(retention)
+        self.reliability.prune(now)
 
     async def _refresh_jobs(self) -> None:
         self._jobs_refreshed_at = self.clock.monotonic()
@@ -547,6 +567,16 @@ class Engine:
                 "finding", kind=finding.kind, job=finding.job, node=finding.node, summary=finding.summary
             )
             await self.queue.put((finding.to_event(), self.clock.monotonic()))  # waits, never drops
+
+    async def _reliability_cycle(self) -> None:
+        """The reliability report and checkpoint advice; a job far off the advice becomes a finding."""
+        for event in self.reliability.cycle_now():
+            _log.info("checkpoint_interval", job=event.attrs.get("job"), summary=event.attrs.get("summary"))
+            await self.queue.put((event, self.clock.monotonic()))  # waits, never drops
+
+    def reliability_document(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """``GET /api/v1/reliability`` (raises ValueError for a bad query, LookupError for an unknown job)."""
+        return self.reliability.document(query)
 
     async def _prune_fleet(self) -> None:
         self.correlator.prune(self.clock.now())
@@ -584,6 +614,7 @@ class Engine:
         queue = self.queue
         observe, with_job = self.correlator.observe, self.correlator.with_job
         acks = self._acks
+        reliability = self.reliability
         while True:
             event, received_at = await queue.get()
             # then what else is queued, up to a bound: one wake-up and one gauge update per run, not per
@@ -592,7 +623,9 @@ class Engine:
             while True:
                 try:
                     observe(event)
+                    reliability.observe(event)
                     for decision in self.evaluator.evaluate(with_job(event)):
+                        reliability.decided(decision)
                         self.metrics.rule_matches.labels(decision.rule).inc()
                         self.executor.submit(decision, received_at)
                     if self._auto_validate and event.kind in self._auto_validate:  # issue 21

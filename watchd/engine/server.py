@@ -99,6 +99,10 @@ class EngineApi(Protocol):
         """Done once ``event`` (queued) has been evaluated and its decisions handed to the executor."""
         ...
 
+    def reliability_document(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """The reliability accounting and checkpoint advice (issue 17)."""
+        ...
+
 
 #: the HTTP status of a resume's outcome (the body always says the outcome and why); others are 200
 _RESUME_STATUS = {"refused": 409, "failed": 502, "no_scheduler": 503}
@@ -245,6 +249,14 @@ def make_app(
             return error_response(400, str(exc))
         return json_response(document)
 
+    async def reliability_handler(request: web.Request) -> web.Response:  # issue 17
+        try:
+            return json_response(engine.reliability_document(request.query))
+        except ValueError as exc:
+            return error_response(400, str(exc))
+        except LookupError as exc:
+            return error_response(404, str(exc).strip("'\""))
+
     async def held_handler(_: web.Request) -> web.Response:
         return json_response({"held": engine.held()})
 
@@ -281,6 +293,7 @@ def make_app(
     app.router.add_get("/api/v1/actions", actions)
     app.router.add_get("/api/v1/status", status_handler)
     app.router.add_get("/api/v1/held", held_handler)
+    app.router.add_get("/api/v1/reliability", reliability_handler)
     app.router.add_post(r"/api/v1/held/{id}/{verb:release|discard}", resolve_held)
     app.router.add_post("/api/v1/nodes/{node}/resume", resume_node)
     if getattr(engine, "checks", None) is not None:  # issue 21: /api/v1/checks, /api/v1/nodes/{node}/validate

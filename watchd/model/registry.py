@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from watchd.model import action, check, finding, gpu, heartbeat, xid
+from watchd.model import action, check, finding, gpu, heartbeat, reliability, xid
 from watchd.model.kinds import Attrs
 
 __all__ = ["ALL_KINDS", "ENGINE_FIELDS", "EXTERNAL_KINDS", "FINDING_KINDS", "KINDS", "fields_of"]
@@ -26,6 +26,7 @@ KINDS: Mapping[str, type[Attrs]] = MappingProxyType(
         action.KIND: action.ActionFeedback,
         **{kind: finding.Detection for kind in finding.KINDS},
         check.KIND: check.CheckResult,  # issue 21: active checks
+        reliability.KIND: reliability.CheckpointInterval,  # issue 17: checkpoint advice
     }
 )
 #: Kinds watchd accepts but does not build itself (no attributes of their own): a repair system's

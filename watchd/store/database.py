@@ -52,6 +52,7 @@ from watchd.store.connection import Connection, StoreError
 from watchd.store.held import HeldActions
 from watchd.store.intents import Intents
 from watchd.store.meta import Meta
+from watchd.store.reliability import ReliabilityRecord
 from watchd.store.rule_state import RuleStates
 from watchd.store.schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -83,6 +84,7 @@ class Store:
         self.breaker = BreakerWindow(self._db)
         self.meta = Meta(self._db)
         self.checks = CheckRuns(self._db)  # issue 21: active checks
+        self.reliability = ReliabilityRecord(self._db)  # issue 17
         self.health = StoreHealth()
         self._listeners: list[Callable[[str, StoreError], None]] = []
         self._db.on_error = self._failed

@@ -123,5 +123,34 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (check_name, node)
         ) WITHOUT ROWID""",
     ),
+    (  # issue 17 (reliability accounting): node-hours in service, failures, what is known of each node
+        """CREATE TABLE service_intervals (
+            node TEXT NOT NULL,
+            start REAL NOT NULL,
+            end REAL NOT NULL,
+            PRIMARY KEY (node, start)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX service_intervals_end ON service_intervals (end)",
+        """CREATE TABLE failures (
+            id INTEGER PRIMARY KEY,
+            time REAL NOT NULL,
+            node TEXT NOT NULL,
+            rule TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            evidence TEXT NOT NULL,
+            gpu INTEGER,
+            mode TEXT NOT NULL,
+            back_at REAL
+        )""",
+        "CREATE INDEX failures_time ON failures (time)",
+        "CREATE INDEX failures_open ON failures (node) WHERE back_at IS NULL",
+        """CREATE TABLE service_nodes (
+            node TEXT PRIMARY KEY,
+            gpu_model TEXT,
+            gpus INTEGER NOT NULL DEFAULT 0,
+            partitions TEXT NOT NULL DEFAULT '',
+            out_since REAL
+        ) WITHOUT ROWID""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,478 @@
+"""The engine's side of reliability accounting and checkpoint advice (issue 17): feeds the pure trackers
+(:mod:`watchd.reliability`) from the event stream and the actions' feedback, keeps the durable record in the
+state database, and serves the report, the advice, the metrics and the ``checkpoint_interval`` findings.
+
+Hot path: :meth:`Reliability.observe` is a few dict operations per event; writes happen on failures (rare)
+and in :meth:`flush` (every ``reliability.flush_s``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from watchd.clock import Clock
+from watchd.config import ReliabilityConfig
+from watchd.jobs.topology import JobTopology
+from watchd.logs import get_logger
+from watchd.model.action import KIND as FEEDBACK_KIND
+from watchd.model.events import Event, stable_id
+from watchd.model.gpu import SUMMARY_KIND
+from watchd.model.heartbeat import KIND as HEARTBEAT_KIND
+from watchd.model.reliability import KIND as ADVICE_KIND
+from watchd.model.reliability import SOURCE as ADVICE_SOURCE
+from watchd.model.reliability import CheckpointInterval
+from watchd.reliability.estimate import MtbfEstimate
+from watchd.reliability.evidence import FAILURE_OUTCOMES, gpu_of, hardware_evidence
+from watchd.reliability.jobs import JobTracker
+from watchd.reliability.report import Advice, Failure, NodeInfo, Report, advise, build_report
+from watchd.reliability.service import Interval, ServiceTracker
+from watchd.rules.decision import Decision
+from watchd.store.connection import StoreError
+from watchd.store.database import Store
+from watchd.store.reliability import IntervalRow, NodeRow
+
+_log = get_logger("watchd.reliability")
+_PENDING_MAX = 10_000  # drains decided on hardware evidence, awaiting their outcome
+_OWN_SOURCES = frozenset({"watchd", "detector", ADVICE_SOURCE})  # events that are no report from a node
+
+
+class Reliability:
+    def __init__(
+        self,
+        config: ReliabilityConfig,
+        store: Store,
+        clock: Clock,
+        topology: JobTopology,
+        partitions_of: Callable[[str], list[str]],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.topology = topology
+        self.partitions_of = partitions_of
+        self.service = ServiceTracker(config.gap_s)
+        self.jobs = JobTracker()
+        self._pending: dict[tuple[str, str], tuple[Event, str]] = {}
+        self._partitions: dict[str, tuple[str, ...]] = {}
+        self._advice: dict[str, Advice] = {}
+        self._last_finding: dict[str, float] = {}
+        self._report: Report | None = None
+        self.failures_recorded = 0
+        self.metrics_collector: Collector = _Collector(self)
+        for row in store.reliability.nodes():
+            self.service.restore(row.node, out_since=row.out_since, model=row.gpu_model, gpus=row.gpus)
+            self._partitions[row.node] = row.partitions
+
+    # ------------------------------------------------------------------------------------- the stream
+
+    def observe(self, event: Event) -> None:
+        """Every event, before evaluation: a node's report is exposure; a heartbeat times checkpoints."""
+        if event.source in _OWN_SOURCES:
+            return
+        kind, attrs = event.kind, event.attrs
+        if kind == SUMMARY_KIND:
+            gpu, model, job = attrs.get("gpu"), attrs.get("model"), attrs.get("job")
+            back = self.service.seen(
+                event.node,
+                event.time,
+                model=model if isinstance(model, str) else None,
+                gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
+                job=job if isinstance(job, str) else None,
+            )
+            if back:
+                self._close_failures(event.node, event.time)
+        elif kind == HEARTBEAT_KIND:
+            job, rank, phase = attrs.get("job"), attrs.get("rank"), attrs.get("phase") or "train"
+            if isinstance(job, str) and isinstance(rank, int) and isinstance(phase, str):
+                label = self.topology.canonical(job)
+                self.jobs.heartbeat(label, rank, phase, event.time, event.node)
+                if self.service.seen(event.node, event.time, job=label):
+                    self._close_failures(event.node, event.time)
+            else:
+                self.service.seen(event.node, event.time)
+        elif kind == "node_repaired":
+            self.restored(event.node, event.time)
+        else:
+            self.service.seen(event.node, event.time)
+
+    def decided(self, decision: Decision) -> None:
+        """A decision with a drain on hardware evidence: remembered until the drain's outcome comes back."""
+        drains = [a.node for a in decision.actions if a.kind == "drain"]
+        if not drains:
+            return
+        evidence = hardware_evidence(decision.event)
+        if evidence is None:
+            return
+        for node in drains:
+            if len(self._pending) >= _PENDING_MAX:
+                del self._pending[next(iter(self._pending))]
+            self._pending.setdefault((decision.rule, node), (decision.event, evidence))
+
+    def feedback(self, event: Event) -> None:
+        """An action's outcome (``watchd_action``): a drain on hardware evidence is a failure; a resume
+        returns the node to service."""
+        if event.kind != FEEDBACK_KIND:
+            return
+        action, outcome = event.attrs.get("action"), event.attrs.get("outcome")
+        if action == "resume" and outcome == "resumed":
+            self.restored(event.node, event.time)
+            return
+        if action != "drain":
+            return
+        pending = self._pending.pop((str(event.attrs.get("rule")), event.node), None)
+        if pending is None or outcome not in FAILURE_OUTCOMES:
+            return
+        source, evidence = pending
+        state = self.service.nodes.get(event.node)
+        if state is not None and state.out_since is not None:
+            return  # still out from a failure counted before (dry-run does not drain): the same failure
+        at = min(source.time, event.time)
+        self.service.failed(event.node, at)
+        try:
+            self.store.reliability.add_failure(
+                at,
+                event.node,
+                str(event.attrs.get("rule")),
+                source.id,
+                evidence,
+                gpu_of(source),
+                str(event.attrs.get("mode")),
+            )
+        except StoreError as exc:  # counted by the store's listener; the accounting misses this one
+            _log.error("failure_not_recorded", node=event.node, error=str(exc))
+            return
+        self.failures_recorded += 1
+        _log.info("failure_recorded", node=event.node, evidence=evidence, rule=event.attrs.get("rule"))
+
+    def restored(self, node: str, t: float) -> None:
+        """``node`` is back in service at ``t`` (watchd resumed it, a repair system said so)."""
+        if self.service.restored(node, t) is not None:
+            self._close_failures(node, t)
+
+    def _close_failures(self, node: str, t: float) -> None:
+        try:
+            self.store.reliability.close_failures(node, t)
+        except StoreError as exc:  # the failure stays open (its GPU-hours lost keep growing): logged
+            _log.error("failure_not_closed", node=node, error=str(exc))
+
+    # ------------------------------------------------------------------------------------- periodic
+
+    async def flush(self) -> None:
+        self.flush_now()
+
+    def flush_now(self) -> None:
+        """Save the service intervals and what changed of the nodes (a failed write is retried next time)."""
+        intervals = self.service.take()
+        changed = {s.node: s for s in self.service.take_dirty()}
+        for state in self.service.nodes.values():
+            parts = tuple(sorted(self.partitions_of(state.node)))
+            if self._partitions.get(state.node) != parts:
+                self._partitions[state.node] = parts
+                changed[state.node] = state
+        nodes = list(changed.values())
+        try:
+            if intervals:
+                self.store.reliability.save_intervals(IntervalRow(i.node, i.start, i.end) for i in intervals)
+            if nodes:
+                self.store.reliability.save_nodes(
+                    NodeRow(s.node, s.model, len(s.gpus), self._partitions.get(s.node, ()), s.out_since)
+                    for s in nodes
+                )
+        except StoreError as exc:
+            _log.error("service_not_saved", error=str(exc))
+            for s in nodes:
+                s.dirty = True
+
+    def prune(self, now: float) -> None:
+        self.store.reliability.prune(now - self.config.retention_days * 86400.0)
+        self.jobs.prune(now, max(3600.0, 10 * self.config.gap_s))
+
+    async def cycle(self) -> list[Event]:
+        """Refresh the report and every running job's advice; the findings for jobs far off the advice."""
+        return self.cycle_now()
+
+    def cycle_now(self) -> list[Event]:
+        now = self.clock.now()
+        self.flush_now()
+        report = self.report(now=now)
+        self._report = report
+        running = self.topology.jobs(now)
+        advice: dict[str, Advice] = {}
+        findings: list[Event] = []
+        for label, state in self.jobs.jobs.items():
+            if state.done:
+                continue
+            view = running.get(label)
+            nodes = len(view.nodes) if view is not None and view.nodes else len(state.nodes)
+            partition = view.partition if view is not None else None
+            a = self._advise(label, nodes, partition, report, now)
+            if a is None:
+                continue
+            advice[label] = a
+            if (
+                a.far_too_long
+                and now - self._last_finding.get(label, -math.inf) >= self.config.finding_repeat_s
+            ):
+                self._last_finding[label] = now
+                findings.append(self._finding(a, sorted(state.nodes)[0], now))
+        self._advice = advice
+        for label in [j for j in self._last_finding if j not in self.jobs.jobs]:
+            del self._last_finding[label]
+        return findings
+
+    def _advise(
+        self, label: str, nodes: int, partition: str | None, report: Report, now: float
+    ) -> Advice | None:
+        state = self.jobs.jobs.get(label)
+        if state is None:
+            return None
+        assumed = self.config.assumed_node_mtbf_hours
+        return advise(
+            state,
+            nodes=nodes,
+            partition=partition,
+            estimate=report.mtbf_of_partition(partition),
+            now=now,
+            default_cost_s=self.config.checkpoint_cost_s,
+            assumed_node_mtbf_s=assumed * 3600.0 if assumed is not None else None,
+            restart_s=self.config.restart_s,
+            factor=self.config.far_factor,
+        )
+
+    def _finding(self, a: Advice, node: str, now: float) -> Event:
+        current = a.current_s or 0.0
+        summary = (
+            f"job {a.job} computes {current / 60:.0f} min between checkpoints; advised "
+            f"{a.daly_s / 60:.0f} min (Daly; checkpoint "
+            f" {a.cost_s:.0f} s, job MTBF {a.job_mtbf_s / 3600:.1f} h "
+            f"on {a.nodes} nodes): expected loss {100 * (a.waste_current or 0):.1f}% vs "
+            f"{100 * a.waste_advised:.1f}%"
+        )
+        return CheckpointInterval(
+            job=a.job,
+            nodes=a.nodes,
+            current_interval_s=round(current, 3),
+            advised_interval_s=round(a.daly_s, 3),
+            checkpoint_cost_s=round(a.cost_s, 3),
+            job_mtbf_s=round(a.job_mtbf_s, 3),
+            waste_current=round(a.waste_current or 0.0, 5),
+            waste_advised=round(a.waste_advised, 5),
+            summary=summary,
+            partition=a.partition,
+        ).to_event(id=stable_id(ADVICE_KIND, a.job, int(now)), node=node, source=ADVICE_SOURCE, time=now)
+
+    # ------------------------------------------------------------------------------------- reading
+
+    def report(
+        self, *, now: float | None = None, since: float | None = None, partition: str | None = None
+    ) -> Report:
+        """The accounting from the durable record (saved first), over ``[since, now]``."""
+        now = self.clock.now() if now is None else now
+        since = now - self.config.window_days * 86400.0 if since is None else since
+        self.flush_now()
+        rel = self.store.reliability
+        info = {
+            r.node: NodeInfo(r.gpu_model, r.gpus, r.partitions or self._partitions.get(r.node, ()))
+            for r in rel.nodes()
+        }
+        intervals = [Interval(r.node, r.start, r.end) for r in rel.intervals(since)]
+        failures = [
+            Failure(f.time, f.node, f.rule, f.evidence, f.mode, f.gpu, f.back_at) for f in rel.failures(since)
+        ]
+        return build_report(
+            now=now,
+            since=since,
+            intervals=intervals,
+            failures=failures,
+            info=info,
+            confidence=self.config.confidence,
+            partition=partition,
+            lemon_failures=self.config.lemon_failures,
+            lemon_window_s=self.config.lemon_window_days * 86400.0,
+        )
+
+    def document(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """``GET /api/v1/reliability``: ``since`` (epoch seconds, or a duration like ``30d``), ``partition``,
+        ``job``. Raises ValueError for a query it cannot read."""
+        now = self.clock.now()
+        since = parse_since(query.get("since"), now) if query.get("since") else None
+        partition = query.get("partition") or None
+        job = query.get("job") or None
+        cached = self._report
+        if job is not None and cached is not None and since is None and partition is None:
+            report = cached  # the advice of one job (a training loop asking): the last cycle's accounting
+        else:
+            report = self.report(now=now, since=since, partition=partition)
+        doc = report.to_dict()
+        doc["partition"] = partition
+        doc["advice_model"] = ADVICE_DOC
+        if job is not None:
+            label = self.topology.canonical(job)
+            state = self.jobs.jobs.get(label)
+            if state is None:
+                raise LookupError(f"job {job}: no heartbeats from it (is it running with watchd.client?)")
+            view = self.topology.jobs(now).get(label)
+            nodes = len(view.nodes) if view is not None and view.nodes else len(state.nodes)
+            part = view.partition if view is not None else None
+            a = self._advise(label, nodes, part, report, now)
+            doc["job"] = (
+                a.to_dict()
+                if a is not None
+                else {
+                    "job": label,
+                    "advice": None,
+                    "why": "no checkpoint cost measured or configured, or no MTBF",
+                }
+            )
+        else:
+            doc["jobs"] = [a.to_dict() for a in sorted(self._advice.values(), key=lambda a: a.job)[:1000]]
+        return doc
+
+    def advice(self, job: str) -> Advice | None:
+        return self._advice.get(self.topology.canonical(job))
+
+    # ------------------------------------------------------------------------------------- metrics
+
+    def summary(self) -> dict[str, Any]:
+        """The status document's ``reliability`` section (from the last cycle; cheap)."""
+        report = self._report
+        far = sorted(a.job for a in self._advice.values() if a.far_too_long)
+        if report is None:
+            return {
+                "fleet": None,
+                "lemons": [],
+                "gpu_hours_lost": 0.0,
+                "jobs_advised": 0,
+                "jobs_far_off": far,
+            }
+        return {
+            "since": report.since,
+            "fleet": report.fleet.to_dict(),
+            "lemons": [{"node": n, "failures": c} for n, c in report.lemons[:20]],
+            "failures": len(report.failures),
+            "gpu_hours_lost": round(report.gpu_hours_lost, 3),
+            "jobs_advised": len(self._advice),
+            "jobs_far_off": far[:100],
+        }
+
+
+ADVICE_DOC = (
+    "per running job: M_job = M_node / N (independent exponential failures), C from its heartbeats' "
+    "checkpoint phase (median) or reliability.checkpoint_cost_s; advised interval: Daly 2006"
+)
+
+
+def parse_since(raw: str | None, now: float) -> float:
+    """``since``: epoch seconds, or a duration back from ``now`` (``90d``, ``12h``, ``30m``, ``600s``)."""
+    if raw is None or raw == "":
+        raise ValueError("since: empty")
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+    try:
+        if raw[-1] in units:
+            value = float(raw[:-1])
+            if not math.isfinite(value) or value < 0:
+                raise ValueError
+            return now - value * units[raw[-1]]
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"since: expected epoch seconds or a duration like 30d, 12h, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"since: expected a finite time, got {raw!r}")
+    return value
+
+
+def _estimate_samples(est: MtbfEstimate) -> Iterator[tuple[str, float | None]]:
+    yield "exposure", est.exposure_s
+    yield "failures", float(est.failures)
+    yield "mtbf", est.mtbf
+    yield "lower", est.lower
+    yield "upper", est.upper
+
+
+class _Collector(Collector):
+    """The metrics, from the last cycle's report and advice: per partition and GPU model (bounded by the
+    fleet's partitions and models), the lemons by name (capped), the jobs by label (capped)."""
+
+    def __init__(self, owner: Reliability) -> None:
+        self.owner = owner
+
+    def collect(self) -> Iterable[Any]:
+        report, cfg = self.owner._report, self.owner.config
+        g = {
+            "exposure": GaugeMetricFamily(
+                "watchd_reliability_exposure_node_seconds",
+                "Node-seconds in service in the accounting window, by scope (partition, gpu_model) and name.",
+                labels=["scope", "name"],
+            ),
+            "failures": GaugeMetricFamily(
+                "watchd_reliability_failures",
+                "Failures (watchd drains on hardware evidence) in the accounting window, by scope and name.",
+                labels=["scope", "name"],
+            ),
+            "mtbf": GaugeMetricFamily(
+                "watchd_reliability_mtbf_seconds",
+                "Node MTBF estimate (exposure / failures), by scope and name; absent without a failure.",
+                labels=["scope", "name"],
+            ),
+            "lower": GaugeMetricFamily(
+                "watchd_reliability_mtbf_lower_seconds",
+                "Lower bound of the MTBF's confidence interval (exact chi-square), by scope and name.",
+                labels=["scope", "name"],
+            ),
+            "upper": GaugeMetricFamily(
+                "watchd_reliability_mtbf_upper_seconds",
+                "Upper bound of the MTBF's confidence interval, by scope and name; absent without a failure.",
+                labels=["scope", "name"],
+            ),
+        }
+        lost = GaugeMetricFamily(
+            "watchd_reliability_lost_gpu_seconds",
+            "GPU-seconds of nodes out of service after failures in the accounting window (GPUs x time out).",
+        )
+        lemons = GaugeMetricFamily(
+            "watchd_reliability_lemon_failures",
+            "Failures of each lemon node within the lemon window (at most reliability.metrics_lemons nodes).",
+            labels=["node"],
+        )
+        if report is not None:
+            scopes = [("partition", report.partitions), ("gpu_model", report.models)]
+            for scope, groups in scopes:
+                for name, est in sorted(groups.items()):
+                    for key, value in _estimate_samples(est):
+                        if value is not None:
+                            g[key].add_metric([scope, name], value)
+            lost.add_metric([], report.gpu_hours_lost * 3600.0)
+            for node, count in report.lemons[: cfg.metrics_lemons]:
+                lemons.add_metric([node], float(count))
+        yield from g.values()
+        yield lost
+        yield lemons
+        advised = GaugeMetricFamily(
+            "watchd_checkpoint_advised_interval_seconds",
+            "Daly's checkpoint interval for each running job (at most reliability.metrics_jobs jobs).",
+            labels=["job"],
+        )
+        current = GaugeMetricFamily(
+            "watchd_checkpoint_current_interval_seconds",
+            "Each running job's compute time between checkpoints (median; or since its last one).",
+            labels=["job"],
+        )
+        waste_now = GaugeMetricFamily(
+            "watchd_checkpoint_expected_waste_ratio",
+            "Expected share of compute lost (Daly's model) at the job's current and at the advised interval.",
+            labels=["job", "interval"],
+        )
+        for a in sorted(self.owner._advice.values(), key=lambda a: a.job)[: cfg.metrics_jobs]:
+            advised.add_metric([a.job], a.daly_s)
+            waste_now.add_metric([a.job, "advised"], a.waste_advised)
+            if a.current_s is not None:
+                current.add_metric([a.job], a.current_s)
+            if a.waste_current is not None:
+                waste_now.add_metric([a.job, "current"], a.waste_current)
+        yield advised
+        yield current
+        yield waste_now

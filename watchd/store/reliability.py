@@ -1,0 +1,108 @@
+"""Reliability accounting in the state database (issue 17): node service intervals, failures, and what is
+known of each node (GPU model and count, partitions, out of service since). Rows are plain tuples: the
+accounting itself (:mod:`watchd.reliability`) turns them into its own data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from watchd.store.connection import Connection
+
+
+class IntervalRow(NamedTuple):
+    node: str
+    start: float
+    end: float
+
+
+class FailureRow(NamedTuple):
+    id: int
+    time: float
+    node: str
+    rule: str
+    event_id: str
+    evidence: str
+    gpu: int | None
+    mode: str
+    back_at: float | None
+
+
+class NodeRow(NamedTuple):
+    node: str
+    gpu_model: str | None
+    gpus: int
+    partitions: tuple[str, ...]
+    out_since: float | None
+
+
+class ReliabilityRecord:
+    def __init__(self, db: Connection) -> None:
+        self._db = db
+
+    def save_intervals(self, rows: Iterable[IntervalRow]) -> None:
+        """Insert each interval, or extend the end of the one with the same (node, start)."""
+        with self._db.write("saving service intervals") as conn:
+            conn.executemany(
+                "INSERT INTO service_intervals (node, start, end) VALUES (?, ?, ?)"
+                " ON CONFLICT (node, start) DO UPDATE SET end = MAX(end, excluded.end)",
+                rows,
+            )
+
+    def save_nodes(self, rows: Iterable[NodeRow]) -> None:
+        with self._db.write("saving service nodes") as conn:
+            conn.executemany(
+                "INSERT INTO service_nodes (node, gpu_model, gpus, partitions, out_since)"
+                " VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (node) DO UPDATE SET gpu_model = excluded.gpu_model, gpus = excluded.gpus,"
+                " partitions = excluded.partitions, out_since = excluded.out_since",
+                ((r.node, r.gpu_model, r.gpus, ",".join(r.partitions), r.out_since) for r in rows),
+            )
+
+    def add_failure(
+        self, time: float, node: str, rule: str, event_id: str, evidence: str, gpu: int | None, mode: str
+    ) -> int:
+        with self._db.write("recording a failure") as conn:
+            cur = conn.execute(
+                "INSERT INTO failures (time, node, rule, event_id, evidence, gpu, mode)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (time, node, rule, event_id, evidence, gpu, mode),
+            )
+            return int(cur.lastrowid or 0)
+
+    def close_failures(self, node: str, back_at: float) -> int:
+        """The node is back in service: its open failures end at ``back_at``."""
+        with self._db.write("closing failures") as conn:
+            return conn.execute(
+                "UPDATE failures SET back_at = MAX(time, ?) WHERE node = ? AND back_at IS NULL",
+                (back_at, node),
+            ).rowcount
+
+    def intervals(self, since: float) -> list[IntervalRow]:
+        rows = self._db.all(
+            "reading service intervals",
+            "SELECT node, start, end FROM service_intervals WHERE end >= ?",
+            (since,),
+        )
+        return [IntervalRow(r[0], r[1], r[2]) for r in rows]
+
+    def failures(self, since: float) -> list[FailureRow]:
+        rows = self._db.all(
+            "reading failures",
+            "SELECT id, time, node, rule, event_id, evidence, gpu, mode, back_at FROM failures"
+            " WHERE time >= ? ORDER BY time",
+            (since,),
+        )
+        return [FailureRow(*tuple(r)) for r in rows]
+
+    def nodes(self) -> list[NodeRow]:
+        rows = self._db.all(
+            "reading service nodes", "SELECT node, gpu_model, gpus, partitions, out_since FROM service_nodes"
+        )
+        return [NodeRow(r[0], r[1], r[2], tuple(p for p in r[3].split(",") if p), r[4]) for r in rows]
+
+    def prune(self, older_than: float) -> int:
+        """Forget intervals that ended, and failures that happened, before ``older_than``."""
+        with self._db.write("pruning reliability records") as conn:
+            n = conn.execute("DELETE FROM service_intervals WHERE end < ?", (older_than,)).rowcount
+            return n + conn.execute("DELETE FROM failures WHERE time < ?", (older_than,)).rowcount
