@@ -79,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     ac.add_argument("--token-file", type=Path, help="the engine's token (default: $WATCHD_TOKEN)")
     ac.add_argument("--by", help="who decides (default: your user name), recorded in the audit")
 
+    dr = sub.add_parser("drains", help="every node out of service in the fleet, who took it out and why")
+    dr.add_argument("--url", default=DEFAULT_URL, help=f"engine URL (default {DEFAULT_URL})")
+    dr.add_argument("--json", action="store_true", help="the engine's document as JSON")
+    dr.add_argument("--refresh", action="store_true", help="list the fleet now, not the last poll")
+    dr.add_argument("--owner", choices=("watchd", "nhc", "scheduler", "admin", "other"), help="only these")
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -141,6 +147,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from watchd.operator_cli import run_status
 
         return run_status(args.url, args.json, sys.stdout, limit=args.limit, node=args.node)
+    if args.command == "drains":
+        from watchd.drains_cli import run_drains
+
+        return run_drains(args.url, args.json, args.refresh, args.owner, sys.stdout)
     if args.command == "actions":
         from watchd.operator_cli import run_actions
 

@@ -23,6 +23,7 @@ from watchd.config import EngineConfig
 from watchd.detect.correlator import Correlator
 from watchd.detect.finding import Finding
 from watchd.engine.dedup import SeenIds
+from watchd.engine.fleet import FleetWatch
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.server import Accepted, make_app
 from watchd.engine.status import EngineStatus
@@ -30,6 +31,7 @@ from watchd.errors import ConfigError
 from watchd.httputil import HttpLimits, serve
 from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier
 from watchd.integrations.base import Scheduler, SchedulerError
+from watchd.integrations.fleet import fleet_backends
 from watchd.integrations.leadership import AlwaysLeader, Leadership
 from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler
 from watchd.integrations.webhook.sender import WebhookSender
@@ -93,6 +95,7 @@ class Engine:
     webhooks: WebhookSender
     status_model: EngineStatus
     token: str | None
+    fleet: FleetWatch
 
     def __init__(
         self,
@@ -225,10 +228,21 @@ class Engine:
             self.queue.put_nowait((event, self.clock.monotonic()))
         except asyncio.QueueFull:
             _log.warning("feedback_event_dropped_queue_full", node=event.node)
+        fleet = getattr(self, "fleet", None)
+        if fleet is not None:
+            fleet.observe(event)  # issue 17: a requeue releases a hot spare
 
     def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The status document; ``query``: its paging and filters (see EngineStatus.document)."""
-        return self.status_model.document(query)
+        document = self.status_model.document(query)
+        document["fleet"] = self.fleet.summary()  # issue 17: nodes out of service by owner, spares
+        return document
+
+    async def drains(self, refresh: bool = False) -> dict[str, Any]:
+        """Every node out of service in the fleet, classified (``watchd drains``); ``refresh``: list now."""
+        if refresh:
+            await self.fleet.poll()
+        return self.fleet.document()
 
     def ready(self) -> tuple[bool, str]:
         """Ready for traffic: unless replicas elect a leader and this one follows, or the state database does
@@ -408,6 +422,22 @@ class Engine:
             alerts=self.alerts,
             breaker_window_s=safety.window_s,
         )
+        # issue 17: the whole fleet's drains and the hot spares
+        backends = fleet_backends(self.scheduler)
+        for backend in backends:
+            if hasattr(backend, "users"):
+                backend.users = config.spares.slurm_users
+        self.fleet = FleetWatch(
+            backends,
+            drains=config.drains,
+            spares=config.spares,
+            clock=self.clock,
+            registry=self.metrics.registry,
+            store=self.store,
+            emit=self._feed_back,
+            enforce=config.mode == "enforce",
+        )
+        stack.push_async_callback(self.fleet.aclose)
         await stack.enter_async_context(self.webhooks)
         if self.alerts is not None:
             await stack.enter_async_context(self.alerts)
@@ -426,6 +456,12 @@ class Engine:
         periodic.every(config.detectors.interval_s, self._detect, "detectors")
         periodic.every(60.0, self._prune_fleet, "fleet-prune")
         periodic.every(STORE_PROBE_S, self._probe_store, "store-probe")
+        if config.drains.enabled and backends:
+            try:
+                await self.fleet.poll()
+            except Exception:  # the periodic job tries again; the engine starts either way
+                _log.exception("fleet_poll_failed")
+            periodic.every(config.drains.poll_s, self.fleet.poll, "drains")
         if config.reload.watch_files and config.rules:
             periodic.every(config.reload.poll_interval_s, self._check_rule_files, "rules-watch")
         periodic.start()
