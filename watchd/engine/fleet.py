@@ -215,7 +215,7 @@ class FleetWatch:
             since=u.since,
             age_s=None if u.age_s is None else round(u.age_s, 1),
             reminder=reminder,
-            extra={"overdue": overdue},
+            overdue=overdue,
         )
         event = attrs.to_event(
             id=stable_id("unavailable", u.node, u.reason, u.since, now if reminder else 0),

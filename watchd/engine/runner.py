@@ -425,8 +425,8 @@ class Engine:
         # issue 17: the whole fleet's drains and the hot spares
         backends = fleet_backends(self.scheduler)
         for backend in backends:
-            if hasattr(backend, "users"):
-                backend.users = config.spares.slurm_users
+            if hasattr(backend, "reservation_users"):  # Slurm: the Users= of the spares' reservation
+                backend.reservation_users = config.spares.slurm_users
         self.fleet = FleetWatch(
             backends,
             drains=config.drains,

@@ -1,7 +1,8 @@
 """The ``node_unavailable`` kind (issue 17): a node someone other than watchd took out of service (an
 admin's drain, Node Health Check, the scheduler itself), seen by the engine's poll of the whole fleet, so
 that rules and reports can see drains watchd did not make. Sent once per drain (node, reason and its
-time), again while it lasts with its age (``reminder``), on the node's name."""
+time), and again while it lasts (``reminder``, ``overdue``, with its age) once it is older than
+``drains.alert_after_s`` (then for watchd's own drains too), on the node's name."""
 
 from __future__ import annotations
 
@@ -32,4 +33,5 @@ class NodeUnavailable(Attrs):
     since: float | None = None  # when the reason was set (epoch seconds)
     age_s: float | None = None  # how long it has been out when this was sent
     reminder: bool | None = None  # True on the re-reports of a drain already reported
+    overdue: bool | None = None  # out longer than drains.alert_after_s (watchd's own drains too)
     extra: Mapping[str, Scalar] = field(default_factory=dict)

@@ -97,7 +97,7 @@ class SlurmFleet:
 
     def __init__(self, scheduler: SlurmScheduler, users: str = "root") -> None:
         self.scheduler = scheduler
-        self.users = users
+        self.reservation_users = users
 
     async def fleet_nodes(self) -> list[FleetNode]:
         spares = await self.spares()
@@ -133,7 +133,7 @@ class SlurmFleet:
             f"PartitionName={partition}",
             "StartTime=now",
             "Duration=UNLIMITED",
-            f"Users={self.users}",
+            f"Users={self.reservation_users}",
         )
 
 
