@@ -6,6 +6,7 @@ its next pass)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -42,7 +43,12 @@ class FakeFleet:
                 member.setdefault(n, []).append(p)
         spare = {n for nodes in self.reserved.values() for n in nodes}
         out = []
+        now = time.time()
         for name, st in s.nodes.items():
+            if st.reason:  # Slurm stamps a reason when it is set: so does the fake, when it first sees it
+                self.since.setdefault(name, now)
+            else:
+                self.since.pop(name, None)
             out.append(
                 FleetNode(
                     name=name,
