@@ -14,3 +14,28 @@ async def test_the_loop_act_shows_the_culprit_the_spare_and_the_restart() -> Non
     assert "running again on gpu-0000, gpu-0001, gpu-0003, gpu-0004: on the spare gpu-0004" in text
     assert "gpu-0002         watchd" in text and "requeued jobs: 4343" in text
     assert "advice" in text
+
+
+def test_the_advice_hook_reads_the_reliability_part_when_there() -> None:
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from watchd.sim.demo_loop import checkpoint_advice, describe_advice
+
+    advice = {
+        "job": "slurm:1",
+        "daly_s": 1500.0,
+        "young_s": 1440.0,
+        "job_mtbf_s": 86400.0,
+        "current_s": 7200.0,
+    }
+    with_it = SimpleNamespace(
+        reliability=SimpleNamespace(advice=lambda job: SimpleNamespace(to_dict=lambda: advice))
+    )
+    assert checkpoint_advice(cast(Any, with_it), "slurm:1") == advice
+    assert describe_advice(advice) == (
+        "checkpoint every 25.0 min (Daly; Young 24.0 min) for MTBF_job 1440.0 min, now every 120.0 min"
+    )
+    assert checkpoint_advice(cast(Any, SimpleNamespace()), "slurm:1") is None
+    failing = SimpleNamespace(reliability=SimpleNamespace(advice=lambda job: 1 / 0))
+    assert checkpoint_advice(cast(Any, failing), "slurm:1") is None

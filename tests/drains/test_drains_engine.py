@@ -204,3 +204,28 @@ async def test_fleet_metrics_pass_promtool(
         subprocess.run, check, input=text, capture_output=True, text=True, check=False
     )
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+async def test_a_follower_lists_but_never_changes_spares() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from watchd.clock import SystemClock
+    from watchd.engine.fleet import FleetWatch
+
+    fake, fl = fleet()
+    watch = FleetWatch(
+        [fl],
+        drains=DrainsConfig(),
+        spares=SparesConfig(partitions={"gpu": 2}),
+        clock=SystemClock(),
+        registry=CollectorRegistry(),
+        store=None,
+        emit=lambda e: None,
+        enforce=True,
+        leading=lambda: False,
+    )
+    await watch.poll()
+    assert len(watch.nodes) == 8 and fl.reserved == {}
+    fl.reserved["gpu"] = ["gpu-1"]
+    assert await watch.release_for("gpu-2") is None
+    assert fl.reserved == {"gpu": ["gpu-1"]}

@@ -117,6 +117,7 @@ class FleetWatch:
         emit: Callable[[Event], None],
         enforce: bool,
         prefix: str = WATCHD_REASON_PREFIX,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.backends = list(backends)
         self.drains_config = drains
@@ -127,6 +128,7 @@ class FleetWatch:
         self.emit = emit
         self.enforce = enforce
         self.prefix = prefix
+        self.leading = leading  # spares are changed by the leader only (replicas: the Lease holder)
         self.nodes: list[FleetNode] = []
         self.listed_at: float | None = None
         self.errors: dict[str, str] = {}
@@ -322,7 +324,7 @@ class FleetWatch:
 
     async def _keep_spares(self, nodes: list[FleetNode]) -> None:
         want = self.spares_config.partitions
-        if not want:
+        if not want or not self.leading():
             return
         for backend in self.backends:
             mine = [n for n in nodes if n.scheduler == backend.name]
@@ -408,6 +410,8 @@ class FleetWatch:
     async def release_for(self, node: str) -> str | None:
         """Hand back one spare of ``node``'s partition (the drained node's jobs were requeued): the
         requeued job can start on it. Returns the node released, or None."""
+        if not self.leading():
+            return None
         async with self._lock:
             entry = next((n for n in self.nodes if n.name == node), None)
             backend = self._backend_of(node)

@@ -436,6 +436,7 @@ class Engine:
             store=self.store,
             emit=self._feed_back,
             enforce=config.mode == "enforce",
+            leading=lambda: self._leading()[0],
         )
         stack.push_async_callback(self.fleet.aclose)
         await stack.enter_async_context(self.webhooks)

@@ -32,16 +32,30 @@ JOB = "4343"
 
 
 def checkpoint_advice(engine: Engine, job: str) -> dict[str, Any] | None:
-    """The engine's checkpoint advice for ``job`` when this build has it (issue 17, reliability: an engine
-    method ``checkpoint_advice(job)``), else None. The hook the demo prints through."""
-    advise: Callable[[str], Any] | None = getattr(engine, "checkpoint_advice", None)
+    """The engine's checkpoint advice for ``job`` when this build has it (issue 17, reliability: the
+    engine's ``reliability.advice(job)``, an object with ``to_dict()``), else None. The demo prints through
+    this hook only; it imports nothing of the reliability part."""
+    reliability = getattr(engine, "reliability", None)
+    advise: Callable[[str], Any] | None = getattr(reliability, "advice", None)
     if advise is None:
         return None
     try:
         advice = advise(job)
+        found = advice.to_dict() if hasattr(advice, "to_dict") else advice
     except Exception:  # an advice that cannot be computed must not end the demo
         return None
-    return advice if isinstance(advice, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+def describe_advice(advice: dict[str, Any]) -> str:
+    def minutes(key: str) -> str:
+        value = advice.get(key)
+        return f"{value / 60:.1f} min" if isinstance(value, int | float) else "?"
+
+    return (
+        f"checkpoint every {minutes('daly_s')} (Daly; Young {minutes('young_s')}) for MTBF_job "
+        f"{minutes('job_mtbf_s')}, now every {minutes('current_s')}"
+    )
 
 
 async def run_loop_act(say: Callable[[str], None]) -> int:
@@ -113,9 +127,9 @@ async def run_loop_act(say: Callable[[str], None]) -> int:
         )
         advice = checkpoint_advice(engine, f"slurm:{JOB}")
         if advice is not None:
-            say(f"  advice    {advice.get('summary') or advice}")
+            say(f"  advice    {describe_advice(advice)}")
         else:
-            say("  advice    checkpoint interval (Young/Daly from the partition's MTBF): not in this build")
+            say("  advice    checkpoint interval (Young/Daly, partition MTBF): none for this job yet")
         await engine.fleet.poll()
         out = io.StringIO()
         render(engine.fleet.document(), out)
