@@ -212,7 +212,7 @@ async def test_a_follower_lists_but_never_changes_spares() -> None:
     from watchd.clock import SystemClock
     from watchd.engine.fleet import FleetWatch
 
-    fake, fl = fleet()
+    _, fl = fleet()
     watch = FleetWatch(
         [fl],
         drains=DrainsConfig(),
