@@ -14,6 +14,7 @@ async def test_the_loop_act_shows_the_culprit_the_spare_and_the_restart() -> Non
     assert "running again on gpu-0000, gpu-0001, gpu-0003, gpu-0004: on the spare gpu-0004" in text
     assert "gpu-0002         watchd" in text and "requeued jobs: 4343" in text
     assert "advice" in text
+    assert "hang-no-hardware-culprit" not in text  # the culprit is named, no vague page
 
 
 def test_the_advice_hook_reads_the_reliability_part_when_there() -> None:

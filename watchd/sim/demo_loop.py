@@ -89,19 +89,20 @@ async def run_loop_act(say: Callable[[str], None]) -> int:
         say(f"  spare     {', '.join(fleet.reserved.get('gpu', []))} held idle (watchd's reservation)")
         say(f"  job       {JOB} runs on {', '.join(run.nodes_list)}")
         say(f"            GPU 3 of {run.culprit_node} falls off the bus; the others spin in the all-reduce")
-        events = list(simulate(run))
-        for node in run.nodes_list:
-            body = json.dumps(batch_to_wire(node, [e for e in events if e.node == node]))
-            async with http.post(f"http://127.0.0.1:{engine.port}{INGEST_PATH}", data=body) as resp:
-                if resp.status != 200:
-                    say(f"  ingest refused: {resp.status} {await resp.text()}")
-                    return 1
+        # one batch in time order, as the agents' streams interleave: no node's history arrives ahead
+        events = sorted(simulate(run), key=lambda e: e.time)
+        body = json.dumps(batch_to_wire(run.culprit_node, events))
+        async with http.post(f"http://127.0.0.1:{engine.port}{INGEST_PATH}", data=body) as resp:
+            if resp.status != 200:
+                say(f"  ingest refused: {resp.status} {await resp.text()}")
+                return 1
         deadline = time.monotonic() + 15
         # slurmctld's scheduling passes, on the simulated scheduler
         while not fleet.schedule() and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         findings = engine.status()["findings"]
-        hang = next((f for f in findings if f["kind"] == "nccl_hang"), None)
+        hangs = [f for f in findings if f["kind"] == "nccl_hang"]
+        hang = next((f for f in hangs if f["attrs"].get("hardware")), hangs[0] if hangs else None)
         if hang is None:
             say("  no hang found within 15 s: something is wrong")
             return 1
