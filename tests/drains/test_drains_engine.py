@@ -23,6 +23,7 @@ from watchd.engine.runner import Engine
 from watchd.integrations.fake.fleet import FakeFleet, fleet_of
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.model.unavailable import NodeUnavailable
+from watchd.store.held import HeldAction
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
 
@@ -95,6 +96,8 @@ async def test_drains_api_and_cli_show_every_owner_class_with_watchd_evidence(
     fake.set_down("cpu-1", "Not responding")
     fake.add_node("cpu-2", state="down")  # down, no reason, not flagged by the scheduler: "other"
     fl.since["gpu-5"] = time.time() - 7200
+    held = HeldAction("lemon-node", "drain", "gpu-2", "gpu", {}, {}, "breaker open: 3/1 of gpu", time.time())
+    engine.store.held.hold(held)
     url = f"http://127.0.0.1:{engine.port}"
     out = io.StringIO()
     assert await asyncio.to_thread(run_drains, url, True, True, None, out) == 0
@@ -112,6 +115,7 @@ async def test_drains_api_and_cli_show_every_owner_class_with_watchd_evidence(
     watchd = rows["gpu-2"]["watchd"]
     assert watchd["rule"] == "xid-fatal-hardware" and watchd["requeued"] == ["100"]
     assert "Xid 79" in watchd["evidence"]
+    assert [(h["kind"], h["reason"]) for h in watchd["held"]] == [("drain", "breaker open: 3/1 of gpu")]
     gpu = next(p for p in doc["partitions"] if p["partition"] == "gpu")
     assert (gpu["nodes"], gpu["unavailable"]) == (6, 3)
     text = io.StringIO()

@@ -234,10 +234,13 @@ class FleetWatch:
         now = self.clock.now() if now is None else now
         out = unavailable_nodes(self.nodes, now, self.prefix)
         rows = []
+        held: dict[str, list[Any]] | None = None
         for u in out:
             row = u.to_dict()
             if u.owner == "watchd":
-                row["watchd"] = self._evidence(u.node)
+                if held is None:
+                    held = self._held_by_node()
+                row["watchd"] = self._evidence(u.node, held.get(u.node, []))
             rows.append(row)
         return {
             "listed_at": self.listed_at,
@@ -278,7 +281,18 @@ class FleetWatch:
             "errors": dict(self.errors),
         }
 
-    def _evidence(self, node: str) -> dict[str, Any]:
+    def _held_by_node(self) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        if self.store is None:
+            return out
+        try:
+            for h in self.store.held.list("held"):
+                out.setdefault(h.node, []).append(h)
+        except StoreError as exc:
+            _log.error("held_unreadable", error=str(exc))
+        return out
+
+    def _evidence(self, node: str, held: list[Any]) -> dict[str, Any]:
         """From the audit trail: the rule and event of the drain, the jobs requeued after it, and the
         actions held for the node."""
         found: dict[str, Any] = {"rule": None, "event_id": None, "evidence": None, "requeued": [], "held": []}
@@ -286,7 +300,6 @@ class FleetWatch:
             return found
         try:
             records = self.store.audit.recent(200, node=node)
-            held = [h for h in self.store.held.list("held") if h.node == node]
         except StoreError as exc:
             found["error"] = str(exc)
             return found
