@@ -124,7 +124,7 @@ async def test_drains_api_and_cli_show_every_owner_class_with_watchd_evidence(
     assert "gpu-5" not in text.getvalue()
     async with aiohttp.ClientSession() as s, s.get(f"{url}/api/v1/status") as r:
         status = await r.json()
-    assert status["fleet"]["by_owner"] == {"watchd": 1, "admin": 1, "nhc": 1, "scheduler": 1, "other": 1}
+    assert status["drains"]["by_owner"] == {"watchd": 1, "admin": 1, "nhc": 1, "scheduler": 1, "other": 1}
 
 
 async def test_drains_by_others_become_events_once_and_overdue_ones_again() -> None:

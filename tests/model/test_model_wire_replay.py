@@ -31,7 +31,7 @@ def _encode(node: str, events: list[Event]) -> bytes:
 def test_every_kind_the_agents_send_is_recorded() -> None:
     assert len(FILES) == 7
     kinds = {e["kind"] for name in FILES for e in json.loads(_recorded(name))["events"]}
-    assert kinds == set(KINDS)
+    assert kinds == set(KINDS) - {"node_unavailable"}  # made by the engine from the scheduler, never sent
 
 
 @pytest.mark.parametrize("name", FILES)

@@ -235,7 +235,7 @@ class Engine:
     def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The status document; ``query``: its paging and filters (see EngineStatus.document)."""
         document = self.status_model.document(query)
-        document["fleet"] = self.fleet.summary()  # issue 17: nodes out of service by owner, spares
+        document["drains"] = self.fleet.summary()  # issue 17: nodes out of service by owner, spares
         return document
 
     async def drains(self, refresh: bool = False) -> dict[str, Any]:
