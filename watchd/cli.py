@@ -103,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     rb.add_argument("--since", help="window start: epoch seconds or a duration back (30d, 12h; default 90d)")
     rb.add_argument("--job", help="the checkpoint advice for one running job")
     rb.add_argument("--json", action="store_true", help="the raw document")
+    dr = sub.add_parser("drains", help="every node out of service in the fleet, who took it out and why")
+    dr.add_argument("--url", default=DEFAULT_URL, help=f"engine URL (default {DEFAULT_URL})")
+    dr.add_argument("--json", action="store_true", help="the engine's document as JSON")
+    dr.add_argument("--refresh", action="store_true", help="list the fleet now, not the last poll")
+    dr.add_argument("--owner", choices=("watchd", "nhc", "scheduler", "admin", "other"), help="only these")
 
     sub.add_parser("version", help="print the version")
     return p
@@ -187,6 +192,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from watchd.operator_cli import run_status
 
         return run_status(args.url, args.json, sys.stdout, limit=args.limit, node=args.node)
+    if args.command == "drains":
+        from watchd.drains_cli import run_drains
+
+        return run_drains(args.url, args.json, args.refresh, args.owner, sys.stdout)
     if args.command == "actions":
         from watchd.operator_cli import run_actions
 

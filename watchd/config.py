@@ -223,6 +223,26 @@ class ReliabilityConfig(_Strict):
     metrics_jobs: Annotated[int, Field(ge=0, le=10000)] = 500  # jobs exported by label, at most
 
 
+# issue 17: the whole fleet's drains (`watchd drains`) and the hot spares
+class DrainsConfig(_Strict):
+    """The engine's poll of every node of the fleet (docs/drains.md)."""
+
+    enabled: bool = True
+    poll_s: Seconds = 60.0  # how often every node is listed (sinfo -N; the Node objects)
+    alert_after_s: Seconds = (
+        3 * 86400.0
+    )  # a node out longer than this is overdue: node_unavailable overdue=true
+    remind_every_s: Seconds = 86400.0  # an overdue node is reported again this often
+
+
+class SparesConfig(_Strict):
+    """Hot spares: idle nodes kept out of normal scheduling per partition, released when watchd requeues
+    the jobs of a node it drained (docs/drains.md)."""
+
+    partitions: dict[str, Annotated[int, Field(ge=0, le=10_000)]] = Field(default_factory=dict)
+    slurm_users: str = Field(default="root", pattern=r"^[A-Za-z0-9_.,-]+$")  # Users= of the reservation
+
+
 class EngineConfig(_Strict):
     listen: Listen = Listen(port=9120)
     http: HttpConfig = HttpConfig()
@@ -244,6 +264,8 @@ class EngineConfig(_Strict):
     detectors: DetectorsConfig = DetectorsConfig()
     checks: ChecksConfig = ChecksConfig()  # issue 21: active checks (docs/checks.md)
     reliability: ReliabilityConfig = ReliabilityConfig()
+    drains: DrainsConfig = DrainsConfig()  # issue 17
+    spares: SparesConfig = SparesConfig()  # issue 17
     log: LogConfig = LogConfig()
 
     def scheduler_settings(self) -> dict[str, SchedulerSettings]:

@@ -16,6 +16,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "model": ("watchd.xid", "watchd.gpu.model"),
     "xid": ("watchd.model",),
     "jobs": ("watchd.model",),
+    "fleetview": ("watchd.model",),  # issue 17: the whole fleet's drains and the hot spares, pure
     "detect": ("watchd.model", "watchd.xid", "watchd.jobs"),
     "reliability": ("watchd.model", "watchd.xid"),  # issue 17: pure accounting and checkpoint advice
     # rules/model.py derives the rule schema from the action handler table

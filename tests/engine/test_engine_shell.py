@@ -78,6 +78,7 @@ async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
             "store-probe": 2.0,  # the state database's write probe (issue 16 item 3)
             "reliability-flush": cfg.reliability.flush_s,  # issue 17
             "reliability": cfg.reliability.interval_s,
+            "drains": cfg.drains.poll_s,  # the whole fleet's drains and the spares (issue 17)
         }
         with pytest.raises(RuntimeError, match="already started"):
             await engine.start()
@@ -114,6 +115,7 @@ async def test_status_document_has_the_same_shape(tmp_path: Path) -> None:
         "held_total",
         "held_omitted",
         "fleet",
+        "drains",  # issue 17: nodes out of service by owner class, spares
     }
     assert doc["scheduler"] == "fake" and doc["mode"] == "dry-run" and doc["alerts"] == []
     assert doc["breaker"] == [{"pool": "all", "size": 0, "taken_out": [], "taken_out_count": 0, "limit": 1}]

@@ -57,6 +57,7 @@ def test_the_registry_names_every_kind_and_its_fields() -> None:
         "check_result",
         *FINDING_KINDS,
         "checkpoint_interval",  # issue 17
+        "node_unavailable",
     }
     assert set(KINDS) | {"node_repaired"} == ALL_KINDS
     for kind, cls in KINDS.items():

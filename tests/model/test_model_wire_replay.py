@@ -29,7 +29,7 @@ def _encode(node: str, events: list[Event]) -> bytes:
 
 
 # kinds the engine makes itself and no agent ever ships: issue 21's check results, issue 17's advice
-ENGINE_MADE = {"check_result", "checkpoint_interval"}
+ENGINE_MADE = {"check_result", "checkpoint_interval", "node_unavailable"}
 
 
 def test_every_kind_the_agents_send_is_recorded() -> None:

@@ -24,6 +24,7 @@ from watchd.config import EngineConfig
 from watchd.detect.correlator import Correlator
 from watchd.detect.finding import Finding
 from watchd.engine.dedup import SeenIds
+from watchd.engine.fleet import FleetWatch
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.reliability import Reliability
 from watchd.engine.server import Accepted, make_app
@@ -32,6 +33,7 @@ from watchd.errors import ConfigError
 from watchd.httputil import HttpLimits, serve
 from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier
 from watchd.integrations.base import Scheduler, SchedulerError
+from watchd.integrations.fleet import fleet_backends
 from watchd.integrations.leadership import AlwaysLeader, Leadership
 from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler
 from watchd.integrations.webhook.sender import WebhookSender
@@ -96,6 +98,7 @@ class Engine:
     status_model: EngineStatus
     token: str | None
     reliability: Reliability  # issue 17: reliability accounting and checkpoint advice
+    fleet: FleetWatch
 
     def __init__(
         self,
@@ -231,13 +234,23 @@ class Engine:
             self.queue.put_nowait((event, self.clock.monotonic()))
         except asyncio.QueueFull:
             _log.warning("feedback_event_dropped_queue_full", node=event.node)
+        fleet = getattr(self, "fleet", None)
+        if fleet is not None:
+            fleet.observe(event)  # issue 17: a requeue releases a hot spare
 
     def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The status document; ``query``: its paging and filters (see EngineStatus.document)."""
         document = self.status_model.document(query)
         if self.checks is not None:
             document["checks"] = self.checks.status()
+        document["drains"] = self.fleet.summary()  # issue 17: nodes out of service by owner, spares
         return document
+
+    async def drains(self, refresh: bool = False) -> dict[str, Any]:
+        """Every node out of service in the fleet, classified (``watchd drains``); ``refresh``: list now."""
+        if refresh:
+            await self.fleet.poll()
+        return self.fleet.document()
 
     def ready(self) -> tuple[bool, str]:
         """Ready for traffic: unless replicas elect a leader and this one follows, or the state database does
@@ -437,6 +450,23 @@ class Engine:
         self.metrics.registry.register(self.reliability.metrics_collector)
         stack.callback(self.metrics.registry.unregister, self.reliability.metrics_collector)
         stack.callback(self.reliability.flush_now)  # runs before the store closes
+        # issue 17: the whole fleet's drains and the hot spares
+        backends = fleet_backends(self.scheduler)
+        for backend in backends:
+            if hasattr(backend, "reservation_users"):  # Slurm: the Users= of the spares' reservation
+                backend.reservation_users = config.spares.slurm_users
+        self.fleet = FleetWatch(
+            backends,
+            drains=config.drains,
+            spares=config.spares,
+            clock=self.clock,
+            registry=self.metrics.registry,
+            store=self.store,
+            emit=self._feed_back,
+            enforce=config.mode == "enforce",
+            leading=lambda: self._leading()[0],
+        )
+        stack.push_async_callback(self.fleet.aclose)
         await stack.enter_async_context(self.webhooks)
         if self.alerts is not None:
             await stack.enter_async_context(self.alerts)
@@ -457,6 +487,12 @@ class Engine:
         periodic.every(STORE_PROBE_S, self._probe_store, "store-probe")
         periodic.every(config.reliability.flush_s, self.reliability.flush, "reliability-flush")
         periodic.every(config.reliability.interval_s, self._reliability_cycle, "reliability")
+        if config.drains.enabled and backends:
+            try:
+                await self.fleet.poll()
+            except Exception:  # the periodic job tries again; the engine starts either way
+                _log.exception("fleet_poll_failed")
+            periodic.every(config.drains.poll_s, self.fleet.poll, "drains")
         if config.reload.watch_files and config.rules:
             periodic.every(config.reload.poll_interval_s, self._check_rule_files, "rules-watch")
         if config.checks.enabled:  # issue 21: scheduled checks, validated return to service

@@ -95,6 +95,10 @@ class EngineApi(Protocol):
         """An operator's resume of ``node`` through the action executor (audited)."""
         ...
 
+    async def drains(self, refresh: bool = False) -> dict[str, Any]:
+        """Every node out of service in the fleet (issue 17)."""
+        ...
+
     def evaluated(self, event: Event) -> asyncio.Future[None]:
         """Done once ``event`` (queued) has been evaluated and its decisions handed to the executor."""
         ...
@@ -257,6 +261,9 @@ def make_app(
         except LookupError as exc:
             return error_response(404, str(exc).strip("'\""))
 
+    async def drains_handler(request: web.Request) -> web.Response:  # issue 17
+        return json_response(await engine.drains(request.query.get("refresh") in ("1", "true")))
+
     async def held_handler(_: web.Request) -> web.Response:
         return json_response({"held": engine.held()})
 
@@ -294,6 +301,7 @@ def make_app(
     app.router.add_get("/api/v1/status", status_handler)
     app.router.add_get("/api/v1/held", held_handler)
     app.router.add_get("/api/v1/reliability", reliability_handler)
+    app.router.add_get("/api/v1/drains", drains_handler)
     app.router.add_post(r"/api/v1/held/{id}/{verb:release|discard}", resolve_held)
     app.router.add_post("/api/v1/nodes/{node}/resume", resume_node)
     if getattr(engine, "checks", None) is not None:  # issue 21: /api/v1/checks, /api/v1/nodes/{node}/validate

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from watchd.model import action, check, finding, gpu, heartbeat, reliability, xid
+from watchd.model import action, check, finding, gpu, heartbeat, reliability, unavailable, xid
 from watchd.model.kinds import Attrs
 
 __all__ = ["ALL_KINDS", "ENGINE_FIELDS", "EXTERNAL_KINDS", "FINDING_KINDS", "KINDS", "fields_of"]
@@ -24,6 +24,7 @@ KINDS: Mapping[str, type[Attrs]] = MappingProxyType(
         gpu.SUMMARY_KIND: gpu.GpuSummary,
         heartbeat.KIND: heartbeat.Heartbeat,
         action.KIND: action.ActionFeedback,
+        unavailable.KIND: unavailable.NodeUnavailable,  # issue 17: drains by others
         **{kind: finding.Detection for kind in finding.KINDS},
         check.KIND: check.CheckResult,  # issue 21: active checks
         reliability.KIND: reliability.CheckpointInterval,  # issue 17: checkpoint advice
