@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from watchd.detect.trainlog_evidence import KINDS as TRAINLOG_KINDS
+from watchd.detect.trainlog_evidence import TrainingEvidence
 from watchd.jobs.topology import JobTopology
 from watchd.model.conditions import (
     APPLICATION_XID_BUCKETS,
@@ -141,6 +143,8 @@ class FleetState:
         # node -> when it last reported, least recent first: the eviction order
         self._recency: dict[str, float] = {}
         self.evicted: dict[str, int] = {"node": 0, "gpu": 0}  # counted for watchd_fleet_evicted_total{what}
+        # issue 19: what the training stack said (watchdog timeouts, NCCL WARN lines, Flight Recorder dumps)
+        self.training = TrainingEvidence(self.topology.job_of)
 
     def _touch(self, node: str, at: float) -> None:
         """``node`` reported now: it moves to the end of the eviction order; the oldest beyond ``max_nodes``
@@ -194,6 +198,10 @@ class FleetState:
             self._xid(event)
         elif kind == HEALTH_KIND:
             self._health(event)
+        elif kind in TRAINLOG_KINDS:
+            self.training.observe(event)
+            if self.training.dropped:
+                self.evicted["trainlog"] = self.training.dropped  # beyond its bounds (trainlog_evidence.py)
 
     def _summary(self, e: Event) -> None:
         s = GpuSummary.read(e)
@@ -420,4 +428,5 @@ class FleetState:
                 del ranks[rank]
             if not ranks:
                 del self.ranks[job]
+        self.training.prune(now)
         self.topology.prune(now)

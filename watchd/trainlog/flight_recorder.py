@@ -49,7 +49,8 @@ class Dump:
 
 
 def load_dump(data: bytes) -> Dump:
-    """A dump's content; :class:`DumpError` when it is too large, not JSON nor a safe pickle, or not a dump."""
+    """A dump's content; :class:`DumpError` when it is too large, neither JSON nor a safe pickle, or not a
+    Flight Recorder dump."""
     if len(data) > MAX_DUMP_BYTES:
         raise DumpError(f"larger than {MAX_DUMP_BYTES} bytes")
     stripped = data.lstrip()
@@ -64,7 +65,15 @@ def load_dump(data: bytes) -> Dump:
             obj = _SafeUnpickler(io.BytesIO(data)).load()
         except DumpError:
             raise
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, RecursionError) as exc:
+        except (
+            pickle.UnpicklingError,
+            EOFError,
+            ValueError,
+            TypeError,
+            KeyError,
+            IndexError,
+            RecursionError,
+        ) as exc:
             raise DumpError(f"not a readable pickle: {type(exc).__name__}") from exc
         except MemoryError as exc:  # pragma: no cover - bounded by MAX_DUMP_BYTES
             raise DumpError("too large to read") from exc
@@ -117,7 +126,14 @@ def summarize(
         st = status.get(pg)
         st = st if isinstance(st, dict) else {}
         seqs = {
-            state: max((s for e in pg_entries if e.get("state") == state and (s := _seq(e.get("collective_seq_id"))) is not None), default=-1)
+            state: max(
+                (
+                    s
+                    for e in pg_entries
+                    if e.get("state") == state and (s := _seq(e.get("collective_seq_id"))) is not None
+                ),
+                default=-1,
+            )
             for state in ("scheduled", "started", "completed")
         }
         enqueued = _seq(st.get("last_enqueued_collective"))
@@ -129,7 +145,11 @@ def summarize(
             started = max(seqs["started"], seqs["completed"])
         if completed is None:
             completed = seqs["completed"]
-        pending = [e for e in pg_entries if e.get("state") != "completed" and (_seq(e.get("collective_seq_id")) or -1) > completed]
+        pending = [
+            e
+            for e in pg_entries
+            if e.get("state") != "completed" and (_seq(e.get("collective_seq_id")) or -1) > completed
+        ]
         first = min(pending, key=lambda e: _seq(e.get("collective_seq_id")) or 0) if pending else None
         out.append(
             FlightRecord(

@@ -1,9 +1,10 @@
 """Training-log lines -> training-stack events (:mod:`watchd.model.trainlog`). Pure; never raises.
 
-One line gives at most one event. The formats differ between PyTorch versions (1.x ``[E ProcessGroupNCCL.cpp:N]``,
-2.2+ ``[rankN]:`` prefixes, 2.4+ timestamps, ``[PG 1 Rank 0]`` / ``[PG ID 0 PG GUID 0(default_pg) Rank 1]``
-process-group tags, NumelIn/NumelOut from 2.0 on) and between NCCL versions (``with error 4, opcode 32564``
-vs ``with status=12 opcode=0``); tests/data/trainlog/ holds real lines of each with their sources.
+One line gives at most one event. The formats differ between PyTorch versions (1.x
+``[E ProcessGroupNCCL.cpp:N]``, 2.2+ ``[rankN]:`` prefixes, 2.4+ timestamps, ``[PG 1 Rank 0]`` /
+``[PG ID 0 PG GUID 0(default_pg) Rank 1]`` process-group tags, NumelIn/NumelOut from 2.0 on) and between
+NCCL versions (``with error 4, opcode 32564`` vs ``with status=12 opcode=0``); tests/data/trainlog/ holds
+real lines of each with their sources.
 
 Bounded: a line longer than :data:`MAX_LINE` is looked at only in its first :data:`MAX_LINE` characters, every
 text field is cut to :data:`~watchd.model.trainlog.MAX_TEXT`, and a quick substring test skips the lines of
@@ -48,10 +49,12 @@ _MARKERS = (
 _RANK_PREFIX = re.compile(r"\[rank(\d{1,9})\]:")
 _RANK_TAG = re.compile(r"\[Rank (\d{1,9})\]")
 _PG_TAG = re.compile(
-    r"\[PG (?:ID )?(?P<id>\d{1,9})(?: PG GUID (?P<guid>\d{1,12}))?\s*(?:\((?P<name>[^)\]]{0,128})\))? Rank (?P<rank>\d{1,9})\]"
+    r"\[PG (?:ID )?(?P<id>\d{1,9})(?: PG GUID (?P<guid>\d{1,12}))?\s*"
+    r"(?:\((?P<name>[^)\]]{0,128})\))? Rank (?P<rank>\d{1,9})\]"
 )
 _TIMEOUT = re.compile(
-    r"(?:\[Rank (?P<rank>\d{1,9})\] )?Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d{1,19}), "
+    r"(?:\[Rank (?P<rank>\d{1,9})\] )?Watchdog caught collective operation timeout: "
+    r"WorkNCCL\(SeqNum=(?P<seq>\d{1,19}), "
     r"OpType=(?P<op>[A-Za-z_0-9]{1,64})(?:, NumelIn=(?P<nin>-?\d{1,19}), NumelOut=(?P<nout>-?\d{1,19}))?, "
     r"Timeout\(ms\)=(?P<timeout>\d{1,19})\) ran for (?P<ran>\d{1,19}) milliseconds before timing out"
 )
@@ -63,22 +66,29 @@ _WORK_STATUS = re.compile(
 _STUCK = re.compile(r"watchdog got stuck for (\d{1,12}) seconds")
 _MONITORED = re.compile(r"Ranks? ([\d, ]{1,4096}) failed to pass monitoredBarrier in (\d{1,19}) ms")
 _MISMATCH = re.compile(
-    r"Rank (\d{1,9}) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d{1,19})\s*OpType=(\w{1,64})"
+    r"Rank (\d{1,9}) is running collective: "
+    r"CollectiveFingerPrint\(SequenceNumber=(\d{1,19})\s*OpType=(\w{1,64})"
     r".{0,512}?but Rank (\d{1,9}) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d{1,19})"
 )
 _MISSING = re.compile(r"ranks \[([\d, ]{1,4096})\] are the lagging ranks that caused this timeout")
 _JOINED = re.compile(r"\[([\d, ]{1,4096})\] joined but didn't finish collective #(\d{1,19})")
-_NOT_JOINED = re.compile(r"\[([\d, ]{1,4096})\] finished collective #(\d{1,19}), but didn't join collective #(\d{1,19})")
+_NOT_JOINED = re.compile(
+    r"\[([\d, ]{1,4096})\] finished collective #(\d{1,19}), but didn't join collective #(\d{1,19})"
+)
 _TCPSTORE = re.compile(
-    r"\[c10d\] (?P<op>\w{1,64}) failed on SocketImpl\(fd=\d+, addr=(?P<addr>[^,]{0,256}), remote=(?P<remote>[^)]{0,256})\): "
+    r"\[c10d\] (?P<op>\w{1,64}) failed on SocketImpl\(fd=\d+, addr=(?P<addr>[^,]{0,256}), "
+    r"remote=(?P<remote>[^)]{0,256})\): "
     r"(?P<err>.*)"
 )
 _SHOULD_DUMP = re.compile(r'Failed to check the "should dump" flag on TCPStore.{0,128}?with error: (.*)')
-_NCCL_HEADER = re.compile(r"(?:^|\s)(?P<host>[\w.\-]{1,255}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>\d{1,4})\] ")
+_NCCL_HEADER = re.compile(
+    r"(?:^|\s)(?P<host>[\w.\-]{1,255}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>\d{1,4})\] "
+)
 _NCCL_WARN = re.compile(r"NCCL WARN (.*)")
 _NCCL_ERROR = re.compile(r"NCCL error(?: in: [^,]{0,512},|:) ?(.*)")
 _IB_COMPLETION = re.compile(
-    r"NET/IB\w{0,8} ?: ?Got completion from peer (?P<peer>\S{1,256}?) with (?:error |status=)(?P<status>\d{1,9}),? "
+    r"NET/IB\w{0,8} ?: ?Got completion from peer (?P<peer>\S{1,256}?) "
+    r"with (?:error |status=)(?P<status>\d{1,9}),? "
     r"opcode[ =](?P<opcode>\d{1,9}),? len[ =](?P<len>\d{1,19}),? vendor err (?P<vendor>\d{1,9})"
     r"(?: \((?P<dir>Send|Recv)\))?"
 )
@@ -201,7 +211,9 @@ def _report(line: str, raw: str, job: str | None) -> CollectiveReport | None:
         return make("desync", ranks=_ranks(m.group(1)), detail="never joined any collectives")
     m = _JOINED.search(line)
     if m is not None:
-        return make("desync", ranks=_ranks(m.group(1)), seq=_int(m.group(2)), detail="joined but didn't finish")
+        return make(
+            "desync", ranks=_ranks(m.group(1)), seq=_int(m.group(2)), detail="joined but didn't finish"
+        )
     m = _NOT_JOINED.search(line)
     if m is not None:
         return make(
@@ -231,7 +243,9 @@ def _tcpstore(line: str, raw: str, job: str | None) -> TcpStoreError | None:
         )
     m = _SHOULD_DUMP.search(line)
     if m is not None:
-        return TcpStoreError(error=_cut(m.group(1)), operation="should_dump_check", rank=rank, job=job, raw=raw)
+        return TcpStoreError(
+            error=_cut(m.group(1)), operation="should_dump_check", rank=rank, job=job, raw=raw
+        )
     return None
 
 
@@ -307,5 +321,7 @@ def _ras(line: str, raw: str, job: str | None) -> NcclRas | None:
         status, errors = m.group(7), m.group(8)
         if status == "RUNNING" and errors == "OK":
             return None
-        return NcclRas(what="comm_status", status=status, errors=errors, ranks=int(m.group(6)), job=job, raw=raw)
+        return NcclRas(
+            what="comm_status", status=status, errors=errors, ranks=int(m.group(6)), job=job, raw=raw
+        )
     return None
