@@ -48,7 +48,23 @@ def test_none_is_left_out_unless_the_field_keeps_it() -> None:
 
 
 def test_the_registry_names_every_kind_and_its_fields() -> None:
-    assert set(KINDS) == {"xid", "gpu_health", "gpu_summary", "heartbeat", "watchd_action", *FINDING_KINDS}
+    trainlog = {
+        "collective_timeout",
+        "collective_report",
+        "tcpstore_error",
+        "nccl_warn",
+        "nccl_ras",
+        "flight_recorder",
+    }
+    assert set(KINDS) == {
+        "xid",
+        "gpu_health",
+        "gpu_summary",
+        "heartbeat",
+        "watchd_action",
+        *FINDING_KINDS,
+        *trainlog,
+    }
     assert set(KINDS) | {"node_repaired"} == ALL_KINDS
     for kind, cls in KINDS.items():
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
