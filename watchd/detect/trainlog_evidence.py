@@ -44,13 +44,11 @@ class RankEvidence:
 
     @property
     def progress(self) -> int | None:
-        """How far the rank got: its last completed collective, or at least the one before its timeout."""
-        known = [
-            s
-            for s in (self.last_completed, None if self.timeout_seq is None else self.timeout_seq - 1)
-            if s is not None
-        ]
-        return max(known) if known else None
+        """How far the rank got: its last completed collective; without one, the one before its timeout (a
+        rank that timed out on an earlier collective than the others lags them)."""
+        if self.last_completed is not None:
+            return self.last_completed
+        return None if self.timeout_seq is None else self.timeout_seq - 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,13 +150,14 @@ def _parse(line: str, job: str | None) -> Attrs | None:
             rank, pg = _rank_of(line)
             if m.group("rank") is not None:
                 rank = int(m.group("rank"))
-            if rank is not None:
+            seq, timeout, ran = _int(m.group("seq")), _int(m.group("timeout")), _int(m.group("ran"))
+            if rank is not None and seq is not None and timeout is not None and ran is not None:
                 return CollectiveTimeout(
                     rank=rank,
-                    seq=int(m.group("seq")),
+                    seq=seq,
                     op=m.group("op"),
-                    timeout_ms=int(m.group("timeout")),
-                    ran_ms=int(m.group("ran")),
+                    timeout_ms=timeout,
+                    ran_ms=ran,
                     numel_in=_int(m.group("nin")),
                     numel_out=_int(m.group("nout")),
                     job=job,
