@@ -47,6 +47,20 @@ def journal_entry(raw: bytes) -> tuple[str, float | None, str | None] | None:
     return message, when, cursor if isinstance(cursor, str) else None
 
 
+async def _skip_line(stream: asyncio.StreamReader, consumed: int) -> None:
+    """Discard the rest of a line longer than the stream's limit, its newline included."""
+    try:
+        await stream.readexactly(consumed)
+        while True:
+            try:
+                await stream.readuntil(b"\n")
+                return
+            except asyncio.LimitOverrunError as exc:
+                await stream.readexactly(exc.consumed)
+    except asyncio.IncompleteReadError:
+        return  # the stream ended within the line: the caller sees the end at its next read
+
+
 class JournaldSource(NothingToAcknowledge):
     def __init__(
         self,
@@ -86,8 +100,8 @@ class JournaldSource(NothingToAcknowledge):
                 try:
                     raw = await proc.stdout.readuntil(b"\n")
                 except asyncio.LimitOverrunError as exc:
-                    await proc.stdout.readexactly(exc.consumed)  # an overlong entry: dropped, counted
-                    self.malformed += 1
+                    self.malformed += 1  # an overlong entry: dropped (to its end), counted
+                    await _skip_line(proc.stdout, exc.consumed)
                     continue
                 except asyncio.IncompleteReadError as exc:
                     if exc.partial:
