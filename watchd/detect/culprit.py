@@ -108,9 +108,19 @@ def _first_quiet(ms: list[Member], spin_starts: dict[tuple[str, int], float]) ->
     )
 
 
+_FLUSH_ERR = 5
+
+
 def _nic_errors(training: TrainingEvidence, job: JobView, since: float, now: float) -> Culprit | None:
-    """NET/IB completion errors on exactly one of the job's nodes: its NIC (or its link) is the suspect."""
-    by_node = {n: errs for n in job.nodes if (errs := training.nic_errors(n, since, now))}
+    """NET/IB completion errors on exactly one of the job's nodes: its NIC (or its link) is the suspect.
+
+    Flush errors (``status=5``, IBV_WC_WR_FLUSH_ERR) are left out: they follow a queue pair already in the
+    error state, on both ends of the broken connection, and would point at the healthy peer as often."""
+    by_node = {
+        n: errs
+        for n in job.nodes
+        if (errs := [e for e in training.nic_errors(n, since, now) if e.status != _FLUSH_ERR])
+    }
     if len(by_node) != 1:
         return None
     node, errs = next(iter(by_node.items()))
@@ -141,19 +151,33 @@ def _cuda_error(training: TrainingEvidence, job: JobView, since: float, now: flo
 
 
 def _wavefront(evidence: list[RankEvidence]) -> Culprit | None:
-    """The ranks whose progress (last completed collective) lags everyone else's, all on one node."""
-    known = [r for r in evidence if r.progress is not None]
+    """The ranks whose progress lags everyone else's, all on one node: by the last collective completed,
+    else by the last entered (a rank stuck before the collective the others wait in never enqueued it)."""
+    for measure, verb in (
+        (lambda r: r.progress, "completed"),
+        (lambda r: r.last_enqueued, "entered"),
+    ):
+        found = _lagging(evidence, measure, verb)
+        if found is not None:
+            return found
+    return None
+
+
+def _lagging(
+    evidence: list[RankEvidence], measure: Callable[[RankEvidence], int | None], verb: str
+) -> Culprit | None:
+    known = [(r, m) for r in evidence if (m := measure(r)) is not None]
     if len(known) < 2:
         return None
-    low = min(r.progress or 0 for r in known)
-    lagging = [r for r in known if r.progress == low]
+    low = min(m for _, m in known)
+    lagging = [r for r, m in known if m == low]
     if len(lagging) * 2 >= len(known) or len({r.node for r in lagging}) != 1:
         return None
-    ahead = min(r.progress or 0 for r in known if r.progress != low)
+    ahead = min(m for _, m in known if m != low)
     r = lagging[0]
     sources = ",".join(sorted({x.completed_from or "timeout" for x in lagging}))
     what = (
-        f"rank(s) {','.join(str(x.rank) for x in sorted(lagging, key=lambda x: x.rank)[:8])} completed "
+        f"rank(s) {','.join(str(x.rank) for x in sorted(lagging, key=lambda x: x.rank)[:8])} {verb} "
         f"collective {low}, the others {ahead} or later ({sources})"
     )
     gpu = r.gpu if len(lagging) == 1 else None

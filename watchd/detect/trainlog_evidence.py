@@ -35,6 +35,7 @@ class RankEvidence:
     gpu: int | None = None
     last_completed: int | None = None  # the highest collective sequence known completed
     completed_from: str = ""  # flight_recorder | work_status
+    last_enqueued: int | None = None  # the highest collective sequence known enqueued (entered)
     timeout_seq: int | None = None
     timeout_at: float | None = None  # when the watchdog reported it
     started_at: float | None = None  # when the timed-out collective began (report time - ran)
@@ -106,6 +107,7 @@ class TrainingEvidence:
                 r = self._rank(e, c.job, c.rank, c.gpu)
                 if r is not None:
                     self._completed(r, c.last_completed, "work_status")
+                    self._enqueued(r, c.last_enqueued)
             elif c.report == "watchdog_exception" and c.detail and "CUDA error" in c.detail:
                 r = self._rank(e, c.job, c.rank, c.gpu)
                 if r is not None:
@@ -117,6 +119,8 @@ class TrainingEvidence:
                 r = self._rank(e, f.job, f.rank, None)
                 if r is not None and f.last_completed >= 0:
                     self._completed(r, f.last_completed, "flight_recorder")
+                if r is not None and f.last_enqueued >= 0:
+                    self._enqueued(r, f.last_enqueued)
         elif kind == NcclWarn.KIND:
             w = NcclWarn.read(e)
             if w is None:
@@ -127,6 +131,11 @@ class TrainingEvidence:
                 )
             elif w.category == "cuda_failure":
                 self._node(e.node, e.time).cuda.append((e.time, w.gpu, w.message))
+
+    @staticmethod
+    def _enqueued(r: RankEvidence, seq: int | None) -> None:
+        if seq is not None and (r.last_enqueued is None or seq > r.last_enqueued):
+            r.last_enqueued = seq
 
     @staticmethod
     def _completed(r: RankEvidence, seq: int, source: str) -> None:
