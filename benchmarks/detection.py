@@ -11,6 +11,11 @@ finding of the expected kind names the culprit node), false findings per healthy
 that should have none; software-imbalance findings counted apart), and wrong drains (any drain of a node
 that is not the hardware culprit). Then the detectors' cost per cycle with 1,000 nodes in 100 jobs.
 
+Issue 19: scenarios marked "+ training logs" add what the job itself prints (``watchd.sim.trainlog``: NET/IB
+errors, a CUDA error, the watchdog timeouts 600 s after the hang, Flight Recorder dumps), arriving when the
+agent reads them; each is compared with the same seeds without them: how often the lines change the culprit
+(to the right one or not) or confirm it (the final finding's evidence or corroboration is from them).
+
 Run: ``.venv/bin/python benchmarks/detection.py`` (``--quick`` for fewer seeds and sizes).
 """
 
@@ -34,6 +39,7 @@ from watchd.jobs.model import JobInfo  # noqa: E402
 from watchd.model.events import Event  # noqa: E402
 from watchd.rules import RuleEngine, load_rules  # noqa: E402
 from watchd.sim.jobs import JobRun, simulate  # noqa: E402
+from watchd.sim.trainlog import training_events  # noqa: E402
 
 INTERVAL_S = 5.0
 WINDOW_DELAY_S = 1.0  # a window is shipped when the next sample (1 s later) closes it
@@ -50,6 +56,7 @@ class Scenario:
     duration_s: float = 420.0
     fault_at: float = 200.0
     fault_for_s: float | None = None
+    trainlog: bool = False  # issue 19: the job's own lines arrive too
 
 
 SCENARIOS = [
@@ -68,7 +75,39 @@ SCENARIOS = [
     Scenario("checkpoint pause (90 s)", "checkpoint", None, False, False, fault_for_s=90.0),
     Scenario("job start and stop", "transients", None, False, False, duration_s=600.0),
     Scenario("healthy, long run", "none", None, False, False, duration_s=3600.0),
+    # issue 19: the training stack's lines; 900 s runs so the watchdog (600 s) fires inside them
+    Scenario("hang, NIC fails (every rank spins)", "hang_nic", "nccl_hang", True, True, duration_s=900.0),
+    Scenario(
+        "hang, NIC fails + training logs",
+        "hang_nic",
+        "nccl_hang",
+        True,
+        True,
+        duration_s=900.0,
+        trainlog=True,
+    ),
+    Scenario("hang, compute, 900 s", "hang_compute", "nccl_hang", True, False, duration_s=900.0),
+    Scenario(
+        "hang, compute + training logs",
+        "hang_compute",
+        "nccl_hang",
+        True,
+        False,
+        duration_s=900.0,
+        trainlog=True,
+    ),
+    Scenario("hang, GPU lost, 900 s", "hang_lost", "nccl_hang", True, True, duration_s=900.0),
+    Scenario(
+        "hang, GPU lost + training logs",
+        "hang_lost",
+        "nccl_hang",
+        True,
+        True,
+        duration_s=900.0,
+        trainlog=True,
+    ),
 ]
+TRAINLOG_KINDS = frozenset({"nic_errors", "cuda_error", "wavefront", "late_arrival"})
 
 
 @dataclass
@@ -84,6 +123,12 @@ class Outcome:
     right_drains: int = 0
     job_hours: float = 0.0
     findings: list[Finding] = field(default_factory=list)
+    seed: int = 0
+
+    def final(self) -> Finding | None:
+        """The last finding of the expected kind (a later revision may name another culprit)."""
+        mine = [f for f in self.findings if f.kind == self.scenario.expect]
+        return mine[-1] if mine else None
 
 
 def run_one(s: Scenario, nodes: int, heartbeats: bool, seed: int, rules: RuleEngine) -> Outcome:
@@ -99,9 +144,10 @@ def run_one(s: Scenario, nodes: int, heartbeats: bool, seed: int, rules: RuleEng
     )
     correlator = Correlator()
     correlator.topology.replace("slurm", [JobInfo(job.job, job.nodes_list, "slurm", partition="gpu")])
-    out = Outcome(s, nodes, heartbeats, job_hours=s.duration_s / 3600.0)
+    out = Outcome(s, nodes, heartbeats, job_hours=s.duration_s / 3600.0, seed=seed)
     next_cycle = job.start + INTERVAL_S
-    events = sorted(simulate(job), key=_arrival)
+    lines = list(training_events(job)) if s.trainlog else []
+    events = sorted([*simulate(job), *lines], key=_arrival)
     # In the start-and-stop run the scheduler stops listing the job once its processes ended.
     end_at = job.start + s.duration_s - 45.0 if s.fault == "transients" else float("inf")
     for e in events:
@@ -116,6 +162,8 @@ def run_one(s: Scenario, nodes: int, heartbeats: bool, seed: int, rules: RuleEng
 
 
 def _arrival(e: Event) -> float:
+    if e.source == "slurm-jobs":  # training-log events carry the time the agent read them
+        return e.time
     return e.time + (HEARTBEAT_DELAY_S if e.kind == "heartbeat" else WINDOW_DELAY_S)
 
 
@@ -144,6 +192,8 @@ def _judge(findings: list[Finding], job: JobRun, s: Scenario, out: Outcome, rule
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
+    if not ordered:
+        return float("nan")
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
@@ -151,10 +201,12 @@ def fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f} s"
 
 
-def evaluate(sizes: list[int], seeds: int, big_seeds: int) -> list[Outcome]:
+def evaluate(
+    sizes: list[int], seeds: int, big_seeds: int, only: list[Scenario] | None = None
+) -> list[Outcome]:
     rule_set = load_rules([])  # the embedded default pack, with the findings rules
     outcomes: list[Outcome] = []
-    for s in SCENARIOS:
+    for s in only or SCENARIOS:
         for nodes in sizes:
             n_seeds = seeds if nodes <= 32 else big_seeds
             for hb in (False, True):
@@ -171,6 +223,8 @@ def report(outcomes: list[Outcome]) -> None:
     for s in SCENARIOS:
         for hb in (False, True):
             mine = [o for o in outcomes if o.scenario.name == s.name and o.heartbeats == hb]
+            if not mine:
+                continue
             lat = [o.latency_s for o in mine if o.latency_s is not None]
             detected = f"{len(lat)}/{len(mine)}" if s.expect else "-"
             culprits = [o.culprit_right for o in mine if o.culprit_right is not None]
@@ -223,6 +277,8 @@ def report(outcomes: list[Outcome]) -> None:
         missed = sum(1 for o in outcomes if o.heartbeats == hb and o.scenario.expect and o.latency_s is None)
         false = sum(o.false_findings for o in healthy)
         wrong = sum(o.wrong_drains for o in outcomes if o.heartbeats == hb)
+        if not lat or not hours:  # a partial run (--trainlog): no healthy runs to rate
+            continue
         print(
             f"overall, heartbeats {'on ' if hb else 'off'}: hang latency p50 {fmt(statistics.median(lat))} "
             f"p95 {fmt(pct(lat, 0.95))} (target {'20' if hb else '60'} s; PyTorch's default: 600 s); "
@@ -231,6 +287,75 @@ def report(outcomes: list[Outcome]) -> None:
             f"(target 95%); missed {missed}; false findings {false / hours:.3f} per healthy job-hour "
             f"({hours:.1f} job-h); wrong drains {wrong}"
         )
+
+
+def trainlog_effect(outcomes: list[Outcome]) -> None:
+    """Issue 19: per scenario with training logs, against the same seeds without them."""
+    rows = []
+    for s in SCENARIOS:
+        if not s.trainlog:
+            continue
+        twin = next(
+            t for t in SCENARIOS if t.fault == s.fault and not t.trainlog and t.duration_s == s.duration_s
+        )
+        base = {(o.nodes, o.heartbeats, o.seed): o for o in outcomes if o.scenario is twin}
+        for hb in (False, True):
+            runs = [o for o in outcomes if o.scenario is s and o.heartbeats == hb]
+            changed_right = changed_wrong = confirmed = none = 0
+            by: dict[str, int] = {}
+            for o in runs:
+                b = base.get((o.nodes, o.heartbeats, o.seed))
+                f, g = o.final(), b.final() if b else None
+                node, before = (f.culprit_node if f else None), (g.culprit_node if g else None)
+                if f is not None and node != before:
+                    right = node is not None and node == _culprit_of(o)
+                    changed_right += right
+                    changed_wrong += not right
+                    by[f.evidence] = by.get(f.evidence, 0) + 1
+                elif (
+                    f is not None
+                    and node is not None
+                    and (
+                        f.evidence in TRAINLOG_KINDS
+                        or TRAINLOG_KINDS & set(str(f.extra.get("corroborated", "")).split(","))
+                    )
+                ):
+                    confirmed += 1
+                    by[f.evidence] = by.get(f.evidence, 0) + 1
+                else:
+                    none += 1
+            rows.append(
+                [
+                    s.name,
+                    "yes" if hb else "no",
+                    str(len(runs)),
+                    str(changed_right),
+                    str(changed_wrong),
+                    str(confirmed),
+                    str(none),
+                    ", ".join(f"{k} {v}" for k, v in sorted(by.items())) or "-",
+                ]
+            )
+    print()
+    print(
+        table(
+            [
+                "with training logs",
+                "heartbeats",
+                "runs",
+                "changed: right",
+                "changed: wrong",
+                "confirmed",
+                "no effect",
+                "final evidence",
+            ],
+            rows,
+        )
+    )
+
+
+def _culprit_of(o: Outcome) -> str:
+    return JobRun(o.scenario.fault, nodes=o.nodes, culprit=(o.seed % o.nodes, o.seed % 8)).culprit_node  # type: ignore[arg-type]
 
 
 def cycle_cost(jobs: int = 100, nodes_per_job: int = 10, gpus: int = 8, minutes: int = 5) -> None:
@@ -294,15 +419,18 @@ def main() -> None:
     ap.add_argument("--sizes", default="2,8,32,128,512")
     ap.add_argument("--seeds", type=int, default=5, help="runs per scenario, size and heartbeat setting")
     ap.add_argument("--big-seeds", type=int, default=1, help="runs for sizes above 32 nodes")
+    ap.add_argument("--trainlog", action="store_true", help="only the issue-19 scenarios (900 s hangs)")
     args = ap.parse_args()
     sizes = [2, 8] if args.quick else [int(x) for x in args.sizes.split(",")]
     seeds = 2 if args.quick else args.seeds
     started = time.perf_counter()
-    outcomes = evaluate(sizes, seeds, args.big_seeds)
+    only = [s for s in SCENARIOS if s.duration_s == 900.0] if args.trainlog else None
+    outcomes = evaluate(sizes, seeds, args.big_seeds, only)
     print(
         f"{len(outcomes)} runs, job sizes {sizes} nodes x 8 GPUs, in {time.perf_counter() - started:.0f} s\n"
     )
     report(outcomes)
+    trainlog_effect(outcomes)
     cycle_cost()
 
 

@@ -336,10 +336,28 @@ class GpuSourceConfig(_Strict):
         return self
 
 
+# issue 19: where the training stack's own output is read (docs/training-logs.md)
+class TrainingLogsConfig(_Strict):
+    slurm_jobs: bool = False  # follow the StdOut/StdErr files of the Slurm jobs running on this node
+    slurm_node: str | None = None  # this node's name in Slurm (default: the agent's node)
+    slurm_conf: Path | None = None  # SLURM_CONF for squeue/scontrol (default: theirs)
+    slurm_poll_s: Seconds = 15.0
+    pods_dir: Path | None = None  # e.g. /var/log/pods: follow the containers' logs
+    pods_poll_s: Seconds = 10.0
+    journald_units: list[str] = Field(default_factory=list)
+    journalctl: str = "journalctl"
+    flight_recorder_dirs: list[Path] = Field(default_factory=list)
+    flight_recorder_prefix: str = Field(default="nccl_trace_rank_", min_length=1, max_length=128)
+    flight_recorder_poll_s: Seconds = 5.0
+    max_files: Annotated[int, Field(ge=1, le=4096)] = 64
+    max_events_per_minute: Annotated[int, Field(ge=1)] = 120  # per job and kind; more are dropped, counted
+
+
 class SourcesConfig(_Strict):
     kmsg: KmsgConfig = KmsgConfig()
     files: list[FileSourceConfig] = Field(default_factory=list)
     gpu: GpuSourceConfig = GpuSourceConfig()
+    training: TrainingLogsConfig = TrainingLogsConfig()  # issue 19
 
 
 class EngineEndpoint(_Strict):

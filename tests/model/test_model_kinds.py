@@ -48,6 +48,14 @@ def test_none_is_left_out_unless_the_field_keeps_it() -> None:
 
 
 def test_the_registry_names_every_kind_and_its_fields() -> None:
+    trainlog = {
+        "collective_timeout",
+        "collective_report",
+        "tcpstore_error",
+        "nccl_warn",
+        "nccl_ras",
+        "flight_recorder",
+    }
     assert set(KINDS) == {
         "xid",
         "gpu_health",
@@ -56,6 +64,7 @@ def test_the_registry_names_every_kind_and_its_fields() -> None:
         "watchd_action",
         "check_result",
         *FINDING_KINDS,
+        *trainlog,
         "checkpoint_interval",  # issue 17
         "node_unavailable",
     }

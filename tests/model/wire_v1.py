@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from tests.trainlog.wire import trainlog_events
 from watchd.agent.heartbeat import Coalescer, parse_report
 from watchd.agent.runner import xid_event
 from watchd.clock import FakeClock
@@ -365,4 +366,5 @@ def build() -> dict[str, bytes]:
     out["heartbeat"] = _body(_heartbeats())
     out["findings"] = _body(f.to_event() for f in FINDINGS)
     out["watchd-action"] = _body(_actions())
+    out["trainlog"] = _body(trainlog_events(NODE, T0 + 500))  # issue 19
     return out

@@ -25,7 +25,10 @@ from watchd.httputil import metrics_handler, serve
 from watchd.logs import get_logger
 from watchd.model.events import Event, stable_id
 from watchd.sources.base import LogLine, LogSource
+from watchd.sources.flight_recorder import EventSource, FlightRecorderSource
 from watchd.sources.registry import SourceContext, sources_from_config
+from watchd.trainlog.limit import EventLimiter
+from watchd.trainlog.parser import parse_line as parse_trainlog_line
 from watchd.xid import XidParser, XidRecord
 from watchd.xid.render import xid_of_record
 
@@ -76,7 +79,7 @@ class Agent:
         self.config = config
         self.node = config.node
         self.metrics = AgentMetrics()
-        context = SourceContext(on_kmsg_lost=self.metrics.kmsg_lost.inc)
+        context = SourceContext(on_kmsg_lost=self.metrics.kmsg_lost.inc, node=config.node)
         if sources is None:
             self.sources = sources_from_config(config.sources, context)
         else:
@@ -91,6 +94,21 @@ class Agent:
             backoff_initial=config.shipper.backoff_initial_s,
             backoff_max=config.shipper.backoff_max_s,
             timeout=config.engine.timeout_s,
+        )
+        # issue 19: training-stack lines (any source) and Flight Recorder dumps, bounded per job and kind
+        training = config.sources.training
+        self.trainlog_limit = EventLimiter(training.max_events_per_minute, 60.0)
+        self.event_sources: list[EventSource] = (
+            [
+                FlightRecorderSource(
+                    config.node,
+                    training.flight_recorder_dirs,
+                    prefix=training.flight_recorder_prefix,
+                    poll_interval_s=training.flight_recorder_poll_s,
+                )
+            ]
+            if training.flight_recorder_dirs
+            else []
         )
         self.dedup = XidDeduplicator(SystemClock(), config.sources.gpu.xid_dedup_window_s)
         # A fake GPU writes its kernel-log lines to a source of its own, as a real driver to the kernel log.
@@ -111,6 +129,8 @@ class Agent:
             self._spawn(self.shipper.run(), "shipper")
             for source in self.sources:
                 self._spawn(self._watch(source), f"source-{source.name}")
+            for event_source in self.event_sources:
+                self._spawn(self._pump(event_source), f"source-{event_source.name}")
             if self.gpu is not None:
                 self._spawn(self.gpu.run(), "gpu")
             self._stack.push_async_callback(self._stop_tasks)
@@ -167,6 +187,42 @@ class Agent:
             {"status": "ok", "node": self.node, "queued": len(self.shipper), "dropped": self.shipper.dropped}
         )
 
+    def _trainlog(self, source: LogSource, line: LogLine) -> None:
+        """The training-stack event of ``line``, if it is one (issue 19), within the per-job bound."""
+        record = parse_trainlog_line(line.text, job=line.job)
+        if record is None:
+            return
+        if not self.trainlog_limit.allow(line.job, record.KIND, line.time):
+            self.metrics.dropped.labels("trainlog_rate").inc()
+            return
+        event = record.to_event(
+            id=stable_id(self.node, source.name, line.key, "trainlog"),
+            node=self.node,
+            source=source.name,
+            time=line.time,
+        )
+        self._emit(event)
+
+    async def _pump(self, source: EventSource) -> None:
+        """Ship the events of an event source (Flight Recorder dumps); restarted with backoff on failure."""
+        delay = _RESTART_MIN_S
+        while True:
+            try:
+                async for event in source.events():
+                    delay = _RESTART_MIN_S
+                    if self.trainlog_limit.allow(event.attrs.get("job"), event.kind, event.time):  # type: ignore[arg-type]
+                        self._emit(event)
+                    else:
+                        self.metrics.dropped.labels("trainlog_rate").inc()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.metrics.source_errors.labels(source.name).inc()
+                _log.error("source_failed", source=source.name, error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(_RESTART_MAX_S, delay * 2)
+
     async def _watch(self, source: LogSource) -> None:
         """Read one source forever; a failure is logged, counted and the source restarted with backoff."""
         delay = _RESTART_MIN_S
@@ -187,6 +243,7 @@ class Agent:
                         event = xid_event(self.node, source.name, line, record, index)
                         source.hold(line)  # read again after a restart until delivered
                         self._emit(event, partial(source.ack, line))
+                    self._trainlog(source, line)
                 return
             except asyncio.CancelledError:
                 raise

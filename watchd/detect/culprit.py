@@ -1,18 +1,26 @@
 """Who a hung job's culprit is, evidence strongest first. Pure.
 
 A hardware event on one of the job's nodes around the onset (or a GPU NVML reports lost); an application
-Xid on one node; the odd GPUs out (not spinning: idle, computing or silent) all on one node; the rank whose
-collective sequence lags; the first GPU to go quiet. Without a culprit: the suspects.
+Xid on one node; NET/IB completion errors on one node only (the NIC: hardware evidence); the odd GPUs out
+(not spinning: idle, computing or silent) all on one node; a CUDA error the training stack reported on one
+node; the ranks whose last completed collective lags the others' (the wavefront, from Flight Recorder dumps
+and the watchdog's work-status lines); the rank whose collective sequence lags in its heartbeats; the rank
+that entered the timed-out collective last; the first GPU to go quiet. Without a culprit: the suspects.
+
+Every finder is asked; the first that names a node is the culprit, and the others that name the same node
+are listed in ``corroborated`` (those naming another node in ``contradicted``): the finding says which
+evidence named the culprit and which confirmed it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from watchd.detect.fleet import FleetState, HardwareEvent, RankTrack
 from watchd.detect.members import Member
 from watchd.detect.params import HangParams
+from watchd.detect.trainlog_evidence import RankEvidence, TrainingEvidence
 from watchd.jobs.topology import JobView
 
 
@@ -25,6 +33,8 @@ class Culprit:
     confidence: float
     detail: str
     suspects: tuple[str, ...] = ()
+    corroborated: tuple[str, ...] = ()  # other evidence naming the same node
+    contradicted: tuple[str, ...] = ()  # other evidence naming another node
 
 
 def _hardware_culprit(events: list[HardwareEvent], onset: float) -> Culprit | None:
@@ -98,6 +108,98 @@ def _first_quiet(ms: list[Member], spin_starts: dict[tuple[str, int], float]) ->
     )
 
 
+_FLUSH_ERR = 5
+
+
+def _nic_errors(training: TrainingEvidence, job: JobView, since: float, now: float) -> Culprit | None:
+    """NET/IB completion errors on exactly one of the job's nodes: its NIC (or its link) is the suspect.
+
+    Flush errors (``status=5``, IBV_WC_WR_FLUSH_ERR) are left out: they follow a queue pair already in the
+    error state, on both ends of the broken connection, and would point at the healthy peer as often."""
+    by_node = {
+        n: errs
+        for n in job.nodes
+        if (errs := [e for e in training.nic_errors(n, since, now) if e.status != _FLUSH_ERR])
+    }
+    if len(by_node) != 1:
+        return None
+    node, errs = next(iter(by_node.items()))
+    devices = sorted({e.device for e in errs if e.device})
+    gpus = {e.gpu for e in errs}
+    statuses = sorted({e.status for e in errs if e.status is not None})
+    vendor = sorted({e.vendor_err for e in errs if e.vendor_err is not None})
+    what = (
+        f"{len(errs)} NET/IB completion error(s)"
+        + (f" on {','.join(devices)}" if devices else "")
+        + (f", status {','.join(map(str, statuses))}" if statuses else "")
+        + (f", vendor err {','.join(map(str, vendor))}" if vendor else "")
+    )
+    gpu = next(iter(gpus)) if len(gpus) == 1 else None
+    return Culprit(node, gpu, "nic_errors", True, 0.9, what, (node,))
+
+
+def _cuda_error(training: TrainingEvidence, job: JobView, since: float, now: float) -> Culprit | None:
+    """A CUDA error reported by the training stack (NCCL ``Cuda failure``, the watchdog's CUDA exception) on
+    one node only: not hardware evidence by itself (an illegal address is usually the program's)."""
+    by_node = {n: errs for n in job.nodes if (errs := training.cuda_errors(n, since, now))}
+    if len(by_node) != 1:
+        return None
+    node, errs = next(iter(by_node.items()))
+    gpus = {g for _, g, _ in errs}
+    gpu = next(iter(gpus)) if len(gpus) == 1 else None
+    return Culprit(node, gpu, "cuda_error", False, 0.8, f"CUDA error: {errs[0][2][:160]}", (node,))
+
+
+def _wavefront(evidence: list[RankEvidence]) -> Culprit | None:
+    """The ranks whose progress lags everyone else's, all on one node: by the last collective completed,
+    else by the last entered (a rank stuck before the collective the others wait in never enqueued it)."""
+    for measure, verb in (
+        (lambda r: r.progress, "completed"),
+        (lambda r: r.last_enqueued, "entered"),
+    ):
+        found = _lagging(evidence, measure, verb)
+        if found is not None:
+            return found
+    return None
+
+
+def _lagging(
+    evidence: list[RankEvidence], measure: Callable[[RankEvidence], int | None], verb: str
+) -> Culprit | None:
+    known = [(r, m) for r in evidence if (m := measure(r)) is not None]
+    if len(known) < 2:
+        return None
+    low = min(m for _, m in known)
+    lagging = [r for r, m in known if m == low]
+    if len(lagging) * 2 >= len(known) or len({r.node for r in lagging}) != 1:
+        return None
+    ahead = min(m for _, m in known if m != low)
+    r = lagging[0]
+    sources = ",".join(sorted({x.completed_from or "timeout" for x in lagging}))
+    what = (
+        f"rank(s) {','.join(str(x.rank) for x in sorted(lagging, key=lambda x: x.rank)[:8])} {verb} "
+        f"collective {low}, the others {ahead} or later ({sources})"
+    )
+    gpu = r.gpu if len(lagging) == 1 else None
+    return Culprit(r.node, gpu, "wavefront", False, 0.85, what, (r.node,))
+
+
+def _late_arrival(evidence: list[RankEvidence], margin_s: float = 5.0) -> Culprit | None:
+    """Of the ranks that timed out on the same collective, the one that entered it last (the watchdog times a
+    collective from its start, so the others, waiting longer, time out first), ``margin_s`` after the rest."""
+    timed = [r for r in evidence if r.timeout_seq is not None and r.started_at is not None]
+    if len(timed) < 3:
+        return None
+    seq = max(r.timeout_seq or 0 for r in timed)
+    same = sorted((r for r in timed if r.timeout_seq == seq), key=lambda r: r.started_at or 0.0)
+    if len(same) < 3 or (same[-1].started_at or 0.0) - (same[-2].started_at or 0.0) < margin_s:
+        return None
+    last = same[-1]
+    late = (last.started_at or 0.0) - (same[-2].started_at or 0.0)
+    what = f"rank {last.rank} entered collective {seq} {late:.0f}s after the others"
+    return Culprit(last.node, last.gpu, "late_arrival", False, 0.6, what, (last.node,))
+
+
 def find_culprit(
     fleet: FleetState,
     job: JobView,
@@ -115,15 +217,23 @@ def find_culprit(
             events.append(
                 HardwareEvent(fleet.lost[(m.node, m.gpu)], m.node, m.gpu, "GPU lost", True, "gpu_lost")
             )
+    training = fleet.training
+    evidence = training.ranks(job.id)
     finders: tuple[Callable[[], Culprit | None], ...] = (
         lambda: _hardware_culprit(events, onset),
+        lambda: _nic_errors(training, job, since, now),
         lambda: _odd_one_out(ms),
+        lambda: _cuda_error(training, job, since, now),
+        lambda: _wavefront(evidence),
         lambda: _heartbeat_lag(ranks),
+        lambda: _late_arrival(evidence),
         lambda: _first_quiet(ms, spin_starts),
     )
-    for finder in finders:
-        found = finder()
-        if found is not None and found.node is not None:
-            return found
+    named = [c for f in finders if (c := f()) is not None and c.node is not None]
+    if named:
+        chosen = named[0]
+        agree = tuple(c.evidence for c in named[1:] if c.node == chosen.node)
+        disagree = tuple(c.evidence for c in named[1:] if c.node != chosen.node)
+        return replace(chosen, corroborated=agree, contradicted=disagree)
     suspects = tuple(sorted({m.node for m in ms if m.state != "spin"})) or job.nodes
     return Culprit(None, None, "none", False, 0.3, "no odd one out", suspects)

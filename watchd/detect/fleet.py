@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchd.detect import fleet_bytes as cost
+from watchd.detect.trainlog_evidence import KINDS as TRAINLOG_KINDS
+from watchd.detect.trainlog_evidence import TrainingEvidence
 from watchd.jobs.topology import JobTopology
 from watchd.model.conditions import (
     APPLICATION_XID_BUCKETS,
@@ -153,6 +155,8 @@ class FleetState:
         # counted for watchd_fleet_evicted_total{what}: node (to stay within max_nodes and max_bytes) and gpu
         # (an index past max_gpus_per_node, refused)
         self.evicted: dict[str, int] = {"node": 0, "gpu": 0}
+        # issue 19: what the training stack said (watchdog timeouts, NCCL WARN lines, Flight Recorder dumps)
+        self.training = TrainingEvidence(self.topology.job_of)
 
     def _charge(self, node: str, n: int) -> None:
         self._node_bytes[node] = self._node_bytes.get(node, 0) + n
@@ -227,6 +231,11 @@ class FleetState:
             self._xid(event)
         elif kind == HEALTH_KIND:
             self._health(event)
+        elif kind in TRAINLOG_KINDS:
+            self.training.observe(event)
+            if self.training.dropped:
+                self.evicted["trainlog"] = self.training.dropped  # beyond its bounds (trainlog_evidence.py)
+            return
         else:
             return
         self._evict_over_bounds()
@@ -491,6 +500,7 @@ class FleetState:
         for node in [n for n in self._recency if n not in kept]:
             del self._recency[node]
         self._recount()
+        self.training.prune(now)
         self.topology.prune(now)
 
     def _recount(self) -> None:

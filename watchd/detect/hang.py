@@ -79,10 +79,13 @@ def judge(
         nvml_onset = _nvml_onset(ms, spin_starts, now, p)
     training = [r for r in ranks if r.phase == "train" and r.steps_seen >= params.heartbeat.min_steps]
     hb_onset = _heartbeat_onset(ms, training, now, params.heartbeat)
-    if nvml_onset is None and hb_onset is None:
+    # issue 19: a watchdog timeout in the job's own output is a hang too (it began when that collective did)
+    tl_onset = cycle.fleet.training.timeout_onset(job.id, now - cycle.fleet.history_s)
+    onsets = (("nvml", nvml_onset), ("heartbeat", hb_onset), ("trainlog", tl_onset))
+    if all(x is None for _, x in onsets):
         return None
-    onset = min(x for x in (nvml_onset, hb_onset) if x is not None)
-    signal = "+".join(s for s, x in (("nvml", nvml_onset), ("heartbeat", hb_onset)) if x is not None)
+    onset = min(x for _, x in onsets if x is not None)
+    signal = "+".join(s for s, x in onsets if x is not None)
     culprit = find_culprit(cycle.fleet, job, ms, training, onset, now, p, spin_starts)
     return Verdict(onset, signal, culprit, len(ms), len(spin_starts))
 
@@ -148,5 +151,12 @@ def to_finding(job: JobView, v: Verdict, now: float, revision: int) -> Finding:
         partition=job.partition,
         signal=v.signal,
         revision=revision,
-        extra={"gpus": v.gpus, "gpus_matching": v.matching, "detail": c.detail},
+        extra={
+            "gpus": v.gpus,
+            "gpus_matching": v.matching,
+            "detail": c.detail,
+            # issue 19: which other evidence confirmed the culprit, which named another node
+            **({"corroborated": ",".join(c.corroborated)} if c.corroborated else {}),
+            **({"contradicted": ",".join(c.contradicted)} if c.contradicted else {}),
+        },
     )

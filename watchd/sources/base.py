@@ -26,6 +26,7 @@ class LogLine:
     time: float  # when it was observed (the kernel's timestamp where the source has one)
     key: str  # identifies the line at its source, stable across re-reads: the base of the event id
     seq: int | None = None  # the kmsg record's sequence number
+    job: str | None = None  # the job whose output the line is (Slurm output files, pod logs: issue 19)
 
 
 class LogSource(Protocol):

@@ -4,6 +4,9 @@ here): each entry builds the sources its part of the ``sources:`` config asks fo
     kmsg   /dev/kmsg (``sources.kmsg``, unless ``enabled: false``)
     files  one followed file per ``sources.files`` entry
     fake   the kernel log a fake GPU writes its driver lines to (``sources.gpu.backend: fake``)
+    slurm-jobs  the output files of the Slurm jobs on the node (``sources.training.slurm_jobs``, issue 19)
+    pods        the container logs under ``sources.training.pods_dir`` (issue 19)
+    journald    the journal of ``sources.training.journald_units`` (issue 19)
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from watchd.config import SourcesConfig
 from watchd.errors import ConfigError
 from watchd.sources.base import FakeLogSource, LogSource
 from watchd.sources.filefollow import FileFollowSource
+from watchd.sources.journald import JournaldSource
 from watchd.sources.kmsg import KmsgSource
+from watchd.sources.pod_logs import PodLogSource
+from watchd.sources.slurm_jobs import JobOutputSource, SlurmJobOutputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +30,7 @@ class SourceContext:
 
     on_kmsg_lost: Callable[[int], None] = lambda n: None  # records the ring overwrote before they were read
     fake_kernel_log: FakeLogSource = field(default_factory=lambda: FakeLogSource("kmsg"))
+    node: str = ""  # the agent's node name (the Slurm job-output source asks for this node's jobs)
 
 
 SourceFactory = Callable[[SourcesConfig, SourceContext], list[LogSource]]
@@ -44,7 +51,35 @@ def _fake(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
     return [context.fake_kernel_log] if config.gpu.backend == "fake" else []
 
 
-SOURCES: dict[str, SourceFactory] = {"kmsg": _kmsg, "files": _files, "fake": _fake}
+def _slurm_jobs(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
+    t = config.training
+    if not t.slurm_jobs:
+        return []
+    env = {"SLURM_CONF": str(t.slurm_conf)} if t.slurm_conf is not None else None
+    lister = SlurmJobOutputs(t.slurm_node or context.node, env=env)
+    return [JobOutputSource(lister, poll_interval_s=t.slurm_poll_s, max_files=t.max_files)]
+
+
+def _pods(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
+    t = config.training
+    if t.pods_dir is None:
+        return []
+    return [PodLogSource(t.pods_dir, poll_interval_s=t.pods_poll_s, max_files=t.max_files)]
+
+
+def _journald(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
+    t = config.training
+    return [JournaldSource(t.journald_units, command=(t.journalctl,))] if t.journald_units else []
+
+
+SOURCES: dict[str, SourceFactory] = {
+    "kmsg": _kmsg,
+    "files": _files,
+    "fake": _fake,
+    "slurm-jobs": _slurm_jobs,
+    "pods": _pods,
+    "journald": _journald,
+}
 
 
 def sources_from_config(
