@@ -83,5 +83,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX held_resolved ON held (resolved_at) WHERE status != 'held'",
         "CREATE INDEX disruptions_pool_node_at ON disruptions (pool, node, at)",
     ),
+    (  # 4 (issue 22, HA): the database lease of the elected engine; its token fences every write
+        """CREATE TABLE leader_lease (
+            name TEXT PRIMARY KEY,
+            holder TEXT NOT NULL DEFAULT '',
+            token INTEGER NOT NULL DEFAULT 0,
+            acquired_at REAL NOT NULL DEFAULT 0,
+            expires_at REAL NOT NULL DEFAULT 0
+        ) WITHOUT ROWID""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
