@@ -1,9 +1,9 @@
 """A real PostgreSQL server on loopback, for tests and benchmarks (issue 22: the shared state store).
 
-A private cluster (``initdb``) under a temp dir, listening on 127.0.0.1 on a port picked free at start and on a
-Unix socket in the temp dir. Host connections need the password (scram-sha-256) of the superuser ``watchd``;
-:attr:`PostgresServer.password_file` holds it, as a deployment would. PostgreSQL refuses to run as root: as
-root the cluster belongs to (and the server runs as) the Debian package's ``postgres`` user.
+A private cluster (``initdb``) under a temp dir, listening on 127.0.0.1 on a port picked free at start and
+on a Unix socket in the temp dir. Host connections need the password (scram-sha-256) of the superuser
+``watchd``; :attr:`PostgresServer.password_file` holds it, as a deployment would. PostgreSQL refuses to
+run as root: as root the cluster belongs to (and the server runs as) the Debian package's ``postgres`` user.
 
 Usage::
 
@@ -191,5 +191,7 @@ class PostgresServer:
         self.start()
         return self
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

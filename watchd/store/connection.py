@@ -80,8 +80,8 @@ class Driver(Protocol):
 
 
 class SqliteDriver:
-    """The embedded default: one sqlite3 connection in autocommit mode, transactions begun IMMEDIATE (the write
-    lock up front, so a read-then-write never fails half-way on a lock upgrade, and busy_timeout applies)."""
+    """The embedded default: one sqlite3 connection in autocommit mode, transactions begun IMMEDIATE (the
+    write lock up front, so a read-then-write never fails half-way on a lock upgrade)."""
 
     dialect = "sqlite"
     errors: tuple[type[Exception], ...] = (sqlite3.Error,)
@@ -222,16 +222,18 @@ class Connection:
 
     def one(self, doing: str, sql: str, args: tuple[Any, ...] = ()) -> Any:
         driver = self.live()
+        errors: tuple[type[Exception], ...] = (*driver.errors, ValueError, TypeError, OverflowError)
         try:
             return driver.execute(sql, _clean(args)).fetchone()
-        except (*driver.errors, ValueError, TypeError, OverflowError) as exc:
+        except errors as exc:
             raise self.error(doing, exc, "read") from None
 
     def all(self, doing: str, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         driver = self.live()
+        errors: tuple[type[Exception], ...] = (*driver.errors, ValueError, TypeError, OverflowError)
         try:
             return driver.execute(sql, _clean(args)).fetchall()
-        except (*driver.errors, ValueError, TypeError, OverflowError) as exc:
+        except errors as exc:
             raise self.error(doing, exc, "read") from None
 
     def delete(self, doing: str, sql: str, args: tuple[Any, ...]) -> int:

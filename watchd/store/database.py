@@ -131,14 +131,18 @@ class Store:
 
     def _probe_rolled_back(self) -> bool:
         driver = self._db.live()
+        errors: tuple[type[Exception], ...] = (*driver.errors, ValueError)
         try:
             driver.begin()
             try:
-                driver.execute("INSERT INTO meta (key, value) VALUES (?, '')"
-                               " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (PROBE_KEY,))
+                driver.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, '')"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (PROBE_KEY,),
+                )
             finally:
                 driver.rollback()
-        except (*driver.errors, ValueError) as exc:
+        except errors as exc:
             self._db.error("probing writes", exc)
             return False
         self._wrote()

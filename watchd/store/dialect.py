@@ -35,7 +35,10 @@ class Untranslatable(ValueError):
 
 
 _UNSUPPORTED = (
-    (re.compile(r"\bINSERT\s+OR\s+(IGNORE|REPLACE|ABORT|FAIL|ROLLBACK)\b", re.I), "INSERT OR ...; use ON CONFLICT"),
+    (
+        re.compile(r"\bINSERT\s+OR\s+(IGNORE|REPLACE|ABORT|FAIL|ROLLBACK)\b", re.I),
+        "INSERT OR ...",
+    ),
     (re.compile(r"^\s*REPLACE\s+INTO\b", re.I), "REPLACE INTO; use INSERT ... ON CONFLICT DO UPDATE"),
     (re.compile(r"^\s*PRAGMA\b", re.I), "PRAGMA"),
     (re.compile(r"\bsqlite_\w+", re.I), "SQLite's own tables and functions"),

@@ -58,7 +58,7 @@ def _rows(cursor: Any) -> Any:
 
 
 class PgResult:
-    """What a statement returned: its row count, the id an INSERT into an identity table returned, its rows."""
+    """What a statement returned: its row count, the id an INSERT into an identity table returned, rows."""
 
     def __init__(self, cursor: psycopg.Cursor[Any], returned_id: bool) -> None:
         self._cursor = cursor
@@ -76,7 +76,7 @@ class PgResult:
 
 
 def _param(value: Any) -> Any:
-    # PostgreSQL's text cannot hold NUL: store its escape, as a lone surrogate is (watchd.store.connection.text)
+    # PostgreSQL's text cannot hold NUL: store its escape, as a lone surrogate's (connection.text)
     return value.replace("\x00", "\\x00") if isinstance(value, str) and "\x00" in value else value
 
 
@@ -148,17 +148,18 @@ class PgDriver:
     def execute(self, sql: str, args: tuple[Any, ...] = ()) -> PgResult:
         query = dml(sql, self._identity)
         conn = self._conn if self.in_transaction else self._live()
-        cursor = conn.execute(query, tuple(_param(a) for a in args))  # type: ignore[call-overload]
-        return PgResult(cursor, query is not sql and query.endswith(" RETURNING id") and "RETURNING" not in sql)
+        cursor = conn.execute(query, tuple(_param(a) for a in args))
+        returned_id = query.endswith(" RETURNING id") and "RETURNING" not in sql.upper()
+        return PgResult(cursor, returned_id)
 
     def executemany(self, sql: str, rows: Iterable[tuple[Any, ...]]) -> PgResult:
         query = dml(sql, self._identity)
         with self._conn.cursor() as cursor:
-            cursor.executemany(query, [tuple(_param(a) for a in r) for r in rows])  # type: ignore[call-overload]
+            cursor.executemany(query, [tuple(_param(a) for a in r) for r in rows])
             return PgResult(cursor, False)
 
     def ddl(self, statement: str) -> None:
-        self._conn.execute(ddl(statement))  # type: ignore[call-overload]
+        self._conn.execute(ddl(statement))
 
     def begin(self) -> None:
         self._live().execute("BEGIN")
