@@ -176,7 +176,12 @@ class PgDriver:
 
     @property
     def in_transaction(self) -> bool:
-        return self._conn.info.transaction_status != pq.TransactionStatus.IDLE
+        status = self._conn.info.transaction_status  # UNKNOWN when the connection is gone: none then
+        return status in (
+            pq.TransactionStatus.INTRANS,
+            pq.TransactionStatus.INERROR,
+            pq.TransactionStatus.ACTIVE,
+        )
 
     def tables(self) -> set[str]:
         rows = self._conn.execute(
