@@ -1,4 +1,4 @@
-"""A real PostgreSQL (tests/harness/postgres.py), started once per session when a test asks for it (issue 22)."""
+"""A real PostgreSQL (tests/harness/postgres.py), started once per session when a test asks (issue 22)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,9 @@ from psycopg.conninfo import conninfo_to_dict
 from watchd.store.connection import StoreError
 from watchd.store.dialect import POSTGRES, ddl, dml
 
+_TX = pq.TransactionStatus
+_IN_TRANSACTION = (_TX.INTRANS, _TX.INERROR, _TX.ACTIVE)
+
 #: the advisory lock taken by a migration (one migrator at a time, across engines)
 _MIGRATION_LOCK = 0x77617463686400  # "watchd\0"
 
@@ -177,11 +180,7 @@ class PgDriver:
     @property
     def in_transaction(self) -> bool:
         status = self._conn.info.transaction_status  # UNKNOWN when the connection is gone: none then
-        return status in (
-            pq.TransactionStatus.INTRANS,
-            pq.TransactionStatus.INERROR,
-            pq.TransactionStatus.ACTIVE,
-        )
+        return status in _IN_TRANSACTION
 
     def tables(self) -> set[str]:
         rows = self._conn.execute(
