@@ -301,7 +301,7 @@ class Engine:
 
     def store_failures(self) -> int:
         """Failed writes of the state database so far: ingest compares it before and after a batch."""
-        return self.store.health.failures
+        return self.store.health.failures + self.store.health.fenced  # fenced: not recorded either
 
     def writable(self) -> bool:
         """Whether decisions can be recorded now: an unwritable store is probed again (one small write, at
@@ -544,6 +544,8 @@ class Engine:
             _log.warning("pools_unavailable", error=str(exc))
 
     async def _prune(self) -> None:
+        if self.following() is not None:
+            return  # the leader prunes the shared store
         now = self.clock.now()
         self.store.audit.prune(now - self.config.state.audit_retention_days * 86400)
         self.store.breaker.prune(now - max(self.config.safety.window_s, 86400.0))

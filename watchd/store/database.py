@@ -67,6 +67,7 @@ class StoreHealth:
     reason: str = ""
     failures: int = 0  # failed writes since the open
     last_error: str = ""  # the last failed write's error, kept after writes resume
+    fenced: int = 0  # writes refused by the fence since the open (a follower's, a deposed leader's)
 
 
 class Store:
@@ -105,7 +106,10 @@ class Store:
         self._listeners.append(listener)
 
     def _failed(self, operation: str, error: StoreError) -> None:
-        if operation not in ("read", "fenced"):  # a fenced write: not the leader, the database is fine
+        if operation == "fenced":  # not the leader: the decision is not recorded, the database is fine
+            self.health.fenced += 1
+            self.health.last_error = str(error)
+        elif operation != "read":
             self.health.failures += 1
             self.health.writable = False
             self.health.reason = self.health.last_error = str(error)
