@@ -4,8 +4,8 @@
   acted on (0 lost) and no node is drained twice (slurmctld's own log counts each drain it performed); the
   blast-radius breaker's window spans the failovers (never more than ``max_nodes`` drained in all, the rest
   held); rule memory survives (a count begun on one leader completes on the next); a new fault on a node
-  the dead leader drained is de-duplicated by its cooldown; and after a quiet failover the new leader shows the holds, the breaker
-  window and the breaker alert (re-fired at takeover to a real Alertmanager).
+  the dead leader drained is de-duplicated by its cooldown; and after a quiet failover the new leader shows
+  the holds, the breaker window and the breaker alert (re-fired at takeover to a real Alertmanager).
 - A leader paused with SIGSTOP past its lease, then resumed, cannot act: a batch it finds on resuming is
   refused (503, never 200), nothing of it is written and Slurm is not touched; the new leader acts on it.
 """
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.ha.pair import HaPair, xid
 from tests.harness.alertmanager import AlertmanagerProcess
 from tests.harness.postgres import PostgresServer
 from tests.harness.slurm import SlurmCluster
-from tests.ha.pair import HaPair, xid
 from tests.support import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real]
@@ -116,14 +116,18 @@ def test_kill9_of_the_leader_mid_burst_loses_and_repeats_nothing(
             if round_ == 0:
                 # cooldowns: a new fatal Xid on a node the dead leader drained is de-duplicated by the
                 # cooldown it recorded (without it, the outcome would be already_drained)
-                wait_for(lambda: sim.drained("sim") & set(first), timeout=20, what="a drain of the round")
+                wait_for(
+                    lambda nodes=first: sim.drained("sim") & set(nodes),
+                    timeout=20,
+                    what="a drain of the round",
+                )
                 again = xid(sorted(sim.drained("sim") & set(first))[0])
                 pair.deliver([again])
                 outcome = pair.rows("SELECT outcome FROM audit WHERE event_id = %s", (again.id,))
                 assert outcome == [("deduplicated",)], outcome
             # 0 lost: every node of the burst is drained or held
             wait_for(
-                lambda: set(burst_nodes) <= sim.drained("sim") | held_nodes(pair),
+                lambda nodes=list(burst_nodes): set(nodes) <= sim.drained("sim") | held_nodes(pair),
                 timeout=30,
                 what="every event of the burst acted on",
             )
