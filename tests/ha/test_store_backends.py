@@ -4,19 +4,25 @@ migration in watchd/store/schema.py, so a migration appended later works there w
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
 
 from tests.harness.postgres import PostgresServer
 from watchd.actions.audit import AuditRecord
+from watchd.config import EngineConfig, PostgresConfig, load_config
+from watchd.errors import ConfigError
 from watchd.store import dialect
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
 from watchd.store.held import HeldAction
 from watchd.store.schema import MIGRATIONS, SCHEMA_VERSION
 
+ROOT = Path(__file__).resolve().parent.parent.parent
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.real)]
 
 
@@ -220,3 +226,60 @@ def test_a_connection_the_server_ended_is_reopened_at_the_next_call(pg_server: P
         assert s.meta.get("k") == "v"  # the next one reconnects
         s.meta.set("k", "w")
         assert s.health.writable
+
+
+def test_the_shipped_ha_config_loads(tmp_path: Path) -> None:
+    config = load_config(EngineConfig, ROOT / "deploy" / "engine-ha.yaml")
+    assert config.state.kind == "postgres" and config.state.postgres.leader_election.enabled
+    assert config.state.postgres.dsn is not None and "password" not in config.state.postgres.dsn
+
+
+@pytest.mark.parametrize(
+    ("state", "error"),
+    [
+        ({"kind": "postgres"}, "give postgres.dsn"),
+        ({"kind": "postgres", "path": "/x.db", "postgres": {"dsn": "host=x"}}, "path"),
+        ({"postgres": {"dsn": "host=x"}}, "set kind: postgres"),
+        ({"kind": "postgres", "postgres": {"dsn": "host=x", "dsn_env": "X"}}, "only one of dsn"),
+        ({"kind": "postgres", "postgres": {"dsn": "host=x", "bogus": 1}}, "bogus"),
+        ({"kind": "mysql"}, "kind"),
+        (
+            {
+                "kind": "postgres",
+                "postgres": {"dsn": "h", "leader_election": {"enabled": True, "lease_duration_s": 1}},
+            },
+            "retry_period_s < renew_deadline_s < lease_duration_s",
+        ),
+    ],
+)
+def test_the_state_section_is_strict(tmp_path: Path, state: dict[str, object], error: str) -> None:
+    path = tmp_path / "engine.yaml"
+    path.write_text(yaml.safe_dump({"state": state}))
+    with pytest.raises(ConfigError, match=re.escape(error)) as bad:
+        load_config(EngineConfig, path)
+    assert str(path) in str(bad.value)
+
+
+def test_kubernetes_lease_and_a_shared_store_are_refused_together(tmp_path: Path) -> None:
+    path = tmp_path / "engine.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "state": {"kind": "postgres", "postgres": {"dsn": "host=x"}},
+                "kubernetes": {"leader_election": {"enabled": True}},
+            }
+        )
+    )
+    with pytest.raises(ConfigError, match="database lease"):
+        load_config(EngineConfig, path)
+
+
+def test_secrets_come_from_the_environment_or_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pw").write_text("s3cret\n")
+    monkeypatch.setenv("PG_DSN", "host=db dbname=watchd")
+    pg = PostgresConfig(dsn_env="PG_DSN", password_file=tmp_path / "pw")
+    assert pg.resolve() == ("host=db dbname=watchd", "s3cret")
+    with pytest.raises(ConfigError, match=r"state\.postgres\.password_file: cannot read"):
+        PostgresConfig(dsn="host=x", password_file=tmp_path / "missing").resolve()
+    with pytest.raises(ConfigError, match=r"state\.postgres\.dsn_env: environment variable NOPE is not set"):
+        PostgresConfig(dsn_env="NOPE").resolve()
