@@ -65,6 +65,9 @@ class FakeLeadership:
         self.waits.append(timeout)
         return self.leads
 
+    async def confirm(self) -> bool:
+        return self.leads
+
 
 def decision(*actions: PlannedAction, rate_limit: RateLimit | None = None) -> Decision:
     return Decision(

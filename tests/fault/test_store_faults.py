@@ -190,7 +190,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 def _fill(mnt: Path) -> Path:
     filler = mnt / "filler"
-    with open(filler, "wb") as f, contextlib.suppress(OSError):
+    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
         while True:
             f.write(b"\0" * 65536)
             f.flush()

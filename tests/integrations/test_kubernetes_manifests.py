@@ -65,7 +65,9 @@ def test_kinds_and_wiring() -> None:
 
     maps = {m["metadata"]["name"]: m["data"] for m in by_kind("ConfigMap")}
     engine = parse_config(EngineConfig, yaml.safe_load(maps["watchd-engine-config"]["engine.yaml"]), "engine")
-    assert engine.kubernetes.enabled and engine.kubernetes.leader_election.enabled
+    assert (
+        engine.kubernetes.enabled and engine.state.postgres.leader_election.enabled
+    )  # issue 22: shared state
     agent = parse_config(AgentConfig, yaml.safe_load(maps["watchd-agent-config"]["agent.yaml"]), "agent")
     # the heartbeat socket lives in the host folder the DaemonSet shares with training pods
     assert agent.heartbeat.socket is not None

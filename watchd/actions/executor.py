@@ -32,7 +32,7 @@ from watchd.actions.gates import Safety
 from watchd.actions.handlers import handler_for
 from watchd.actions.handlers.resume import HANDLER as RESUME
 from watchd.actions.held import HeldActions, Hold
-from watchd.actions.leader_gate import LeaderGate
+from watchd.actions.leader_gate import GatedScheduler, LeaderGate
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.actions.pools import Pools
 from watchd.actions.recovery import Recovery, intent_params
@@ -81,17 +81,22 @@ class ActionExecutor:
         feedback: Callable[[Event], None] | None = None,
         generator_url: str = "",
         leadership: Leadership | None = None,
+        recover_at_start: bool = True,
     ) -> None:
         self.mode: Mode = mode
+        #: False with a shared store and an elected leader: recovery waits for :meth:`take_over`
+        self.recover_at_start = recover_at_start
         self.store = store or Store.open(":memory:")
         self._clock = clock
         self._metrics = metrics
+        self.leader_gate = leader = LeaderGate(leadership)
+        # every change to the cluster is asked through the gate right before the call (issue 22: fencing)
+        scheduler = GatedScheduler(scheduler, leader) if scheduler is not None else None
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
         self._deciding: set[asyncio.Future[None]] = set()  # of the decisions submitted, not yet recorded
         self._batcher = DrainBatcher(scheduler) if scheduler is not None else None
         self._safety = Safety(self.store, limits or BreakerLimits(), pools or Pools())
-        self.leader_gate = leader = LeaderGate(leadership)
         trail = AuditTrail(audit, self.store)
         self.alerts = AlertKeeper(
             alerts, self.store, clock, leader, self._spawn, lambda: self.limits.window_s
@@ -134,9 +139,17 @@ class ActionExecutor:
     async def __aenter__(self) -> ActionExecutor:
         if self._batcher is not None:
             self._batcher.start()
+        if self.recover_at_start:
+            self._recovery.start()
+            await self.alerts.refire()
+        return self
+
+    async def take_over(self) -> None:
+        """This engine was just elected over a shared store (issue 22): what the previous leader left (its
+        unfinished actions, the audit records and requeues a crash kept from following, the alerts it had
+        firing) is now this one's to finish, as after a restart."""
         self._recovery.start()
         await self.alerts.refire()
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.drain_in_flight(timeout=10.0)

@@ -70,6 +70,8 @@ class Recovery:
         self._audit_unaudited()
         self._requeue_missed()
         for intent in self._store.intents.unfinished():
+            if self._store.intents.in_flight(intent.key):
+                continue  # driven here already (leadership lost and regained): never twice
             _log.warning(
                 "redriving_unfinished_action", key=intent.key, rule=intent.rule, decided_at=intent.decided_at
             )

@@ -63,6 +63,16 @@ INLINE_PROBE_S = 0.25
 
 
 def open_store(config: EngineConfig) -> Store:
+    if config.state.kind == "postgres":  # issue 22: shared by the engines of an HA pair
+        pg = config.state.postgres
+        dsn, password = pg.resolve()
+        return Store.open_postgres(
+            dsn,
+            password,
+            lock_timeout_s=pg.lock_timeout_s,
+            statement_timeout_s=pg.statement_timeout_s,
+            connect_timeout_s=pg.connect_timeout_s,
+        )
     path = config.state.path
     if path is None:
         _log.warning(
@@ -142,6 +152,9 @@ class Engine:
         self._ack_waiters: set[asyncio.Future[Any]] = set()
         self.checks: CheckService | None = None  # issue 21: active checks (watchd.engine.checks_api)
         self._auto_validate = frozenset(config.checks.auto_validate) if config.checks.enabled else frozenset()
+        self._fenced = False  # a shared store whose writes the elected leader's token fences (issue 22)
+        self._executor_ready = asyncio.Event()
+        self._takeovers: set[asyncio.Task[None]] = set()
 
     # ---------------------------------------------------------------------------------------- rules
 
@@ -185,6 +198,8 @@ class Engine:
             _log.info("rule_state_restored", rules=len(restored), skipped=len(skipped))
 
     async def _save_rule_state(self) -> None:
+        if self.following() is not None:
+            return  # the leader's snapshot is the one that counts
         started = self.clock.monotonic()
         if started < self._next_rule_save:
             return
@@ -202,6 +217,8 @@ class Engine:
         self._next_rule_save = started + 10 * (self.clock.monotonic() - started)
 
     def _save_rule_state_now(self) -> None:
+        if self.following() is not None:
+            return
         try:
             self.store.rule_state.save(_encode_snapshot(self.evaluator.snapshot()), self.clock.now())
         except Exception:  # shutdown goes on: the last periodic snapshot is what the next start gets
@@ -267,6 +284,33 @@ class Engine:
             return True, "ok"
         return False, f"state database unwritable: {store.health.reason}"
 
+    def following(self) -> str | None:
+        """Why this engine may not decide now: it follows over a shared store (its writes are fenced)."""
+        elector = self._elector
+        if self._fenced and elector is not None and not elector.is_leader:
+            return f"follower (leader: {elector.holder or 'none yet'})"
+        return None
+
+    def _leadership_changed(self, leading: bool) -> None:
+        if leading:
+            task = asyncio.create_task(self._took_over(), name="take-over")
+            self._takeovers.add(task)  # referenced until done (the loop keeps only weak references)
+            task.add_done_callback(self._takeovers.discard)
+
+    async def _took_over(self) -> None:
+        """Elected over a shared store (issue 22): what the rules remembered at the previous leader's last
+        snapshot, then its unfinished actions and firing alerts (the executor's recovery)."""
+        await self._executor_ready.wait()
+        try:
+            saved = self.store.rule_state.load()
+        except StoreError as exc:
+            _log.error("rule_state_not_loaded", error=str(exc))
+            saved = {}
+        self._rule_state_saved = bool(saved)
+        self._restore_rule_state(saved)
+        _log.info("took_over", rules_restored=len(saved))
+        await self.executor.take_over()
+
     def _leading(self) -> tuple[bool, str]:
         elector = self._elector
         if elector is None:
@@ -279,7 +323,7 @@ class Engine:
 
     def store_failures(self) -> int:
         """Failed writes of the state database so far: ingest compares it before and after a batch."""
-        return self.store.health.failures
+        return self.store.health.failures + self.store.health.fenced  # fenced: not recorded either
 
     def writable(self) -> bool:
         """Whether decisions can be recorded now: an unwritable store is probed again (one small write, at
@@ -390,6 +434,13 @@ class Engine:
             self.scheduler = build_scheduler(config)
         if self._elector is not None:
             self.leadership = self._elector
+            if self.store.shared:  # issue 22: the database lease's token fences every write
+                from watchd.integrations.dblease import DatabaseLease
+
+                if isinstance(self._elector, DatabaseLease):
+                    self.store.connection.fence = self._elector
+                    self._elector.on_change = self._leadership_changed
+                    self._fenced = True
         aclose = getattr(self.scheduler, "aclose", None)
         if aclose is not None:
             stack.push_async_callback(aclose)  # runs late: after the executor and processor stopped
@@ -425,6 +476,7 @@ class Engine:
             feedback=self._feed_back,
             generator_url=config.external_url.rstrip("/"),
             leadership=self.leadership,
+            recover_at_start=not self._fenced,
         )
         self.status_model = EngineStatus(
             clock=self.clock,
@@ -473,8 +525,11 @@ class Engine:
         if self._elector is not None:
             self._elector.start()  # campaigns from now on; stopped (the Lease handed over) after the executor
             stack.push_async_callback(self._elector.stop)
+            if self._fenced:
+                stack.callback(self._save_rule_state_now)  # the last snapshot, while still the leader
         await self._refresh_pools()
         await stack.enter_async_context(self.executor)
+        self._executor_ready.set()
         self._processor = asyncio.create_task(self._process(), name="engine-processor")
         periodic = self.periodic
         periodic.every(safety.pools_refresh_s, self._refresh_pools, "pools")
@@ -549,6 +604,9 @@ class Engine:
             self._processor.cancel()
             await asyncio.gather(self._processor, return_exceptions=True)
             self._processor = None
+        for task in list(self._takeovers):
+            task.cancel()
+        await asyncio.gather(*self._takeovers, return_exceptions=True)
 
     async def _refresh_pools(self) -> None:
         if self.scheduler is None:
@@ -559,6 +617,8 @@ class Engine:
             _log.warning("pools_unavailable", error=str(exc))
 
     async def _prune(self) -> None:
+        if self.following() is not None:
+            return  # the leader prunes the shared store
         now = self.clock.now()
         self.store.audit.prune(now - self.config.state.audit_retention_days * 86400)
         self.store.breaker.prune(now - max(self.config.safety.window_s, 86400.0))

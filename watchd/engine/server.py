@@ -79,6 +79,11 @@ class EngineApi(Protocol):
         """Whether decisions can be recorded now (an unwritable store is probed again, bounded)."""
         ...
 
+    def following(self) -> str | None:
+        """Why this engine may not decide now (a follower of a shared store: the leader's token fences its
+        writes), or None."""
+        ...
+
     def store_failures(self) -> int:
         """Failed writes of the state database so far."""
         ...
@@ -185,6 +190,8 @@ def make_app(
                 metrics,
                 "too_large",
             )
+        if (following := engine.following()) is not None:  # a shared store's follower: it may not decide
+            return _reject(503, f"{following}; retry later", metrics, "not_leader")
         if not engine.writable():  # decisions could not be recorded: the agent keeps the batch
             return _reject(503, f"{engine.health()[1]}; retry later", metrics, "unwritable")
         failures = engine.store_failures()

@@ -1,5 +1,10 @@
 """Leadership: whether this engine may act now. The action pipeline asks it before every side effect
-(scheduler calls, alerts, webhooks); reads (node states, pools, jobs) never wait for it."""
+(scheduler calls, alerts, webhooks); reads (node states, pools, jobs) never wait for it.
+
+Two elections implement it besides the lone engine's :class:`AlwaysLeader`: the Kubernetes Lease
+(:mod:`watchd.integrations.kubernetes.lease`) and, for engines sharing a PostgreSQL store, the database lease
+(:mod:`watchd.integrations.dblease`), whose fencing token every write and every side effect checks
+(:meth:`Leadership.confirm`)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,12 @@ class Leadership(Protocol):
         """True once this engine leads (at once when it does), False when ``timeout`` passed first."""
         ...
 
+    async def confirm(self) -> bool:
+        """Right before a side effect: whether this engine still leads *now*, asked of the authority (the
+        database lease: this engine's fencing token is still the lease's, and the lease is not about to
+        expire), not of what it believed at its last renewal. Never waits for leadership."""
+        ...
+
 
 class AlwaysLeader:
     """A lone engine: it always leads."""
@@ -24,4 +35,7 @@ class AlwaysLeader:
     takeover_wait_s = 0.0
 
     async def wait_leader(self, timeout: float) -> bool:
+        return True
+
+    async def confirm(self) -> bool:
         return True

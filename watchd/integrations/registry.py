@@ -67,8 +67,25 @@ def build_scheduler(config: EngineConfig) -> Scheduler | None:
 
 
 def build_leadership(config: EngineConfig) -> ElectedLeadership | None:
-    """The Lease elector when engine replicas elect a leader (``kubernetes.leader_election``); None for a lone
-    engine (it always leads)."""
+    """The elector when engine replicas elect a leader: the database lease with a shared PostgreSQL store
+    (``state.postgres.leader_election``, issue 22), the Kubernetes Lease (``kubernetes.leader_election``);
+    None for a lone engine (it always leads)."""
+    pg = config.state.postgres
+    if config.state.kind == "postgres" and pg.leader_election.enabled:
+        from watchd.integrations.dblease import lease_from_settings
+
+        dsn, password = pg.resolve()
+        le = pg.leader_election
+        return lease_from_settings(
+            dsn,
+            password,
+            name=le.lease_name,
+            identity=le.identity,
+            lease_duration_s=le.lease_duration_s,
+            renew_deadline_s=le.renew_deadline_s,
+            retry_period_s=le.retry_period_s,
+            connect_timeout_s=pg.connect_timeout_s,
+        )
     if not config.kubernetes.leader_election.enabled:
         return None
     from watchd.integrations.kubernetes.lease import elector_from_settings

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 
 from watchd.actions.audit import AuditRecord
-from watchd.store.connection import Connection, dump, text
+from watchd.store.connection import Connection, Row, dump, text
 
 _COLS = "time, rule, event_id, node, action, mode, outcome, detail, duration_s, params"
 
@@ -54,7 +53,7 @@ class AuditLog:
         return self._db.delete("pruning the audit trail", "DELETE FROM audit WHERE time < ?", (older_than,))
 
 
-def _record(row: sqlite3.Row) -> AuditRecord:
+def _record(row: Row) -> AuditRecord:
     return AuditRecord(
         time=row["time"],
         rule=row["rule"],

@@ -48,7 +48,8 @@ from watchd.store.alerts import FiringAlerts
 from watchd.store.audit import AuditLog
 from watchd.store.breaker import BreakerWindow
 from watchd.store.checks import CheckRuns
-from watchd.store.connection import Connection, StoreError
+from watchd.store.connection import Connection, SqliteDriver, StoreError
+from watchd.store.dialect import POSTGRES, identity_tables
 from watchd.store.held import HeldActions
 from watchd.store.intents import Intents
 from watchd.store.meta import Meta
@@ -68,14 +69,18 @@ class StoreHealth:
     reason: str = ""
     failures: int = 0  # failed writes since the open
     last_error: str = ""  # the last failed write's error, kept after writes resume
+    fenced: int = 0  # writes refused by the fence since the open (a follower's, a deposed leader's)
 
 
 class Store:
-    """The state database. Open with :meth:`open`; one instance per thread (sqlite3's rule)."""
+    """The state database. Open with :meth:`open` (SQLite) or :meth:`open_postgres`; one instance per thread
+    (sqlite3's rule)."""
 
-    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
-        self._db = Connection(conn, path)
-        self.path = path
+    def __init__(self, db: Connection) -> None:
+        self._db = db
+        self.path = db.path
+        #: the dialect: "sqlite" (embedded, one engine) or "postgres" (shared by the engines of an HA pair)
+        self.dialect = db.dialect
         self.audit = AuditLog(self._db)
         self.intents = Intents(self._db)
         self.held = HeldActions(self._db)
@@ -90,12 +95,25 @@ class Store:
         self._db.on_error = self._failed
         self._db.on_write = self._wrote
 
+    @property
+    def shared(self) -> bool:
+        """Whether other engines may use this database too (a server, not an embedded file)."""
+        return self.dialect == POSTGRES
+
+    @property
+    def connection(self) -> Connection:
+        """The one connection (the leader election fences its writes: :attr:`Connection.fence`)."""
+        return self._db
+
     def on_error(self, listener: Callable[[str, StoreError], None]) -> None:
-        """Call ``listener(operation, error)`` on every failure (``operation``: write or read)."""
+        """Call ``listener(operation, error)`` on every failure (``operation``: write, read or fenced)."""
         self._listeners.append(listener)
 
     def _failed(self, operation: str, error: StoreError) -> None:
-        if operation != "read":
+        if operation == "fenced":  # not the leader: the decision is not recorded, the database is fine
+            self.health.fenced += 1
+            self.health.last_error = str(error)
+        elif operation != "read":
             self.health.failures += 1
             self.health.writable = False
             self.health.reason = self.health.last_error = str(error)
@@ -109,11 +127,33 @@ class Store:
 
     def probe(self, now: float) -> bool:
         """Write one row (the time of the probe in ``meta``): whether the database takes writes now. Updates
-        :attr:`health` either way; never raises."""
+        :attr:`health` either way; never raises. On a shared database the row is written and rolled back (the
+        server took the write; nothing of a follower's is left in the leader's state)."""
+        if self.shared:
+            return self._probe_rolled_back()
         try:
             self.meta.set(PROBE_KEY, repr(now))
         except StoreError:
             return False
+        return True
+
+    def _probe_rolled_back(self) -> bool:
+        driver = self._db.live()
+        errors: tuple[type[Exception], ...] = (*driver.errors, ValueError)
+        try:
+            driver.begin()
+            try:
+                driver.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, '')"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (PROBE_KEY,),
+                )
+            finally:
+                driver.rollback()
+        except errors as exc:
+            self._db.error("probing writes", exc)
+            return False
+        self._wrote()
         return True
 
     @classmethod
@@ -128,7 +168,7 @@ class Store:
         except sqlite3.Error as exc:
             raise StoreError(f"{name}: cannot open the state database: {exc}") from None
         conn.row_factory = sqlite3.Row
-        store = cls(conn, name)
+        store = cls(Connection(SqliteDriver(conn), name))
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
@@ -142,6 +182,41 @@ class Store:
         except StoreError:
             conn.close()
             raise
+        return store
+
+    @classmethod
+    def open_postgres(
+        cls,
+        conninfo: str,
+        password: str | None = None,
+        *,
+        lock_timeout_s: float = 1.0,
+        statement_timeout_s: float = 5.0,
+        connect_timeout_s: float = 5.0,
+    ) -> Store:
+        """Connect to (and migrate) the PostgreSQL database ``conninfo`` (a libpq connection string or URI,
+        its password given apart). Raises StoreError naming the database (never the password) when it cannot
+        be reached, authenticated, written, or was written by a newer watchd."""
+        from watchd.store.postgres import PgDriver
+
+        driver = PgDriver.connect(
+            conninfo,
+            password,
+            identity=identity_tables(MIGRATIONS),
+            lock_timeout_s=lock_timeout_s,
+            statement_timeout_s=statement_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+        )
+        store = cls(Connection(driver, driver.name))
+        try:
+            store._migrate()
+            store._write_probe()
+        except StoreError:
+            store.close()
+            raise
+        except driver.errors as exc:
+            store.close()
+            raise StoreError(f"{driver.name}: cannot open the state database: {exc}") from None
         return store
 
     def close(self) -> None:
@@ -159,44 +234,47 @@ class Store:
         return int(row[0]) if row is not None and row[0] is not None else 0
 
     def check(self) -> None:
-        """Run SQLite's full integrity check (reads the whole file); raises StoreError listing problems."""
+        """Run SQLite's full integrity check (reads the whole file); raises StoreError listing problems. On
+        PostgreSQL the server keeps its own integrity (checksums, WAL): this checks the schema is current."""
+        if self.shared:
+            if self.schema_version() != SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: the schema is not at version {SCHEMA_VERSION}")
+            return
         rows = self._db.all("checking integrity", "PRAGMA integrity_check")
         problems = [str(r[0]) for r in rows]
         if problems != ["ok"]:
             raise StoreError(f"{self.path}: the state database is corrupt: {'; '.join(problems[:5])}")
 
     def _write_probe(self) -> None:
-        """Refuse a database this process cannot write (a 0444 file, a read-only mount): every decision
-        would fail to be recorded. One committed write, as every decision makes."""
-        conn = self._db.live()
+        """Refuse a database this process cannot write (a 0444 file, a read-only mount, a standby server):
+        every decision would fail to be recorded. One committed write, as every decision makes."""
+        driver = self._db.live()
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            driver.begin()
             try:
-                conn.execute(
+                driver.execute(
                     "INSERT INTO meta (key, value) VALUES (?, '') ON CONFLICT (key) DO NOTHING", (PROBE_KEY,)
                 )
-                conn.execute("UPDATE meta SET value = value WHERE key = ?", (PROBE_KEY,))
-                conn.execute("COMMIT")
+                driver.execute("UPDATE meta SET value = value WHERE key = ?", (PROBE_KEY,))
+                driver.commit()
             except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                driver.rollback()
                 raise
-        except sqlite3.Error as exc:
+        except driver.errors as exc:
             raise StoreError(f"{self.path}: the state database cannot be written: {exc}") from None
 
     def _migrate(self) -> None:
-        conn = self._db.live()
-        conn.execute("BEGIN IMMEDIATE")  # one migrator at a time, across processes
+        driver = self._db.live()
+        driver.begin()  # one migrator at a time, across processes
         try:
-            tables = {
-                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-            }
+            driver.lock_migrations()
+            tables = driver.tables()
             if tables and "schema_version" not in tables:
                 raise StoreError(
                     f"{self.path}: not a watchd state database (it holds tables {sorted(tables)[:5]})"
                 )
-            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY)")
-            row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+            driver.ddl("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY)")
+            row = driver.execute("SELECT MAX(version) FROM schema_version").fetchone()
             current = int(row[0]) if row[0] is not None else 0
             if current > SCHEMA_VERSION:
                 raise StoreError(
@@ -205,10 +283,9 @@ class Store:
                 )
             for version in range(current + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[version - 1]:
-                    conn.execute(statement)
-                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
-            conn.execute("COMMIT")
+                    driver.ddl(statement)
+                driver.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+            driver.commit()
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            driver.rollback()
             raise

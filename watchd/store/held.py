@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from watchd.model.events import Scalar
-from watchd.store.connection import Connection, dump
+from watchd.store.connection import Connection, Row, dump
 
 HeldStatus = Literal["held", "released", "discarded"]
 
@@ -129,7 +128,7 @@ class HeldActions:
             return _held(row)
 
 
-def _held(row: sqlite3.Row) -> HeldAction:
+def _held(row: Row) -> HeldAction:
     return HeldAction(
         id=row["id"],
         rule=row["rule"],

@@ -13,12 +13,11 @@ recovery adopts it; another connection) still holds its key."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from watchd.model.events import Scalar
-from watchd.store.connection import Connection, StoreError, Tx, dump, text
+from watchd.store.connection import Connection, Row, StoreError, Tx, dump, text
 
 #: the outcome given to a stale unfinished intent when a new decision under its key replaces it
 ABANDONED = "abandoned"
@@ -237,7 +236,7 @@ def _set_cooldown(conn: Tx, key: str, until: float) -> None:
     )
 
 
-def _intent(row: sqlite3.Row) -> Intent:
+def _intent(row: Row) -> Intent:
     return Intent(
         id=row["id"],
         key=row["key"],

@@ -44,8 +44,10 @@ class ReliabilityRecord:
         """Insert each interval, or extend the end of the one with the same (node, start)."""
         with self._db.write("saving service intervals") as conn:
             conn.executemany(
-                "INSERT INTO service_intervals (node, start, end) VALUES (?, ?, ?)"
-                " ON CONFLICT (node, start) DO UPDATE SET end = MAX(end, excluded.end)",
+                "INSERT INTO service_intervals (node, started_at, ended_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (node, started_at) DO UPDATE SET ended_at = CASE"
+                " WHEN excluded.ended_at > service_intervals.ended_at THEN excluded.ended_at"
+                " ELSE service_intervals.ended_at END",
                 rows,
             )
 
@@ -81,7 +83,7 @@ class ReliabilityRecord:
     def intervals(self, since: float) -> list[IntervalRow]:
         rows = self._db.all(
             "reading service intervals",
-            "SELECT node, start, end FROM service_intervals WHERE end >= ?",
+            "SELECT node, started_at, ended_at FROM service_intervals WHERE ended_at >= ?",
             (since,),
         )
         return [IntervalRow(r[0], r[1], r[2]) for r in rows]
@@ -104,5 +106,5 @@ class ReliabilityRecord:
     def prune(self, older_than: float) -> int:
         """Forget intervals that ended, and failures that happened, before ``older_than``."""
         with self._db.write("pruning reliability records") as conn:
-            n = conn.execute("DELETE FROM service_intervals WHERE end < ?", (older_than,)).rowcount
+            n = conn.execute("DELETE FROM service_intervals WHERE ended_at < ?", (older_than,)).rowcount
             return n + conn.execute("DELETE FROM failures WHERE time < ?", (older_than,)).rowcount

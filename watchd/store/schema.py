@@ -126,11 +126,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # issue 17 (reliability accounting): node-hours in service, failures, what is known of each node
         """CREATE TABLE service_intervals (
             node TEXT NOT NULL,
-            start REAL NOT NULL,
-            end REAL NOT NULL,
-            PRIMARY KEY (node, start)
+            started_at REAL NOT NULL,
+            ended_at REAL NOT NULL,
+            PRIMARY KEY (node, started_at)
         ) WITHOUT ROWID""",
-        "CREATE INDEX service_intervals_end ON service_intervals (end)",
+        "CREATE INDEX service_intervals_end ON service_intervals (ended_at)",
         """CREATE TABLE failures (
             id INTEGER PRIMARY KEY,
             time REAL NOT NULL,
@@ -150,6 +150,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             gpus INTEGER NOT NULL DEFAULT 0,
             partitions TEXT NOT NULL DEFAULT '',
             out_since REAL
+        ) WITHOUT ROWID""",
+    ),
+    (  # issue 22 (HA): the database lease of the elected engine; its token fences every write
+        """CREATE TABLE leader_lease (
+            name TEXT PRIMARY KEY,
+            holder TEXT NOT NULL DEFAULT '',
+            token INTEGER NOT NULL DEFAULT 0,
+            acquired_at REAL NOT NULL DEFAULT 0,
+            expires_at REAL NOT NULL DEFAULT 0
         ) WITHOUT ROWID""",
     ),
 )

@@ -100,6 +100,11 @@ class LeaseElector:
             await asyncio.wait_for(self._leading.wait(), timeout)
         return self.is_leader
 
+    async def confirm(self) -> bool:
+        """Whether this replica led at its last renewal (the Lease cannot fence the store's writes: with a
+        shared PostgreSQL store the engines elect through the database lease)."""
+        return self.is_leader
+
     async def _run(self) -> None:
         while True:
             ok = await self.try_acquire_or_renew()
