@@ -98,8 +98,12 @@ def agent_config(node: str, engine_port: int, token_file: Path, log_file: Path) 
         "node": node,
         "engine": {"url": f"http://127.0.0.1:{engine_port}", "auth": {"token_file": str(token_file)}},
         "listen": {"host": "127.0.0.1", "port": free_port()},
-        "sources": {"kmsg": {"enabled": False}, "files": [{"path": str(log_file)}]},
-        "heartbeat": {"socket": None, "http_port": free_port()},  # hermetic: not /run/watchd, not 9123
+        "sources": {"kmsg": {"enabled": False}, "files": [{"path": str(log_file), "trust": "any-writer"}]},
+        "heartbeat": {
+            "socket": None,
+            "http_port": free_port(),
+            "token_secret": {"token": "node-secret"},
+        },  # hermetic: not /run/watchd, not 9123
         "shipper": {"backoff_initial_s": 0.05, "backoff_max_s": 1},
         "log": {"format": "json"},
     }

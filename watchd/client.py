@@ -9,7 +9,9 @@ It never raises into the training loop and never blocks it: a report is put in a
 (the oldest is dropped when full, and counted) that a daemon thread sends, at most one request every
 ``send_interval`` seconds (0.5) carrying all that queued meanwhile, to the agent's Unix socket
 (``WATCHD_HEARTBEAT_SOCKET``, default ``/run/watchd/heartbeat.sock``) or, when there is none, to
-``127.0.0.1:WATCHD_HEARTBEAT_PORT`` (default 9123). No agent: reports are dropped, quietly, and the thread
+``127.0.0.1:WATCHD_HEARTBEAT_PORT`` (default 9123; off unless the agent opens it) with the job's token
+``WATCHD_HEARTBEAT_TOKEN`` (docs/security.md: the agent counts only reports that come from the job they name).
+No agent: reports are dropped, quietly, and the thread
 tries again later. At interpreter exit a ``done`` report says the rank finished (not hung).
 See docs/heartbeats.md.
 """
@@ -93,6 +95,7 @@ class Heartbeat:
         timeout: float = 0.5,
         send_interval: float = 0.5,
         report_done_at_exit: bool = True,
+        token: str | None = None,
     ) -> None:
         self.job = job if job is not None else _env_job()
         self.rank = rank if rank is not None else (_env_int(_RANK_VARS) or 0)
@@ -102,6 +105,8 @@ class Heartbeat:
         env_port = os.environ.get("WATCHD_HEARTBEAT_PORT", "")
         self.port = port if port is not None else (int(env_port) if env_port.isdigit() else DEFAULT_PORT)
         self.timeout = timeout
+        #: the job's heartbeat token (loopback HTTP only; on the socket the kernel says who we are)
+        self.token = token if token is not None else (os.environ.get("WATCHD_HEARTBEAT_TOKEN") or None)
         #: at most one request per this many seconds, carrying every report queued meanwhile
         self.send_interval = max(0.0, send_interval)
         #: reports dropped: queue full (the oldest go) or the agent unreachable
@@ -246,7 +251,10 @@ class Heartbeat:
     def _post(self, conn: http.client.HTTPConnection, batch: list[dict[str, Any]]) -> None:
         body = json.dumps(batch, separators=(",", ":")).encode()
         self.requests += 1
-        conn.request("POST", PATH, body=body, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.token and not isinstance(conn, _UnixHTTPConnection):
+            headers["Authorization"] = f"Bearer {self.token}"
+        conn.request("POST", PATH, body=body, headers=headers)
         resp = conn.getresponse()
         resp.read()
         if resp.status >= 500:

@@ -26,6 +26,9 @@ class LogLine:
     time: float  # when it was observed (the kernel's timestamp where the source has one)
     key: str  # identifies the line at its source, stable across re-reads: the base of the event id
     seq: int | None = None  # the kmsg record's sequence number
+    #: the kernel wrote it (kmsg facility 0, journald _TRANSPORT=kernel), or the source is trusted by config
+    #: (a file with ``trust: any-writer``); an untrusted line is never Xid evidence (docs/security.md)
+    trusted: bool = True
 
 
 class LogSource(Protocol):

@@ -2,7 +2,8 @@
 here): each entry builds the sources its part of the ``sources:`` config asks for, none when it asks for none.
 
     kmsg   /dev/kmsg (``sources.kmsg``, unless ``enabled: false``)
-    files  one followed file per ``sources.files`` entry
+    files  one followed file per ``sources.files`` entry (untrusted unless ``trust: any-writer``)
+    journald  the journal's kernel lines (``sources.journald``, when ``enabled``)
     fake   the kernel log a fake GPU writes its driver lines to (``sources.gpu.backend: fake``)
 """
 
@@ -15,6 +16,7 @@ from watchd.config import SourcesConfig
 from watchd.errors import ConfigError
 from watchd.sources.base import FakeLogSource, LogSource
 from watchd.sources.filefollow import FileFollowSource
+from watchd.sources.journald import JournaldSource
 from watchd.sources.kmsg import KmsgSource
 
 
@@ -37,14 +39,23 @@ def _kmsg(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
 
 
 def _files(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
-    return [FileFollowSource(f.path, f.poll_interval_s) for f in config.files]
+    return [
+        FileFollowSource(f.path, f.poll_interval_s, trusted=f.trust == "any-writer") for f in config.files
+    ]
+
+
+def _journald(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
+    j = config.journald
+    return (
+        [JournaldSource(j.journalctl, cursor_file=j.cursor_file, directory=j.directory)] if j.enabled else []
+    )
 
 
 def _fake(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
     return [context.fake_kernel_log] if config.gpu.backend == "fake" else []
 
 
-SOURCES: dict[str, SourceFactory] = {"kmsg": _kmsg, "files": _files, "fake": _fake}
+SOURCES: dict[str, SourceFactory] = {"kmsg": _kmsg, "files": _files, "fake": _fake, "journald": _journald}
 
 
 def sources_from_config(
