@@ -27,7 +27,7 @@ SCENARIO = Path(__file__).parent.parent / "gpu_scenarios" / "healthy_training.ya
 
 
 def test_the_source_registry_has_kmsg_files_and_the_fake_kernel_log() -> None:
-    assert sorted(SOURCES) == ["fake", "files", "kmsg"]
+    assert sorted(SOURCES) == ["fake", "files", "journald", "kmsg"]
 
 
 def test_default_sources_are_kmsg_alone() -> None:
@@ -66,9 +66,9 @@ def test_only_the_named_sources_are_built() -> None:
 
 def test_an_unknown_source_name_is_a_config_error_naming_the_key() -> None:
     with pytest.raises(
-        ConfigError, match=r"^sources: no source named 'journald' \(known: fake, files, kmsg\)"
+        ConfigError, match=r"^sources: no source named 'syslog' \(known: fake, files, journald, kmsg\)"
     ):
-        sources_from_config(SourcesConfig(), SourceContext(), names=["kmsg", "journald"])
+        sources_from_config(SourcesConfig(), SourceContext(), names=["kmsg", "syslog"])
 
 
 # --------------------------------------------------------------------------- GPU backends

@@ -120,7 +120,7 @@ def _operator(request: web.Request) -> str:
     name (``X-Watchd-Operator`` is then ignored), else what the header says (docs/security.md)."""
     principal = request.get(PRINCIPAL)
     if principal is not None and principal.bound:
-        return principal.name
+        return str(principal.name)
     by = request.headers.get("X-Watchd-Operator", "api")[:100]
     return by.encode("utf-8", "replace").decode("utf-8")
 
