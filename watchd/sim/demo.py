@@ -94,7 +94,9 @@ async def run_demo(nodes: int, out: TextIO) -> int:
     async with AsyncExitStack() as stack:
         engine = await stack.enter_async_context(Engine(engine_config, use_config_scheduler=False))
         url = f"http://127.0.0.1:{engine.port}"
-        session = await stack.enter_async_context(aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}))
+        session = await stack.enter_async_context(
+            aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"})
+        )
         say(
             f"watchd demo: engine on {url} in dry-run mode with the default rules ({len(engine.rules.names)})"
         )
