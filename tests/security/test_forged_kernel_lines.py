@@ -173,7 +173,9 @@ async def test_journald_reads_only_what_the_kernel_wrote(tmp_path: Path) -> None
         ]
     )  # fmt: skip
     journal = tmp_path / "system.journal"
-    subprocess.run([remote, "-o", str(journal), "-"], input=export, check=True, capture_output=True)
+    await asyncio.to_thread(
+        subprocess.run, [remote, "-o", str(journal), "-"], input=export, check=True, capture_output=True
+    )
     cursor = tmp_path / "cursor"
     source = JournaldSource(files=[journal], cursor_file=cursor, from_start=True)
     lines: list[LogLine] = []

@@ -175,6 +175,7 @@ async def test_verify_off_is_the_old_behaviour(sock: Path, job_cgroup: tuple[Pat
     try:
         got = await asyncio.to_thread(report, sock, "slurm:777")
         assert got == {"status": 200, "body": {"accepted": 1}}
+        assert [e.attrs["job"] for e in events] == ["slurm:777"]
     finally:
         await server.stop()
 
