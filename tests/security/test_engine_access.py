@@ -69,7 +69,7 @@ async def test_reads_need_a_viewers_or_an_operators_token(engine: Engine) -> Non
         assert (await call(url, path, AGENT))[0] == 403  # the agents' token only ingests
         assert (await call(url, path, VIEWER))[0] == 200
         assert (await call(url, path, ALICE))[0] == 200
-    status, body = await call(url, "/api/v1/status")
+    _, body = await call(url, "/api/v1/status")
     assert "pid" not in str(body) and "mode" not in body  # nothing of it without a credential
 
 
@@ -123,7 +123,7 @@ def test_shared_and_role_tokens_must_differ_and_names_be_unique() -> None:
 
 
 def test_engine_url_must_be_http_or_https() -> None:
-    with pytest.raises(ValueError, match="engine.url"):
+    with pytest.raises(ValueError, match=r"engine\.url"):
         AgentConfig.model_validate({"engine": {"url": "ftp://x"}})
     with pytest.raises(ValueError, match="https"):
         AgentConfig.model_validate({"engine": {"url": "http://x:1", "ca_file": "/etc/ca.pem"}})
@@ -170,7 +170,8 @@ async def test_agent_to_engine_over_mutual_tls(certs: Certs) -> None:
             assert await shipper.wait_idle(5.0)
         finally:
             task.cancel()
-        await eventually(lambda: engine.metrics.events_received.labels("kmsg", "xid")._value.get() == 1)
+        received = engine.metrics.events_received.labels("kmsg", "xid")
+        await eventually(lambda: received._value.get() == 1, what="the event over mutual TLS")
         # no client certificate, or one from a CA the engine does not trust: the handshake fails
         for context in (client_context(certs), client_context(certs, certs.rogue_cert, certs.rogue_key)):
             with pytest.raises(aiohttp.ClientError):
@@ -187,7 +188,7 @@ async def test_operator_cli_reads_status_over_tls(certs: Certs, monkeypatch: pyt
         url = f"https://127.0.0.1:{engine.port}"
         monkeypatch.setenv("WATCHD_TOKEN", VIEWER)
         monkeypatch.delenv("WATCHD_CA_FILE", raising=False)
-        with pytest.raises(UsageError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+        with pytest.raises(UsageError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
             await asyncio.to_thread(run_status, url, True, io.StringIO())  # the system's CAs do not know it
         monkeypatch.setenv("WATCHD_CA_FILE", str(certs.ca))
         out = io.StringIO()
