@@ -5,6 +5,7 @@ certificates (mutual TLS as an option), for agents and for the operator's CLI.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import ssl
 from collections.abc import AsyncIterator
@@ -37,6 +38,7 @@ def auth(**kw: object) -> EngineAuth:
     )
 
 
+@contextlib.asynccontextmanager
 async def _engine(config: EngineConfig) -> AsyncIterator[Engine]:
     fake = FakeScheduler()
     fake.add_nodes(["gpu-1", "gpu-2"])
@@ -47,7 +49,7 @@ async def _engine(config: EngineConfig) -> AsyncIterator[Engine]:
 
 @pytest.fixture
 async def engine() -> AsyncIterator[Engine]:
-    async for e in _engine(EngineConfig(listen=Listen(port=0), auth=auth(), mode="enforce")):
+    async with _engine(EngineConfig(listen=Listen(port=0), auth=auth(), mode="enforce")) as e:
         yield e
 
 
@@ -81,7 +83,7 @@ async def test_metrics_and_health_are_open_by_default(engine: Engine) -> None:
 
 async def test_metrics_and_health_can_be_closed() -> None:
     config = EngineConfig(listen=Listen(port=0), auth=auth(open_metrics=False, open_health=False))
-    async for engine in _engine(config):
+    async with _engine(config) as engine:
         url = f"http://127.0.0.1:{engine.port}"
         for path in ("/metrics", "/healthz"):
             assert (await call(url, path))[0] == 401
@@ -151,7 +153,7 @@ def client_context(certs: Certs, cert: Path | None = None, key: Path | None = No
 
 
 async def test_agent_to_engine_over_mutual_tls(certs: Certs) -> None:
-    async for engine in _engine(tls_config(certs, mutual=True)):
+    async with _engine(tls_config(certs, mutual=True)) as engine:
         url = f"https://127.0.0.1:{engine.port}"
         agent = AgentConfig.model_validate(
             {
@@ -170,8 +172,7 @@ async def test_agent_to_engine_over_mutual_tls(certs: Certs) -> None:
             assert await shipper.wait_idle(5.0)
         finally:
             task.cancel()
-        received = engine.metrics.events_received.labels("kmsg", "xid")
-        await eventually(lambda: received._value.get() == 1, what="the event over mutual TLS")
+        await eventually(lambda: engine.metrics.events_received.labels("kmsg", "xid")._value.get() == 1)
         # no client certificate, or one from a CA the engine does not trust: the handshake fails
         for context in (client_context(certs), client_context(certs, certs.rogue_cert, certs.rogue_key)):
             with pytest.raises(aiohttp.ClientError):
@@ -184,7 +185,7 @@ async def test_agent_to_engine_over_mutual_tls(certs: Certs) -> None:
 
 
 async def test_operator_cli_reads_status_over_tls(certs: Certs, monkeypatch: pytest.MonkeyPatch) -> None:
-    async for engine in _engine(tls_config(certs, mutual=False)):
+    async with _engine(tls_config(certs, mutual=False)) as engine:
         url = f"https://127.0.0.1:{engine.port}"
         monkeypatch.setenv("WATCHD_TOKEN", VIEWER)
         monkeypatch.delenv("WATCHD_CA_FILE", raising=False)
