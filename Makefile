@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-DEBS   := slurmctld slurmd slurm-client munge prometheus-alertmanager prometheus
+DEBS   := slurmctld slurmd slurm-client munge prometheus-alertmanager prometheus systemd-journal-remote openssl util-linux
 DEBS   += postgresql  # issue 22: the shared state store for HA (tests start a private cluster)
 
 .PHONY: demo test lint typecheck unit rules-test deps venv bench clean

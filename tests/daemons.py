@@ -44,6 +44,13 @@ class Daemon:
             env={**os.environ, **(env or {})},
         )
         self.url = f"http://127.0.0.1:{self.port}"
+        # reads need a credential where the engine has one (issue 22): the shared token reads while no
+        # viewers or operators are configured
+        auth = config.get("auth") or {}
+        token = auth.get("token") or (
+            Path(auth["token_file"]).read_text().strip() if auth.get("token_file") else None
+        )
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
@@ -59,7 +66,8 @@ class Daemon:
         raise RuntimeError(f"watchd {self.kind} not ready in {timeout}s:\n{self.log()}")
 
     def get(self, path: str) -> str:
-        with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as r:
+        request = urllib.request.Request(f"{self.url}{path}", headers=self.headers)
+        with urllib.request.urlopen(request, timeout=5) as r:
             return str(r.read().decode())
 
     def get_json(self, path: str) -> Any:
@@ -98,8 +106,12 @@ def agent_config(node: str, engine_port: int, token_file: Path, log_file: Path) 
         "node": node,
         "engine": {"url": f"http://127.0.0.1:{engine_port}", "auth": {"token_file": str(token_file)}},
         "listen": {"host": "127.0.0.1", "port": free_port()},
-        "sources": {"kmsg": {"enabled": False}, "files": [{"path": str(log_file)}]},
-        "heartbeat": {"socket": None, "http_port": free_port()},  # hermetic: not /run/watchd, not 9123
+        "sources": {"kmsg": {"enabled": False}, "files": [{"path": str(log_file), "trust": "any-writer"}]},
+        "heartbeat": {
+            "socket": None,
+            "http_port": free_port(),
+            "token_secret": {"token": "node-secret"},
+        },  # hermetic: not /run/watchd, not 9123
         "shipper": {"backoff_initial_s": 0.05, "backoff_max_s": 1},
         "log": {"format": "json"},
     }

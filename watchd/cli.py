@@ -29,6 +29,11 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("-c", "--config", type=Path, help="agent YAML config (default: embedded defaults)")
     a.add_argument("--check", action="store_true", help="validate the config, then exit")
 
+    # issue 22: the per-job heartbeat token a Slurm prolog or a pod spec hands to a job (docs/security.md)
+    ht = sub.add_parser("heartbeat-token", help="print a job's heartbeat token (WATCHD_HEARTBEAT_TOKEN)")
+    ht.add_argument("job", help="the job as its ranks name it (SLURM_JOB_ID, WATCHD_JOB_ID)")
+    ht.add_argument("-c", "--config", type=Path, help="agent YAML config (its heartbeat.token_secret)")
+
     x = sub.add_parser("xid", help="decode NVIDIA Xid errors from kernel log text (dmesg | watchd xid)")
     x.add_argument("files", nargs="*", help="files to read ('-' or none: standard input)")
     x.add_argument("--json", action="store_true", help="one JSON object per Xid")
@@ -132,6 +137,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from watchd.xid.render import run_xid
 
         return run_xid(args.files, args.json, sys.stdin, sys.stdout)
+    if args.command == "heartbeat-token":
+        from watchd.agent.heartbeat_auth import job_token
+
+        secret = load_config(AgentConfig, args.config).heartbeat.token_secret.resolve()
+        if secret is None:
+            raise UsageError("heartbeat.token_secret is not set in the agent's config")
+        print(job_token(secret.encode(), args.job))
+        return 0
     if args.command == "engine":
         return _run_engine(args.config, args.check)
     if args.command == "agent":

@@ -9,7 +9,9 @@ It never raises into the training loop and never blocks it: a report is put in a
 (the oldest is dropped when full, and counted) that a daemon thread sends, at most one request every
 ``send_interval`` seconds (0.5) carrying all that queued meanwhile, to the agent's Unix socket
 (``WATCHD_HEARTBEAT_SOCKET``, default ``/run/watchd/heartbeat.sock``) or, when there is none, to
-``127.0.0.1:WATCHD_HEARTBEAT_PORT`` (default 9123). No agent: reports are dropped, quietly, and the thread
+``127.0.0.1:WATCHD_HEARTBEAT_PORT`` (default 9123; off unless the agent opens it) with the job's token
+``WATCHD_HEARTBEAT_TOKEN`` (docs/security.md: the agent counts only reports that come from the job they name).
+No agent: reports are dropped, quietly, and the thread
 tries again later. At interpreter exit a ``done`` report says the rank finished (not hung).
 See docs/heartbeats.md.
 
@@ -102,6 +104,7 @@ class Heartbeat:
         timeout: float = 0.5,
         send_interval: float = 0.5,
         report_done_at_exit: bool = True,
+        token: str | None = None,
     ) -> None:
         self.job = job if job is not None else _env_job()
         self.rank = rank if rank is not None else (_env_int(_RANK_VARS) or 0)
@@ -111,6 +114,8 @@ class Heartbeat:
         env_port = os.environ.get("WATCHD_HEARTBEAT_PORT", "")
         self.port = port if port is not None else (int(env_port) if env_port.isdigit() else DEFAULT_PORT)
         self.timeout = timeout
+        #: the job's heartbeat token (loopback HTTP only; on the socket the kernel says who we are)
+        self.token = token if token is not None else (os.environ.get("WATCHD_HEARTBEAT_TOKEN") or None)
         #: at most one request per this many seconds, carrying every report queued meanwhile
         self.send_interval = max(0.0, send_interval)
         #: reports dropped: queue full (the oldest go) or the agent unreachable
@@ -255,7 +260,10 @@ class Heartbeat:
     def _post(self, conn: http.client.HTTPConnection, batch: list[dict[str, Any]]) -> None:
         body = json.dumps(batch, separators=(",", ":")).encode()
         self.requests += 1
-        conn.request("POST", PATH, body=body, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.token and not isinstance(conn, _UnixHTTPConnection):
+            headers["Authorization"] = f"Bearer {self.token}"
+        conn.request("POST", PATH, body=body, headers=headers)
         resp = conn.getresponse()
         resp.read()
         if resp.status >= 500:
@@ -270,13 +278,14 @@ class Heartbeat:
 
 
 def checkpoint_advice(
-    job: str | None = None, *, url: str | None = None, timeout: float = 2.0
+    job: str | None = None, *, url: str | None = None, timeout: float = 2.0, token: str | None = None
 ) -> dict[str, Any] | None:
     """The engine's checkpoint advice for ``job`` (default: from the environment, as :class:`Heartbeat`):
     a dict with ``advised_interval_s`` (Daly's interval, compute seconds between checkpoints),
     ``young_interval_s``, ``checkpoint_cost_s``, ``job_mtbf_hours``, ``current_interval_s``,
     ``waste_current`` and ``waste_advised`` (expected shares of compute lost), ``far_too_long``. The engine is
-    ``url``, else ``WATCHD_ENGINE_URL``, else http://127.0.0.1:9120. None when there is no advice (no job id,
+    ``url``, else ``WATCHD_ENGINE_URL``, else http://127.0.0.1:9120; reads need a viewer's credential where
+    the engine has any (docs/security.md): ``token``, else ``WATCHD_VIEWER_TOKEN``. None when there is no advice (no job id,
     the engine does not know the job yet, no checkpoint cost measured or configured) or the engine cannot be
     reached: it never raises into the training loop, and waits at most ``timeout`` seconds."""
     try:
@@ -285,7 +294,11 @@ def checkpoint_advice(
             return None
         base = (url or os.environ.get("WATCHD_ENGINE_URL") or DEFAULT_ENGINE_URL).rstrip("/")
         query = urllib.parse.urlencode({"job": job})
-        with urllib.request.urlopen(f"{base}{ADVICE_PATH}?{query}", timeout=timeout) as resp:
+        request = urllib.request.Request(f"{base}{ADVICE_PATH}?{query}")
+        token = token if token is not None else os.environ.get("WATCHD_VIEWER_TOKEN")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             doc = json.loads(resp.read())
         advice = doc.get("job") if isinstance(doc, dict) else None
         if isinstance(advice, dict) and isinstance(advice.get("advised_interval_s"), int | float):

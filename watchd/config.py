@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from watchd.checks.params import ChecksConfig
 from watchd.detect.params import DetectorsConfig
 from watchd.errors import ConfigError
+from watchd.logs import get_logger
 from watchd.strict import Strict as _Strict
 
 Seconds = Annotated[float, Field(gt=0)]
@@ -48,6 +50,7 @@ class TokenSource(_Strict):
             value = os.environ[self.token_env]
         elif self.token_file is not None:
             try:
+                check_secret_file(self.token_file, "token_file")
                 value = self.token_file.read_text()
             except OSError as exc:
                 raise ConfigError(f"auth.token_file: cannot read {self.token_file}: {exc.strerror}") from exc
@@ -59,9 +62,78 @@ class TokenSource(_Strict):
         return value
 
 
+# --- issue 22 (security): secret files, engine credentials, TLS (docs/security.md) ---------------------
+
+
+def check_secret_file(path: Path, key: str) -> None:
+    """A token or key file others could change is refused (ConfigError); one others may read is accepted
+    with a warning. Group- or world-writable: anyone in the group could swap the secret for their own."""
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o022:
+        raise ConfigError(
+            f"{key}: {path} is writable by {'others' if mode & 0o002 else 'its group'} (mode {mode:04o}): "
+            f"anyone who can write it can swap the secret; chmod 600 {path}"
+        )
+    if mode & 0o004:
+        get_logger("watchd.config").warning(
+            "secret_file_world_readable",
+            key=key,
+            path=str(path),
+            mode=f"{mode:04o}",
+            hint=f"chmod 600 {path}",
+        )
+
+
+class NamedToken(TokenSource):
+    """A person's (or a dashboard's) credential: the name the audit records for what it does."""
+
+    name: Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[\w.@+-]+$")]
+
+    @model_validator(mode="after")
+    def _given(self) -> NamedToken:
+        if self.token_file is None and self.token_env is None and self.token is None:
+            raise ValueError(f"{self.name}: give one of token_file, token_env, token")
+        return self
+
+
+class EngineAuth(TokenSource):
+    """The engine's credentials. The shared token (``token_file``/``token_env``/``token``) is the agents'
+    (ingest). ``operators``: named tokens that may release, discard and resume (the audit records the name);
+    ``viewers``: named tokens that may read ``/api/v1/*``. With neither, the shared token does both (the
+    name recorded is ``X-Watchd-Operator``, marked unverified). With no credential at all, everything is
+    open (``make demo``): the engine logs a warning at start."""
+
+    operators: list[NamedToken] = Field(default_factory=list)
+    viewers: list[NamedToken] = Field(default_factory=list)
+    open_metrics: bool = True  # /metrics without a credential (Prometheus scrapes it)
+    open_health: bool = True  # /healthz and /readyz without a credential (probes, load balancers)
+
+    @model_validator(mode="after")
+    def _distinct_names(self) -> EngineAuth:
+        names = [t.name for t in [*self.operators, *self.viewers]]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"auth: the name {dup[0]} is given twice (operators and viewers)")
+        return self
+
+
 class Listen(_Strict):
     host: str = "127.0.0.1"
     port: Port
+    tls_cert: Path | None = None  # serve HTTPS with this certificate (chain) ...
+    tls_key: Path | None = None  # ... and its private key
+    client_ca: Path | None = None  # mutual TLS: clients must present a certificate this CA signed
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Listen:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("listen: give tls_cert and tls_key together")
+        if self.client_ca is not None and self.tls_cert is None:
+            raise ValueError("listen.client_ca needs tls_cert and tls_key (mutual TLS runs over TLS)")
+        return self
+
+
+# --- end issue 22 ---------------------------------------------------------------------------------------
 
 
 class HttpConfig(_Strict):
@@ -332,7 +404,7 @@ class EngineConfig(_Strict):
     listen: Listen = Listen(port=9120)
     http: HttpConfig = HttpConfig()
     external_url: str = ""
-    auth: TokenSource = TokenSource()
+    auth: EngineAuth = EngineAuth()
     mode: Literal["dry-run", "enforce"] = "dry-run"
     rules: list[Path] = Field(default_factory=list)
     reload: ReloadConfig = ReloadConfig()
@@ -361,6 +433,14 @@ class EngineConfig(_Strict):
                 "lease (state.postgres.leader_election), whose token fences the store's writes"
             )
         return self
+
+    @field_validator("auth", mode="before")
+    @classmethod
+    def _shared_token_only(cls, value: Any) -> Any:
+        # a plain TokenSource (the shared token alone, as before issue 22) is an EngineAuth with no roles
+        if isinstance(value, TokenSource) and not isinstance(value, EngineAuth):
+            return value.model_dump(exclude_unset=True)
+        return value
 
     def scheduler_settings(self) -> dict[str, SchedulerSettings]:
         """Every scheduler section, by scheduler name (the field's name), enabled or not."""
@@ -411,6 +491,19 @@ class KmsgConfig(_Strict):
 class FileSourceConfig(_Strict):
     path: Path
     poll_interval_s: Seconds = 0.5
+    # who may write the file decides what it says: any local user can put a kernel-looking line in
+    # /var/log/syslog (logger -t kernel). "untrusted": its Xid lines are counted, never evidence;
+    # "any-writer": you vouch that only the kernel's lines can reach it (docs/security.md)
+    trust: Literal["untrusted", "any-writer"] = "untrusted"
+
+
+class JournaldConfig(_Strict):
+    """The kernel's lines from the systemd journal (``_TRANSPORT=kernel`` only; docs/security.md)."""
+
+    enabled: bool = False
+    journalctl: str = "journalctl"
+    directory: Path | None = None  # a journal folder (default: the system journal)
+    cursor_file: Path | None = Path("/var/lib/watchd/journald.cursor")
 
 
 class GpuSourceConfig(_Strict):
@@ -449,15 +542,28 @@ class TrainingLogsConfig(_Strict):
 
 class SourcesConfig(_Strict):
     kmsg: KmsgConfig = KmsgConfig()
+    journald: JournaldConfig = JournaldConfig()
     files: list[FileSourceConfig] = Field(default_factory=list)
     gpu: GpuSourceConfig = GpuSourceConfig()
     training: TrainingLogsConfig = TrainingLogsConfig()  # issue 19
 
 
 class EngineEndpoint(_Strict):
-    url: str = "http://127.0.0.1:9120"
+    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+")] = "http://127.0.0.1:9120"
     auth: TokenSource = TokenSource()
     timeout_s: Seconds = 5.0
+    ca_file: Path | None = None  # https: trust this CA (default: the system's)
+    client_cert: Path | None = None  # mutual TLS: the agent's certificate ...
+    client_key: Path | None = None  # ... and its key
+
+    @model_validator(mode="after")
+    def _tls(self) -> EngineEndpoint:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("engine: give client_cert and client_key together")
+        tls = self.ca_file is not None or self.client_cert is not None
+        if tls and not self.url.startswith("https://"):
+            raise ValueError("engine: ca_file/client_cert need an https:// url")
+        return self
 
 
 class ShipperConfig(_Strict):
@@ -477,11 +583,30 @@ class HeartbeatConfig(_Strict):
     socket: Path | None = Path("/run/watchd/heartbeat.sock")  # None: no Unix socket
     # who may report: "0660" the agent's user and group, "0666" every local user (loopback HTTP already is)
     socket_mode: Annotated[str, Field(pattern=r"^0?[0-7]{3}$")] = "0660"
-    http_port: Port = 9123  # on 127.0.0.1 only; 0: off
+    # on 127.0.0.1 only; 0: off. With verify, each job needs its token (token_secret; docs/security.md)
+    http_port: Port = 0
+    # reports count only from the job they name (the socket peer's cgroup, or the job's token over TCP);
+    # false: any local process may report for any job (before issue 22; not for production)
+    verify: bool = True
+    token_secret: TokenSource = TokenSource()  # the node secret the per-job TCP tokens derive from
+    identity: Literal["proc", "fake"] = "proc"  # who a socket peer is: /proc/<pid>/cgroup (fake: tests)
+    proc_root: Path = Path("/proc")
+    max_ranks_per_job: Annotated[int, Field(ge=1)] = 512  # per verified job or pod
     forward_interval_s: Seconds = 2.0
     max_ranks: Annotated[int, Field(ge=1)] = 1024
     forget_after_s: Seconds = 600.0
     http: HttpConfig = HttpConfig(max_connections=256)  # both endpoints (socket and 127.0.0.1)
+
+    @model_validator(mode="after")
+    def _tcp_needs_tokens(self) -> HeartbeatConfig:
+        secret = self.token_secret
+        given = secret.token_file or secret.token_env or secret.token
+        if self.verify and self.http_port and not given:
+            raise ValueError(
+                "heartbeat.http_port with verify needs heartbeat.token_secret (per-job tokens, "
+                "docs/security.md); or use the Unix socket (http_port: 0)"
+            )
+        return self
 
 
 class AgentConfig(_Strict):

@@ -13,14 +13,17 @@ reports the port it bound, and what keeps a bad or slow client costing only itse
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import math
 import resource
+import ssl
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
@@ -306,13 +309,18 @@ class GuardedRunner(web.AppRunner):
 
 @asynccontextmanager
 async def serve(
-    app: web.Application, host: str, port: int, limits: HttpLimits | None = None
+    app: web.Application,
+    host: str,
+    port: int,
+    limits: HttpLimits | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[int]:
-    """Serve ``app`` and yield the bound port (useful with port 0); cleanup on exit, bounded."""
+    """Serve ``app`` (over TLS with ``ssl_context``) and yield the bound port (useful with port 0); cleanup
+    on exit, bounded."""
     runner = GuardedRunner(app, limits or HttpLimits(), access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
@@ -320,3 +328,129 @@ async def serve(
         yield int(bound)
     finally:
         await runner.cleanup()
+
+
+# --------------------------------------------------------------------- credentials and TLS (issue 22)
+
+#: what a request needs: the agents' ingest, a read, an operator's call, /metrics, /healthz and /readyz
+Need = Literal["ingest", "read", "operate", "metrics", "health"]
+Role = Literal["agent", "viewer", "operator", "anyone"]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request comes from: ``name`` is what the audit records; ``bound`` when the credential names
+    the person (a named operator token), not when the caller's header does."""
+
+    name: str
+    role: Role
+    bound: bool = False
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The engine's tokens (docs/security.md). ``shared``: the agents' token; ``operators``/``viewers``:
+    token -> name. No credential at all: everything is open (a demo)."""
+
+    shared: str | None = None
+    operators: dict[str, str] = field(default_factory=dict)
+    viewers: dict[str, str] = field(default_factory=dict)
+    open_metrics: bool = True
+    open_health: bool = True
+
+    @property
+    def open(self) -> bool:
+        return self.shared is None and not self.operators and not self.viewers
+
+    def identify(self, authorization: str) -> Principal | None:
+        """The holder of the ``Authorization`` header's bearer token; None when it is none of ours."""
+        given = authorization.encode("utf-8", "surrogateescape")
+        found: Principal | None = None
+        # every comparison runs (constant time in which token matched)
+        for table, role in ((self.operators, "operator"), (self.viewers, "viewer")):
+            for token, name in table.items():
+                if hmac.compare_digest(given, f"Bearer {token}".encode()) and found is None:
+                    found = Principal(name, role, bound=True)  # type: ignore[arg-type]
+        if self.shared is not None and hmac.compare_digest(given, f"Bearer {self.shared}".encode()):
+            # the agents' token; it also operates while no operator is named (unbound: the header names)
+            found = found or Principal("agent", "agent")
+        return found
+
+    def allows(self, principal: Principal | None, need: Need) -> bool:
+        if self.open:
+            return True
+        if (need == "metrics" and self.open_metrics) or (need == "health" and self.open_health):
+            return True
+        if principal is None:
+            return False
+        role = principal.role
+        if need == "ingest":
+            return role == "agent" or self.shared is None
+        legacy = not self.operators and not self.viewers  # the shared token does everything
+        if need == "operate":
+            return role == "operator" or (legacy and role == "agent")
+        return role in ("operator", "viewer") or (legacy and role == "agent")  # read, metrics, health
+
+
+#: who sent a request, set by :func:`auth_middleware`
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+
+def need_of(request: web.BaseRequest, ingest_path: str) -> Need:
+    path = request.path
+    if path == ingest_path:
+        return "ingest"
+    if path == "/metrics":
+        return "metrics"
+    if path in ("/healthz", "/readyz"):
+        return "health"
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        return "operate"
+    return "read"
+
+
+def auth_middleware(
+    credentials: Credentials,
+    ingest_path: str,
+    on_denied: Callable[[web.BaseRequest, Need], None] = lambda r, n: None,
+) -> Middleware:
+    """Every request: who sent it (``request["principal"]``) and whether they may; 401 without a
+    credential we know, 403 with one that may not do this."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        need = need_of(request, ingest_path)
+        principal = credentials.identify(request.headers.get("Authorization", ""))
+        if credentials.allows(principal, need):
+            request[PRINCIPAL] = principal or Principal("anonymous", "anyone")
+            return await handler(request)
+        on_denied(request, need)
+        if principal is None:
+            return error_response(401, "missing or wrong bearer token")
+        return error_response(403, f"this token ({principal.role}) may not {need} here")
+
+    return middleware
+
+
+def server_tls(cert: Path | None, key: Path | None, client_ca: Path | None = None) -> ssl.SSLContext | None:
+    """The server's TLS context (TLS 1.2 or later); with ``client_ca``, clients must present a
+    certificate it signed (mutual TLS). None without a certificate."""
+    if cert is None or key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.load_verify_locations(cafile=client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_tls(ca_file: Path | None, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    """A client's TLS context: the server verified against ``ca_file`` (the system's CAs without it), host
+    name checked; ``cert``/``key`` presented for mutual TLS."""
+    context = ssl.create_default_context(cafile=str(ca_file) if ca_file is not None else None)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert is not None and key is not None:
+        context.load_cert_chain(cert, key)
+    return context

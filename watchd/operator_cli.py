@@ -7,6 +7,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +29,31 @@ def _token(token_file: Path | None) -> str | None:
     return os.environ.get("WATCHD_TOKEN") or None
 
 
+def _tls() -> ssl.SSLContext | None:
+    """TLS for an https:// engine from the environment: ``WATCHD_CA_FILE`` (the engine's CA; default the
+    system's), ``WATCHD_CLIENT_CERT``/``WATCHD_CLIENT_KEY`` (mutual TLS). docs/security.md."""
+    ca = os.environ.get("WATCHD_CA_FILE") or None
+    cert = os.environ.get("WATCHD_CLIENT_CERT") or None
+    key = os.environ.get("WATCHD_CLIENT_KEY") or None
+    if ca is None and cert is None:
+        return None
+    if (cert is None) != (key is None):
+        raise UsageError("set WATCHD_CLIENT_CERT and WATCHD_CLIENT_KEY together")
+    try:
+        context = ssl.create_default_context(cafile=ca)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if cert is not None:
+            context.load_cert_chain(cert, key)
+        return context
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"WATCHD_CA_FILE/WATCHD_CLIENT_CERT/WATCHD_CLIENT_KEY: cannot load: {exc}") from None
+
+
 def _call(url: str, path: str, method: str = "GET", token: str | None = None, by: str = "") -> Any:
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--url {url}: expected http:// or https://")
+    if token is None:
+        token = _token(None)  # reads need a credential too where the engine has any (a viewer's token)
     request = urllib.request.Request(
         f"{url.rstrip('/')}{path}", method=method, data=b"" if method == "POST" else None
     )
@@ -37,7 +62,7 @@ def _call(url: str, path: str, method: str = "GET", token: str | None = None, by
     if by:
         request.add_header("X-Watchd-Operator", by)
     try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
+        with urllib.request.urlopen(request, timeout=10, context=_tls()) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         try:

@@ -86,7 +86,9 @@ async def test_unusable_heartbeat_endpoints_are_logged_and_counted_and_the_agent
         config = agent_config(engine.port).model_copy(
             update={
                 "heartbeat": HeartbeatConfig(
-                    socket=tmp_path / "not-a-folder" / "heartbeat.sock", http_port=busy.getsockname()[1]
+                    socket=tmp_path / "not-a-folder" / "heartbeat.sock",
+                    http_port=busy.getsockname()[1],
+                    verify=False,
                 )
             }
         )

@@ -75,6 +75,7 @@ async def test_client_reports_reach_the_agent_endpoint(transport: str, tmp_path:
         enabled=True,
         socket=sock if transport == "socket" else None,
         http_port=0 if transport == "socket" else _free_port(),
+        verify=False,  # the mechanics of the transport; who may report: tests/security/
         forward_interval_s=0.2,
     )
     shipped: list[Event] = []
@@ -110,7 +111,7 @@ async def test_client_reports_reach_the_agent_endpoint(transport: str, tmp_path:
 async def test_client_falls_back_to_loopback_when_the_socket_cannot_be_used(tmp_path: Path) -> None:
     stale = tmp_path / "heartbeat.sock"
     stale.write_text("")  # a path that exists but where nothing listens (or that the rank may not open)
-    config = HeartbeatConfig(socket=None, http_port=_free_port(), forward_interval_s=0.2)
+    config = HeartbeatConfig(socket=None, http_port=_free_port(), forward_interval_s=0.2, verify=False)
     shipped: list[Event] = []
     server = HeartbeatServer(config, "gpu-7", SystemClock(), AgentMetrics(), shipped.append)
     await server.start()
@@ -126,7 +127,7 @@ async def test_client_falls_back_to_loopback_when_the_socket_cannot_be_used(tmp_
 
 async def test_client_sends_one_request_per_interval_carrying_every_report(tmp_path: Path) -> None:
     sock = tmp_path / "heartbeat.sock"
-    config = HeartbeatConfig(socket=sock, http_port=0, forward_interval_s=0.2)
+    config = HeartbeatConfig(socket=sock, http_port=0, forward_interval_s=0.2, verify=False)
     shipped: list[Event] = []
     server = HeartbeatServer(config, "gpu-7", SystemClock(), AgentMetrics(), shipped.append)
     accepted = server._metrics.heartbeats.labels("accepted")

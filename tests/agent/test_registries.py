@@ -27,7 +27,7 @@ SCENARIO = Path(__file__).parent.parent / "gpu_scenarios" / "healthy_training.ya
 
 
 def test_the_source_registry_has_kmsg_files_and_the_fake_kernel_log() -> None:
-    assert sorted(SOURCES) == ["fake", "files", "journald", "kmsg", "pods", "slurm-jobs"]  # + issue 19
+    assert sorted(SOURCES) == ["fake", "files", "journald", "journald-units", "kmsg", "pods", "slurm-jobs"]
 
 
 def test_default_sources_are_kmsg_alone() -> None:
@@ -67,7 +67,8 @@ def test_only_the_named_sources_are_built() -> None:
 def test_an_unknown_source_name_is_a_config_error_naming_the_key() -> None:
     with pytest.raises(
         ConfigError,
-        match=r"^sources: no source named 'syslog' \(known: fake, files, journald, kmsg, pods, slurm-jobs\)",
+        match=r"^sources: no source named 'syslog' \(known: fake, files, journald, journald-units, kmsg, "
+        r"pods, slurm-jobs\)",
     ):
         sources_from_config(SourcesConfig(), SourceContext(), names=["kmsg", "syslog"])
 

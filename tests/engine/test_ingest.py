@@ -140,7 +140,7 @@ async def test_slow_client_does_not_stall_others(engine: Engine) -> None:
 async def test_metrics_and_health_endpoints(engine: Engine) -> None:
     await post(engine, batch(xid_event()))
     await eventually(lambda: len(scheduler_actions(engine.audit.entries)) == 2, what="actions")
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:  # reads: issue 22
         async with s.get(f"http://127.0.0.1:{engine.port}/metrics") as r:
             text = await r.text()
         async with s.get(f"http://127.0.0.1:{engine.port}/healthz") as r:
@@ -255,7 +255,9 @@ async def test_the_same_application_xid_in_two_jobs_on_one_gpu_drains_it(engine:
     assert engine.scheduler.nodes["gpu-1"].drained  # type: ignore[union-attr]
 
 
-async def test_status_lists_nodes_recent_actions_and_prints_them(engine: Engine) -> None:
+async def test_status_lists_nodes_recent_actions_and_prints_them(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import io
     import time
 
@@ -280,6 +282,7 @@ async def test_status_lists_nodes_recent_actions_and_prints_them(engine: Engine)
     assert nodes["gpu-1"]["recent_faults"] == 1 and nodes["gpu-1"]["last_fault"].startswith("xid 79")
     assert nodes["gpu-1"]["last_action"]["action"] in ("drain", "requeue")
     out = io.StringIO()
+    monkeypatch.setenv("WATCHD_TOKEN", TOKEN)  # reads need a credential (issue 22)
     assert await asyncio.to_thread(run_status, f"http://127.0.0.1:{engine.port}", False, out) == 0
     text = out.getvalue()
     assert "nodes: 2 reporting; 1 with faults (24 h), lost GPUs or held actions:" in text
@@ -287,7 +290,7 @@ async def test_status_lists_nodes_recent_actions_and_prints_them(engine: Engine)
     assert "recent actions (last " in text and " drain    gpu-1            drained" in text
 
 
-async def test_status_cli_pages_and_filters_nodes(engine: Engine) -> None:
+async def test_status_cli_pages_and_filters_nodes(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     import io
     import time
 
@@ -303,6 +306,7 @@ async def test_status_cli_pages_and_filters_nodes(engine: Engine) -> None:
     await eventually(lambda: engine.status()["nodes_total"] == 5, what="five nodes")
     url = f"http://127.0.0.1:{engine.port}"
     out = io.StringIO()
+    monkeypatch.setenv("WATCHD_TOKEN", TOKEN)  # reads need a credential (issue 22)
     assert await asyncio.to_thread(run_status, url, False, out, limit=2) == 0
     assert "nodes: 5 reporting (2 shown, troubled first); 0 with faults" in out.getvalue()
     raw = io.StringIO()
@@ -310,7 +314,7 @@ async def test_status_cli_pages_and_filters_nodes(engine: Engine) -> None:
     doc = json.loads(raw.getvalue())
     assert [n["node"] for n in doc["nodes"]] == ["gpu-6"] and doc["nodes_total"] == 1
     async with (
-        aiohttp.ClientSession() as s,
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s,
         s.get(f"{url}/api/v1/status?limit=x") as r,
     ):
         assert r.status == 400 and "limit" in (await r.json())["error"]

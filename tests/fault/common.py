@@ -151,7 +151,7 @@ def post_json_text(engine: Daemon, text: str, timeout: float = 15.0) -> tuple[in
 
 
 def actions(engine: Daemon, limit: int = 10_000) -> list[dict[str, Any]]:
-    status, raw = request(engine.url, "GET", f"/api/v1/actions?limit={limit}")
+    status, raw = request(engine.url, "GET", f"/api/v1/actions?limit={limit}", headers=AUTH)
     assert status == 200, raw
     return list(json.loads(raw)["actions"])
 

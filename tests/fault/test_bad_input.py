@@ -161,7 +161,7 @@ def test_nan_and_infinity_refused_and_never_emitted(daemons: tuple[Daemon, Daemo
     status, reply = post_json_text(engine, body)
     refused = status == 400 or (isinstance(reply, dict) and len(reply.get("invalid", [])) == 2)
     for path in ("/api/v1/status", "/api/v1/held", "/api/v1/actions"):
-        code, raw = request(engine.url, "GET", path)
+        code, raw = request(engine.url, "GET", path, headers=AUTH)  # reads need a credential (issue 22)
         assert code == 200
         _strict(raw)  # raises on a bare NaN/Infinity
     assert refused, f"NaN/Infinity accepted: {status} {reply}"

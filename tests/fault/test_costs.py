@@ -32,7 +32,7 @@ def _post_many(url: str, events: list[Event], batch: int = 2000) -> None:
 
 def _timed_get(url: str, path: str) -> float:
     t0 = time.monotonic()
-    status, _ = request(url, "GET", path, timeout=120)
+    status, _ = request(url, "GET", path, headers=AUTH, timeout=120)
     assert status == 200
     return time.monotonic() - t0
 
@@ -135,7 +135,7 @@ def test_held_actions_cost_does_not_grow_per_action(tmp_path: Path) -> None:
         status_first = status_s()
         for k in range(4):
             batch(100 + k * 100, 100)
-        held = json.loads(request(engine.url, "GET", "/api/v1/held")[1])["held"]
+        held = json.loads(request(engine.url, "GET", "/api/v1/held", headers=AUTH)[1])["held"]
         assert len(held) >= 400, f"only {len(held)} held: the breaker did not hold"
         late = batch(1000, 20)
         status_late = status_s()

@@ -22,7 +22,7 @@ from watchd.config import SourcesConfig, TrainingLogsConfig
 from watchd.engine.runner import Engine
 from watchd.sources.base import FakeLogSource, LogLine
 from watchd.sources.flight_recorder import FlightRecorderSource
-from watchd.sources.journald import JournaldSource, journal_entry
+from watchd.sources.journald_units import JournaldUnitsSource, journal_entry
 from watchd.sources.pod_logs import PodLogSource, pod_files, strip_cri
 from watchd.sources.slurm_jobs import (
     FakeJobOutputs,
@@ -201,7 +201,7 @@ async def test_journald_source_reads_a_real_process_json_and_counts_what_it_cann
         "sys.stdout.flush(); time.sleep(30)\n"
     )
     script.chmod(0o755)
-    source = JournaldSource(["train.service", "launcher.service"], command=(str(script),), max_line=4096)
+    source = JournaldUnitsSource(["train.service", "launcher.service"], command=(str(script),), max_line=4096)
     reader = Reader(source.lines())
     try:
         await eventually(lambda: len(reader.got) == 3 and source.malformed == 2, what="the entries")

@@ -133,6 +133,7 @@ class _Rank:
     forwarded: tuple[object, ...] | None = None  # state of the last forward
     forwarded_at: float = -math.inf
     forwarded_phase: str | None = None
+    owner: str | None = None  # the verified job (or pod) the rank is charged to
 
     @property
     def changed(self) -> bool:
@@ -149,21 +150,32 @@ class Coalescer:
     forward_interval_s: float = 2.0
     max_ranks: int = 1024
     forget_after_s: float = 600.0
+    #: ranks one verified job (or pod) may hold, so that no job crowds out another's (None: no cap)
+    max_ranks_per_job: int | None = None
     _ranks: dict[tuple[str, int], _Rank] = field(default_factory=dict)
+    _per_owner: dict[str | None, int] = field(default_factory=dict)
     _pending: set[tuple[str, int]] = field(default_factory=set)
 
     def __len__(self) -> int:
         return len(self._ranks)
 
-    def offer(self, report: Report) -> list[Event] | None:
-        """Record a report; the events to ship now, or None when refused (``max_ranks`` ranks tracked)."""
+    def offer(self, report: Report, owner: str | None = None) -> list[Event] | None:
+        """Record a report of ``owner`` (the verified job or pod); the events to ship now, or None when
+        refused (``max_ranks`` ranks tracked, ``owner`` holds ``max_ranks_per_job``, or the rank is another
+        owner's)."""
         key = (report.job, report.rank)
         now = self.clock.monotonic()
         rank = self._ranks.get(key)
         if rank is None:
             if len(self._ranks) >= self.max_ranks:
                 return None
-            rank = self._ranks[key] = _Rank(report, now)
+            held = self._per_owner.get(owner, 0)
+            if self.max_ranks_per_job is not None and held >= self.max_ranks_per_job:
+                return None
+            rank = self._ranks[key] = _Rank(report, now, owner=owner)
+            self._per_owner[owner] = held + 1
+        elif rank.owner != owner:
+            return None  # a rank is its first verified owner's until it finishes or falls silent
         else:
             rank.latest = report
             rank.seen = now
@@ -187,8 +199,7 @@ class Coalescer:
                 events.append(self._forward(key, rank, now))
         silent = [k for k, r in self._ranks.items() if now - r.seen >= self.forget_after_s]
         for key in silent:
-            del self._ranks[key]
-            self._pending.discard(key)
+            self._drop(key)
         return events
 
     def _forward(self, key: tuple[str, int], rank: _Rank, now: float) -> Event:
@@ -200,8 +211,17 @@ class Coalescer:
         rank.reports = 0
         self._pending.discard(key)
         if report.phase == "done":
-            del self._ranks[key]  # the rank finished: its slot is free for the next job's ranks
+            self._drop(key)  # the rank finished: its slot is free for the next job's ranks
         return event
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        rank = self._ranks.pop(key)
+        self._pending.discard(key)
+        left = self._per_owner.get(rank.owner, 1) - 1
+        if left > 0:
+            self._per_owner[rank.owner] = left
+        else:
+            self._per_owner.pop(rank.owner, None)
 
 
 def heartbeat_event(node: str, report: Report, reports: int) -> Event:

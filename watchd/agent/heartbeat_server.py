@@ -14,10 +14,19 @@ import socket
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
-from watchd.agent.heartbeat import Coalescer, ReportError, parse_reports
+from watchd.agent.heartbeat import Coalescer, Report, ReportError, parse_reports
+from watchd.agent.heartbeat_auth import (
+    IDENTITIES,
+    JobIdentity,
+    Peer,
+    Verdict,
+    judge,
+    peer_credentials,
+)
 from watchd.agent.metrics import AgentMetrics
 from watchd.clock import Clock
 from watchd.config import HeartbeatConfig
@@ -50,7 +59,9 @@ class HeartbeatServer:
         clock: Clock,
         metrics: AgentMetrics,
         emit: Callable[[Event], None],
+        identity: JobIdentity | None = None,
     ) -> None:
+        """``identity``: who a socket peer is (default: the configured one, ``/proc``)."""
         self.config = config
         self.coalescer = Coalescer(
             node,
@@ -58,7 +69,11 @@ class HeartbeatServer:
             forward_interval_s=config.forward_interval_s,
             max_ranks=config.max_ranks,
             forget_after_s=config.forget_after_s,
+            max_ranks_per_job=config.max_ranks_per_job if config.verify else None,
         )
+        self.identity = identity or IDENTITIES[config.identity](config.proc_root)
+        secret = config.token_secret.resolve() if config.verify else None
+        self._secret = secret.encode() if secret is not None else None
         self._clock = clock
         self._metrics = metrics
         self._emit = emit
@@ -76,6 +91,11 @@ class HeartbeatServer:
         self._runner = GuardedRunner(app, self._limits, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         opened = []
+        if not self.config.verify:
+            _log.warning(
+                "heartbeat_unverified",
+                hint="heartbeat.verify is false: any local process may report for any job (docs/security.md)",
+            )
         if self.config.socket is not None:
             with self._failure_logged("socket", str(self.config.socket)):
                 await self._open_socket(self.config.socket)
@@ -145,8 +165,14 @@ class HeartbeatServer:
             self._metrics.heartbeats.labels("invalid").inc()
             return error_response(400, f"invalid report: {exc}")
         accepted = refused = 0
-        for report in reports:
-            events = self.coalescer.offer(report)
+        rejected: dict[str, int] = {}
+        verdicts = self._verdicts(request, reports)
+        for report, verdict in zip(reports, verdicts, strict=True):
+            if not verdict.ok:  # never evidence, never a slot
+                assert verdict.reason is not None
+                rejected[verdict.reason] = rejected.get(verdict.reason, 0) + 1
+                continue
+            events = self.coalescer.offer(report, verdict.owner)
             if events is None:
                 refused += 1
                 continue
@@ -155,6 +181,19 @@ class HeartbeatServer:
                 self._emit(event)
         self._metrics.heartbeats.labels("accepted").inc(accepted)
         self._metrics.heartbeat_ranks.set(len(self.coalescer))
+        if rejected:
+            for reason, n in rejected.items():
+                self._metrics.heartbeats_rejected.labels(reason).inc(n)
+            first = next(iter(rejected))
+            _log.info("heartbeat_rejected", reasons=rejected)
+            return json_response(
+                {
+                    "error": f"reports not from the job they name ({first}); see docs/security.md",
+                    "accepted": accepted,
+                    "rejected": rejected,
+                },
+                status=403,
+            )
         if refused:
             self._metrics.heartbeats.labels("refused_capacity").inc(refused)
             return json_response(
@@ -167,6 +206,19 @@ class HeartbeatServer:
                 status=429,
             )
         return json_response({"accepted": accepted})
+
+    def _verdicts(self, request: web.Request, reports: list[Report]) -> list[Verdict]:
+        if not self.config.verify:
+            return [Verdict(None) for _ in reports]
+        transport = request.transport
+        sock: Any = transport.get_extra_info("socket") if transport is not None else None
+        tcp = sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6)
+        if tcp:
+            header = request.headers.get("Authorization")
+            return [judge(r.job, tcp=True, authorization=header, secret=self._secret) for r in reports]
+        peer: Peer | None = peer_credentials(sock)
+        identity = self.identity.identify(peer.pid) if peer is not None else None
+        return [judge(r.job, peer=peer, identity=identity) for r in reports]
 
     async def _tick(self) -> None:
         period = min(_TICK_MAX_S, self.config.forward_interval_s / 4)

@@ -58,6 +58,20 @@ class AgentMetrics:
             ["outcome"],
             registry=r,
         )
+        self.xid_untrusted = Counter(  # issue 22
+            "watchd_agent_xid_untrusted",
+            "Xid lines refused as evidence: not written by the kernel, or from a file not trusted "
+            "(docs/security.md), by source.",
+            ["source"],
+            registry=r,
+        )
+        self.heartbeats_rejected = Counter(  # issue 22
+            "watchd_agent_heartbeats_rejected",
+            "Heartbeat reports refused as evidence: not from the job they name, by reason "
+            "(docs/security.md).",
+            ["reason"],
+            registry=r,
+        )
         self.heartbeat_endpoint_up = Gauge(
             "watchd_agent_heartbeat_endpoint_up",
             "1 while the heartbeat endpoint listens, 0 when it could not be opened (the agent runs on).",

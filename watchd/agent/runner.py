@@ -24,6 +24,7 @@ from watchd.gpu.sampler import GpuSampler
 from watchd.httputil import metrics_handler, serve
 from watchd.logs import get_logger
 from watchd.model.events import Event, stable_id
+from watchd.security import engine_client_tls, listener_tls
 from watchd.sources.base import LogLine, LogSource
 from watchd.sources.flight_recorder import EventSource, FlightRecorderSource
 from watchd.sources.registry import SourceContext, sources_from_config
@@ -94,6 +95,7 @@ class Agent:
             backoff_initial=config.shipper.backoff_initial_s,
             backoff_max=config.shipper.backoff_max_s,
             timeout=config.engine.timeout_s,
+            tls=engine_client_tls(config.engine),
         )
         # issue 19: training-stack lines (any source) and Flight Recorder dumps, bounded per job and kind
         training = config.sources.training
@@ -141,7 +143,8 @@ class Agent:
             app.router.add_get("/metrics", metrics_handler(self.metrics.registry))
             app.router.add_get("/healthz", self._healthz)
             listen = self.config.listen
-            self.port = await self._stack.enter_async_context(serve(app, listen.host, listen.port))
+            tls = listener_tls(listen, "listen")
+            self.port = await self._stack.enter_async_context(serve(app, listen.host, listen.port, None, tls))
         except BaseException:
             await self._stack.aclose()
             raise
@@ -223,17 +226,34 @@ class Agent:
                 await asyncio.sleep(delay)
                 delay = min(_RESTART_MAX_S, delay * 2)
 
+    def _refuse_untrusted(self, source: str, records: list[XidRecord]) -> None:
+        """Xid lines not known to come from the kernel (docs/security.md): a metric and a log line."""
+        for record in records:
+            self.metrics.xid_untrusted.labels(source).inc()
+            _log.warning(
+                "xid_untrusted",
+                xid=record.xid,
+                pci_bus_id=record.pci_bus_id,
+                source=source,
+                hint="not written by the kernel (kmsg facility, journald _TRANSPORT) or a file without "
+                "trust: any-writer; not evidence",
+            )
+
     async def _watch(self, source: LogSource) -> None:
         """Read one source forever; a failure is logged, counted and the source restarted with backoff."""
         delay = _RESTART_MIN_S
         up = self.metrics.source_up.labels(source.name)
         while True:
             parser = XidParser()
+            untrusted = XidParser()  # lines whose writer may not be the kernel: counted, never evidence
             up.set(1)
             try:
                 async for line in source.lines():
                     delay = _RESTART_MIN_S
                     self.metrics.lines.labels(source.name).inc()
+                    if not line.trusted:
+                        self._refuse_untrusted(source.name, untrusted.feed(line.text))
+                        continue
                     for index, record in enumerate(parser.feed(line.text)):
                         _log.info(
                             "xid_seen", xid=record.xid, pci_bus_id=record.pci_bus_id, source=source.name

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import ssl
 from collections import deque
 from collections.abc import Callable
 
@@ -42,6 +43,7 @@ class Shipper:
         backoff_max: float = 30.0,
         timeout: float = 5.0,
         session: aiohttp.ClientSession | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         """``session``: post through this one (shared by many shippers, e.g. the fleet simulator's) instead
         of a session of its own; the caller opens and closes it."""
@@ -58,6 +60,7 @@ class Shipper:
         self._backoff_max = backoff_max
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session = session
+        self._tls = tls  # an https:// engine: its CA, and the agent's certificate for mutual TLS
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -101,7 +104,8 @@ class Shipper:
         if self._session is not None:
             await self._ship(self._session)
             return
-        async with aiohttp.ClientSession(timeout=self._timeout) as session:
+        connector = aiohttp.TCPConnector(ssl=self._tls) if self._tls is not None else None
+        async with aiohttp.ClientSession(timeout=self._timeout, connector=connector) as session:
             await self._ship(session)
 
     async def _ship(self, session: aiohttp.ClientSession) -> None:

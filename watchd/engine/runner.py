@@ -45,6 +45,7 @@ from watchd.periodic import Periodic
 from watchd.rules import RuleEngine, RuleSet, load_rules
 from watchd.rules.loader import rule_files
 from watchd.rules.persist import StateCopy, state_to_data
+from watchd.security import engine_credentials, listener_tls
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
 
@@ -416,6 +417,8 @@ class Engine:
     async def _start(self, stack: AsyncExitStack) -> None:
         config = self.config
         self.token = config.auth.resolve()
+        credentials = engine_credentials(config.auth)  # issue 22: tokens by role, TLS
+        tls = listener_tls(config.listen, "listen")
         self.rules = load_rules(config.rules)
         self.evaluator = self.rules.engine()
         self._rule_mtimes = self._mtimes()
@@ -569,9 +572,10 @@ class Engine:
             engine=self,
             ack_timeout_s=config.ingest.ack_timeout_s,
             limits=HttpLimits.of(config.http),
+            credentials=credentials,
         )
         self.port = await stack.enter_async_context(
-            serve(app, config.listen.host, config.listen.port, HttpLimits.of(config.http))
+            serve(app, config.listen.host, config.listen.port, HttpLimits.of(config.http), tls)
         )
 
     def _store_failed(self, operation: str, error: Exception) -> None:

@@ -4,7 +4,6 @@ actions, and the operator's calls (release or discard a held action, resume a no
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Protocol
@@ -15,8 +14,11 @@ from watchd.clock import Clock
 from watchd.engine.dedup import SeenIds
 from watchd.engine.metrics import EngineMetrics
 from watchd.httputil import (
+    PRINCIPAL,
     BodyError,
+    Credentials,
     HttpLimits,
+    auth_middleware,
     decode_json,
     error_response,
     errors_as_json,
@@ -127,7 +129,11 @@ _MAX_ID = 2**63 - 1
 
 
 def _operator(request: web.Request) -> str:
-    """Who the operator says they are, as text any store or log can take (no lone surrogates)."""
+    """Who the operator is, as text any store or log can take (no lone surrogates): a named operator token's
+    name (``X-Watchd-Operator`` is then ignored), else what the header says (docs/security.md)."""
+    principal = request.get(PRINCIPAL)
+    if principal is not None and principal.bound:
+        return str(principal.name)
     by = request.headers.get("X-Watchd-Operator", "api")[:100]
     return by.encode("utf-8", "replace").decode("utf-8")
 
@@ -144,20 +150,17 @@ def make_app(
     engine: EngineApi,
     ack_timeout_s: float = 5.0,
     limits: HttpLimits | None = None,
+    credentials: Credentials | None = None,
 ) -> web.Application:
+    """``credentials``: who may do what (docs/security.md); by default ``token`` does everything."""
     body_timeout_s = (limits or HttpLimits()).body_timeout_s
-    expected = f"Bearer {token}".encode() if token is not None else None
+    credentials = credentials if credentials is not None else Credentials(shared=token)
 
-    def authorized(request: web.Request) -> bool:
-        if expected is None:
-            return True
-        # a header's bytes that are not UTF-8 arrive as lone surrogates: keep them as the bytes they were
-        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        return hmac.compare_digest(given, expected)
+    def denied(request: web.BaseRequest, need: str) -> None:
+        if need == "ingest":
+            metrics.ingest_rejected.labels("unauthorized").inc()
 
     async def ingest(request: web.Request) -> web.Response:
-        if not authorized(request):
-            return _reject(401, "missing or wrong bearer token", metrics, "unauthorized")
         try:
             raw = await read_body(request, max_body_bytes, body_timeout_s)
         except BodyError as exc:
@@ -275,8 +278,6 @@ def make_app(
         return json_response({"held": engine.held()})
 
     async def resume_node(request: web.Request) -> web.Response:
-        if not authorized(request):
-            return error_response(401, "missing or wrong bearer token")
         node = request.match_info["node"]
         if not node.isprintable():  # also refuses lone surrogates (category Cs)
             return error_response(400, "node: expected a printable name")
@@ -284,8 +285,6 @@ def make_app(
         return json_response(result, status=_RESUME_STATUS.get(result["outcome"], 200))
 
     async def resolve_held(request: web.Request) -> web.Response:
-        if not authorized(request):
-            return error_response(401, "missing or wrong bearer token")
         try:
             held_id = int(request.match_info["id"])
         except ValueError:
@@ -299,7 +298,8 @@ def make_app(
             result = engine.discard(held_id, by)
         return json_response(result, status=404 if result["outcome"] == "not_held" else 200)
 
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[errors_as_json("request_failed")])
+    middlewares = [errors_as_json("request_failed"), auth_middleware(credentials, INGEST_PATH, denied)]
+    app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
     app.router.add_post(INGEST_PATH, ingest)
     app.router.add_get("/metrics", metrics_handler(metrics.registry))
     app.router.add_get("/healthz", healthz)
@@ -314,5 +314,5 @@ def make_app(
     if getattr(engine, "checks", None) is not None:  # issue 21: /api/v1/checks, /api/v1/nodes/{node}/validate
         from watchd.engine import checks_api
 
-        checks_api.add_routes(app, engine, authorized)  # type: ignore[arg-type]
+        checks_api.add_routes(app, engine, _operator)  # type: ignore[arg-type]
     return app

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import aiohttp
 
-from watchd.config import EngineConfig, Listen, TokenSource
+from watchd.config import EngineAuth, EngineConfig, Listen
 from watchd.engine.runner import Engine
 from watchd.logs import configure_logging
 from watchd.model.events import Event
@@ -86,7 +86,7 @@ async def run_demo(nodes: int, out: TextIO) -> int:
     )
     engine_config = EngineConfig(
         listen=Listen(host="127.0.0.1", port=0),
-        auth=TokenSource(token=token),
+        auth=EngineAuth(token=token),
         mode="dry-run",
         slurm={"enabled": False},  # type: ignore[arg-type]
     )
@@ -94,7 +94,9 @@ async def run_demo(nodes: int, out: TextIO) -> int:
     async with AsyncExitStack() as stack:
         engine = await stack.enter_async_context(Engine(engine_config, use_config_scheduler=False))
         url = f"http://127.0.0.1:{engine.port}"
-        session = await stack.enter_async_context(aiohttp.ClientSession())
+        session = await stack.enter_async_context(
+            aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"})
+        )
         say(
             f"watchd demo: engine on {url} in dry-run mode with the default rules ({len(engine.rules.names)})"
         )

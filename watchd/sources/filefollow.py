@@ -31,7 +31,10 @@ class FileFollowSource(NothingToAcknowledge):
         *,
         from_start: bool = False,
         clock: Clock | None = None,
+        trusted: bool = False,
     ) -> None:
+        """``trusted``: whoever can write the file is trusted to write only the kernel's lines."""
+        self.trusted = trusted
         self.path = path
         self.name = f"file:{path}"
         self._interval = poll_interval
@@ -77,10 +80,17 @@ class FileFollowSource(NothingToAcknowledge):
                         overlong, pending = pending, b""
                     line_start = offset
                     for raw in complete:
-                        yield LogLine(raw.decode("utf-8", "replace"), now, f"{inode}:{line_start}")
+                        yield LogLine(
+                            raw.decode("utf-8", "replace"), now, f"{inode}:{line_start}", trusted=self.trusted
+                        )
                         line_start += len(raw) + 1
                     if overlong:
-                        yield LogLine(overlong.decode("utf-8", "replace"), now, f"{inode}:{line_start}")
+                        yield LogLine(
+                            overlong.decode("utf-8", "replace"),
+                            now,
+                            f"{inode}:{line_start}",
+                            trusted=self.trusted,
+                        )
                         line_start += len(overlong)  # no newline was consumed
                     offset = line_start
                     continue

@@ -36,6 +36,10 @@ def current_boot_id() -> str:
         return "unknown"
 
 
+#: the syslog facility of the kernel's own messages (LOG_KERN)
+KERNEL_FACILITY = 0
+
+
 class KmsgSource:
     def __init__(
         self,
@@ -153,9 +157,12 @@ class KmsgSource:
                     _log.warning("kmsg_records_lost", count=lost, seq=record.seq)
                 self.last_seq = record.seq
                 when = boot_wall + record.usec / 1e6
+                # facility 0 is the kernel's own; a process writing /dev/kmsg gets 1 (user) or what it asks
+                # for, but never 0 (the kernel maps a requested 0 to 1): only the kernel's lines are evidence
+                kernel = record.facility == KERNEL_FACILITY
                 for i, text in enumerate(record.message.split("\n")):
                     key = f"{self._boot_id}:{record.seq}" + (f":{i}" if i else "")
-                    yield LogLine(text, when, key, record.seq)
+                    yield LogLine(text, when, key, record.seq, trusted=kernel)
         finally:
             self.save_state()
             os.close(fd)

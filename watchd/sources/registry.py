@@ -2,11 +2,12 @@
 here): each entry builds the sources its part of the ``sources:`` config asks for, none when it asks for none.
 
     kmsg   /dev/kmsg (``sources.kmsg``, unless ``enabled: false``)
-    files  one followed file per ``sources.files`` entry
+    files  one followed file per ``sources.files`` entry (untrusted unless ``trust: any-writer``)
+    journald  the journal's kernel lines (``sources.journald``, when ``enabled``)
     fake   the kernel log a fake GPU writes its driver lines to (``sources.gpu.backend: fake``)
     slurm-jobs  the output files of the Slurm jobs on the node (``sources.training.slurm_jobs``, issue 19)
     pods        the container logs under ``sources.training.pods_dir`` (issue 19)
-    journald    the journal of ``sources.training.journald_units`` (issue 19)
+    journald-units  the journal of ``sources.training.journald_units`` (issue 19)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from watchd.errors import ConfigError
 from watchd.sources.base import FakeLogSource, LogSource
 from watchd.sources.filefollow import FileFollowSource
 from watchd.sources.journald import JournaldSource
+from watchd.sources.journald_units import JournaldUnitsSource
 from watchd.sources.kmsg import KmsgSource
 from watchd.sources.pod_logs import PodLogSource
 from watchd.sources.slurm_jobs import JobOutputSource, SlurmJobOutputs
@@ -44,7 +46,16 @@ def _kmsg(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
 
 
 def _files(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
-    return [FileFollowSource(f.path, f.poll_interval_s) for f in config.files]
+    return [
+        FileFollowSource(f.path, f.poll_interval_s, trusted=f.trust == "any-writer") for f in config.files
+    ]
+
+
+def _journald(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
+    j = config.journald
+    return (
+        [JournaldSource(j.journalctl, cursor_file=j.cursor_file, directory=j.directory)] if j.enabled else []
+    )
 
 
 def _fake(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
@@ -67,18 +78,19 @@ def _pods(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
     return [PodLogSource(t.pods_dir, poll_interval_s=t.pods_poll_s, max_files=t.max_files)]
 
 
-def _journald(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
+def _journald_units(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
     t = config.training
-    return [JournaldSource(t.journald_units, command=(t.journalctl,))] if t.journald_units else []
+    return [JournaldUnitsSource(t.journald_units, command=(t.journalctl,))] if t.journald_units else []
 
 
 SOURCES: dict[str, SourceFactory] = {
     "kmsg": _kmsg,
     "files": _files,
     "fake": _fake,
+    "journald": _journald,
     "slurm-jobs": _slurm_jobs,
     "pods": _pods,
-    "journald": _journald,
+    "journald-units": _journald_units,
 }
 
 

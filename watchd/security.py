@@ -1,0 +1,61 @@
+"""Credentials and TLS from the daemons' config (docs/security.md): the engine's tokens by role, the TLS
+contexts of a listener and of the agent's connection to the engine. Thin: the checks live in
+:mod:`watchd.httputil` (who may do what) and :mod:`watchd.config` (what a secret file may be)."""
+
+from __future__ import annotations
+
+import ssl
+
+from watchd.config import EngineAuth, EngineEndpoint, Listen
+from watchd.errors import ConfigError
+from watchd.httputil import Credentials, client_tls, server_tls
+from watchd.logs import get_logger
+
+_log = get_logger("watchd.security")
+
+
+def engine_credentials(auth: EngineAuth) -> Credentials:
+    """The engine's tokens by role; warns about an engine that lets anyone read or act."""
+    operators = {t.resolve() or "": t.name for t in auth.operators}
+    viewers = {t.resolve() or "": t.name for t in auth.viewers}
+    if len(operators) + len(viewers) != len(auth.operators) + len(auth.viewers):
+        raise ConfigError("auth: two operators or viewers share one token: give each its own")
+    credentials = Credentials(
+        shared=auth.resolve(),
+        operators=operators,
+        viewers=viewers,
+        open_metrics=auth.open_metrics,
+        open_health=auth.open_health,
+    )
+    if credentials.shared is not None and credentials.shared in {*operators, *viewers}:
+        raise ConfigError("auth: the agents' token is also an operator's or viewer's: give each its own")
+    if credentials.open:
+        _log.warning(
+            "engine_unauthenticated",
+            hint="anyone who reaches the engine can ingest, read the audit and release held actions: "
+            "set auth (docs/security.md)",
+        )
+    elif not operators:
+        _log.warning(
+            "operators_unnamed",
+            hint="the agents' token also operates and X-Watchd-Operator names whoever the caller says: "
+            "configure auth.operators (docs/security.md)",
+        )
+    return credentials
+
+
+def listener_tls(listen: Listen, where: str) -> ssl.SSLContext | None:
+    try:
+        return server_tls(listen.tls_cert, listen.tls_key, listen.client_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{where}.tls_cert/tls_key/client_ca: cannot load: {exc}") from None
+
+
+def engine_client_tls(engine: EngineEndpoint) -> ssl.SSLContext | None:
+    """The agent's TLS context for an https:// engine; None for http://."""
+    if not engine.url.startswith("https://"):
+        return None
+    try:
+        return client_tls(engine.ca_file, engine.client_cert, engine.client_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"engine.ca_file/client_cert/client_key: cannot load: {exc}") from None
