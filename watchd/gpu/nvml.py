@@ -81,6 +81,7 @@ FIELDS: tuple[str, ...] = (
     "nvlink_state",
     "nvlink_errors",
     "field_values",
+    "recovery_action",
     "pcie_throughput",  # only where the PCIe byte-counter fields (197/198) are not supported
     "processes",
 )
@@ -100,6 +101,7 @@ CADENCE: dict[str, str] = {
     "nvlink_state": SLOW,
     "nvlink_errors": SLOW,
     "retired_pages_pending": SLOW,
+    "recovery_action": SLOW,
     "ecc_aggregate_corrected": SLOW,
     "ecc_aggregate_uncorrected": SLOW,
     "energy": ENERGY,
@@ -138,7 +140,8 @@ class _Device:
     supported: set[str] = field(default_factory=set)
     nvlink_links: int = 0
     nvlink_counters: tuple[int, ...] = ()
-    field_ids: tuple[int, ...] = ()
+    field_ids: tuple[int, ...] = ()  # read every round in one nvmlDeviceGetFieldValues call
+    recovery_field: int | None = None  # field 230, read on the slow cadence
     nvlink_prev: tuple[float, int, int] | None = None  # (time, tx KiB, rx KiB) of the previous sample
     position: int = 0  # among the GPUs opened: staggers the slow and energy reads over the rounds
     pcie_counters: bool = False  # fields 197/198 supported: PCIe rates from byte counters
@@ -157,7 +160,7 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(
-        self, lib: Any = None, *, slow_interval_s: float = 10.0, energy_interval_s: float = 20.0
+        self, lib: Any = None, *, slow_interval_s: float = 10.0, energy_interval_s: float = 30.0
     ) -> None:
         self._lib_override = lib
         self.slow_interval_s = slow_interval_s
@@ -376,8 +379,15 @@ class NvmlBackend:
         if not all(f in keep for f in pcie):  # both or neither: the throughput call covers both directions
             keep = [f for f in keep if f not in pcie]
         dev.pcie_counters = all(f in keep for f in pcie)
-        dev.field_ids = tuple(keep)
-        return bool(keep)
+        dev.recovery_field = recovery if recovery in keep else None
+        dev.field_ids = tuple(f for f in keep if f != recovery)
+        return bool(dev.field_ids)
+
+    def _probe_recovery_action(self, dev: _Device) -> bool:
+        if dev.recovery_field is None:
+            return False
+        dev.cache["recovery_action"] = self._recovery_action(dev, 0.0)
+        return True
 
     def _probe_pcie_throughput(self, dev: _Device) -> bool:
         if dev.pcie_counters:
@@ -394,6 +404,7 @@ class NvmlBackend:
         "nvlink_errors": _probe_nvlink_errors,
         "field_values": _probe_field_values,
         "pcie_throughput": _probe_pcie_throughput,
+        "recovery_action": _probe_recovery_action,
     }
 
     # ------------------------------------------------------------------------------------------ sampling
@@ -595,9 +606,6 @@ class NvmlBackend:
             else:
                 self.errors["field_values"] += 1
         out: dict[str, Any] = {}
-        recovery = int(getattr(lib, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", _FI_RECOVERY_ACTION))
-        if recovery in got:
-            out["recovery_action"] = int(got[recovery])
         ptx, prx = got.get(_FI_PCIE_TX_BYTES), got.get(_FI_PCIE_RX_BYTES)
         if ptx is not None and prx is not None:
             pprev = dev.pcie_prev
@@ -615,6 +623,14 @@ class NvmlBackend:
                 out["nvlink_tx_bytes_per_s"] = (tx - prev[1]) * _KIB / dt
                 out["nvlink_rx_bytes_per_s"] = (rx - prev[2]) * _KIB / dt
         return out
+
+    def _recovery_action(self, dev: _Device, now: float) -> dict[str, Any]:
+        if dev.recovery_field is None:
+            return {}
+        (value,) = self._lib.nvmlDeviceGetFieldValues(dev.handle, [dev.recovery_field])
+        if int(value.nvmlReturn) != 0:
+            raise RuntimeError(f"field {dev.recovery_field}: NVML return {int(value.nvmlReturn)}")
+        return {"recovery_action": int(_field_number(value))}
 
     def _processes(self, dev: _Device, now: float) -> dict[str, Any]:
         lib = self._lib
@@ -674,6 +690,7 @@ class NvmlBackend:
         "nvlink_state": _nvlink_state,
         "nvlink_errors": _nvlink_errors,
         "field_values": _field_values,
+        "recovery_action": _recovery_action,
         "processes": _processes,
     }
 
