@@ -4,10 +4,10 @@ place of ``pynvml``, whose every call spends the CPU and wall time that call was
 NVIDIA H200 (driver 580.159.04; the table in watchd/gpu/nvml_costs.json), and whose ``nvmlInit`` takes the
 resident memory loading libnvidia-ml took there.
 
-Real ``watchd agent`` processes (GPU backend ``nvml``, interval 1 s, kmsg off) ship to a real ``watchd engine``
-(dry-run) for --seconds. Measured from /proc: each process's CPU time and RSS.
+Real ``watchd agent`` processes (GPU backend ``nvml``, interval 1 s, kmsg off) ship to a real
+``watchd engine`` (dry-run) for --seconds. Measured from /proc: each process's CPU time and RSS.
 
-* agent with 0 GPUs: the agent's fixed cost (event loop, shipper, heartbeat endpoint, metrics) -- the CPU floor;
+* agent with 0 GPUs: the agent's fixed cost (event loop, shipper, heartbeats, metrics): the CPU floor;
 * agents with 1 and 8 GPUs: (their CPU - the 0-GPU agent's) / rounds / GPUs = the cost per GPU per round;
 * the RSS floor: a Python process with the agent's imports and ``nvmlInit()`` (the stand-in's), idle.
 
@@ -62,7 +62,7 @@ def rss_mib(pid: int) -> float:
 
 
 def modelled_ms_per_gpu(count: int, rounds: int = 60) -> float:
-    """The stand-in's modelled NVML CPU per GPU per round (no burning, a manual clock), after the first round."""
+    """The stand-in's modelled NVML CPU per GPU per round (no burning, a manual clock), after the open."""
     from watchd.gpu.nvml import NvmlBackend
     from watchd.gpu.nvml_standin import StandinNvml
 
@@ -142,7 +142,8 @@ def main() -> int:
         "floor_rss_mib": round(floor_rss, 1),
     }
     print(
-        f"\nwatchd agent cost on the NVML stand-in (H200 costs), 1 s rounds for {elapsed:.0f} s ({os.cpu_count()} cores)"
+        f"\nwatchd agent cost on the NVML stand-in (H200 costs), 1 s rounds for {elapsed:.0f} s "
+        f"({os.cpu_count()} cores)"
     )
     print(f"  CPU floor: the agent with 0 GPUs, {base:.2f} ms per round ({base / 10:.3f}% of a core)")
     print(f"  RSS floor: python + the agent's imports + nvmlInit(), idle: {floor_rss:.1f} MiB")
