@@ -326,7 +326,8 @@ async def test_job_provider(api: KubeApiServer, tmp_path: Path) -> None:
         bert = jobs["k8s:ml/bert"]
         assert bert.nodes == ("gpu-1", "gpu-2")  # the pending pod is not running anywhere yet
         # the agents label GPUs with the pod uid: each running pod of the job is an alias
-        assert len(bert.aliases) == 2 and all(a.startswith("k8s:") for a in bert.aliases)
+        # each pod's UID and its name as dcgm-exporter's pod labels give it (issue 20)
+        assert len(bert.aliases) == 4 and all(a.startswith("k8s:") for a in bert.aliases)
         assert jobs["k8s:ml/llm"].nodes == ("gpu-1", "gpu-3") and jobs["k8s:ml/llm"].name == "JobSet/llm"
         gpt = jobs["k8s:research/gpt"]
         assert gpt.name == "PyTorchJob/gpt" and gpt.source == "kubernetes"

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from watchd.clock import Clock, SystemClock
 from watchd.gpu.model import GpuIdentity, GpuSample
+from watchd.model.jobs import pod_job_label
 from watchd.xid.pci import normalize_pci
 
 __all__ = [
@@ -109,6 +110,8 @@ def _mj(v: float) -> float:
 _FIELDS: dict[str, tuple[str, Callable[[float], Any], bool]] = {
     "DCGM_FI_DEV_GPU_UTIL": ("util_gpu", _float, False),
     "DCGM_FI_DEV_MEM_COPY_UTIL": ("util_mem", _float, False),
+    "DCGM_FI_DEV_ENC_UTIL": ("util_enc", _float, False),
+    "DCGM_FI_DEV_DEC_UTIL": ("util_dec", _float, False),
     "DCGM_FI_DEV_FB_USED": ("mem_used_bytes", _mib, False),
     "DCGM_FI_DEV_GPU_TEMP": ("temp_c", _float, False),
     "DCGM_FI_DEV_POWER_USAGE": ("power_w", _float, False),
@@ -182,6 +185,7 @@ class _Gpu:
     mig: bool = False
     whole: dict[str, float] = field(default_factory=dict)
     instances: dict[str, list[float]] = field(default_factory=dict)
+    jobs: dict[str, int] = field(default_factory=dict)  # job label from the pod labels -> series count
 
     def value(self, name: str) -> float | None:
         if name in self.whole:
@@ -234,6 +238,12 @@ def parse_dcgm(text: str, now: float) -> DcgmScrape:
                     model=labels.get("modelName", ""),
                 )
             value = float(s.value)
+            pod = labels.get("pod") or labels.get("pod_name") or ""
+            if pod:  # Kubernetes mode (-k): the pod using this GPU (or GPU instance)
+                ns = labels.get("namespace") or labels.get("pod_namespace") or ""
+                job = pod_job_label(ns, pod)
+                if job is not None:
+                    gpu.jobs[job] = gpu.jobs.get(job, 0) + 1
             instance = labels.get("GPU_I_ID", "")
             if instance:
                 gpu.mig = True
@@ -278,6 +288,8 @@ def _sample(gpu: _Gpu, now: float) -> GpuSample:
     errors = [v for v in (gpu.value(n) for n in _NVLINK_ERRORS) if v is not None]
     if errors:
         kwargs["nvlink_errors"] = int(sum(errors))
+    if gpu.jobs:  # the job most series name (MIG: instances may run different pods)
+        kwargs["job"] = min(gpu.jobs, key=lambda j: (-gpu.jobs[j], j))
     identity = GpuIdentity(
         index=gpu.index, uuid=gpu.uuid, pci_bus_id=gpu.pci_bus_id, model=gpu.model, mig_mode=gpu.mig
     )

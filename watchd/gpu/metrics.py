@@ -61,6 +61,20 @@ SPECS: tuple[_Spec, ...] = (
         "DCGM_FI_DEV_FB_USED + FB_FREE (MiB)",
     ),
     _Spec(
+        "watchd_gpu_encoder_utilization_percent",
+        "Video encoder utilization.",
+        False,
+        lambda s: s.util_enc,
+        "DCGM_FI_DEV_ENC_UTIL (%)",
+    ),
+    _Spec(
+        "watchd_gpu_decoder_utilization_percent",
+        "Video decoder utilization.",
+        False,
+        lambda s: s.util_dec,
+        "DCGM_FI_DEV_DEC_UTIL (%)",
+    ),
+    _Spec(
         "watchd_gpu_temperature_celsius",
         "GPU temperature.",
         False,

@@ -49,6 +49,8 @@ class GpuSample:
     lost: bool = False  # the GPU raised GpuIsLost: every other field is None
     util_gpu: float | None = None  # percent
     util_mem: float | None = None  # percent
+    util_enc: float | None = None  # percent: video encoder (dcgm-exporter DCGM_FI_DEV_ENC_UTIL)
+    util_dec: float | None = None  # percent: video decoder (DCGM_FI_DEV_DEC_UTIL)
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
     temp_c: float | None = None
@@ -80,3 +82,4 @@ class GpuSample:
     nvlink_rx_bytes_per_s: float | None = None
     recovery_action: int | None = None  # NVML field 230
     pids: tuple[int, ...] = field(default_factory=tuple)  # compute processes on this GPU
+    job: str | None = None  # the job the backend itself names (dcgm-exporter pod labels), else from pids

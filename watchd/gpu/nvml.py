@@ -9,6 +9,17 @@ Each field is *probed* once per GPU at :meth:`NvmlBackend.open`: a field whose f
 :class:`GpuLostError`; any other error leaves that one field None for that one sample and is counted in
 :attr:`NvmlBackend.errors` (by field name).
 
+Cadence (issue 20: a 1 s round must cost <= 1 ms CPU per GPU on real NVML): :data:`CADENCE` says how often
+each field is read. ``static`` fields (rated SM clock, link maximums) are read once at the probe; ``slow``
+ones (power limit, link width/generation, PCIe replays, NVLink state/errors, aggregate ECC) every
+``slow_interval_s``; ``energy`` (4 ms a call on an H200) every ``energy_interval_s``, with the integral of the
+power readings in between (never decreasing); everything else every round. A field read less often than
+every round carries its last value in every sample, so health, summaries and metrics see it each round.
+PCIe traffic comes from the cumulative byte counters (fields 197/198, read in the round's one
+``nvmlDeviceGetFieldValues`` call) as a rate between rounds; ``nvmlDeviceGetPcieThroughput`` (which samples
+for 20 ms per direction) is used only where those fields are not supported, on the slow cadence.
+docs/gpu-nvml-cost.md has the table with each field's measured cost.
+
 MIG: ``nvmlDeviceGetCount`` lists physical GPUs only; a MIG-enabled parent is sampled for its device-level
 fields (utilization is not supported on it, NVML says so and the probe drops it), and its compute processes
 are collected from its MIG devices. MIG devices themselves are never enumerated.
@@ -30,13 +41,15 @@ from watchd.gpu.model import BackendUnavailable, GpuIdentity, GpuLostError, GpuS
 from watchd.logs import get_logger
 from watchd.xid.pci import normalize_pci
 
-__all__ = ["FIELDS", "NvmlBackend"]
+__all__ = ["CADENCE", "FIELDS", "NvmlBackend"]
 
 _log = get_logger("watchd.gpu.nvml")
 
 _FI_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 _FI_NVLINK_TX_KIB = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: cumulative KiB
 _FI_NVLINK_RX_KIB = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+_FI_PCIE_TX_BYTES = 197  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES: cumulative bytes
+_FI_PCIE_RX_BYTES = 198  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
 _SCOPE_ALL_LINKS = 0xFFFFFFFF  # scopeId UINT_MAX: summed over all links
 _XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 _NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
@@ -65,12 +78,34 @@ FIELDS: tuple[str, ...] = (
     "pcie_link_gen_max",
     "pcie_link_width",
     "pcie_link_width_max",
-    "pcie_throughput",
     "nvlink_state",
     "nvlink_errors",
     "field_values",
+    "recovery_action",
+    "pcie_throughput",  # only where the PCIe byte-counter fields (197/198) are not supported
     "processes",
 )
+
+STATIC, SLOW, ENERGY, ROUND = "static", "slow", "energy", "round"
+
+#: How often each field is read (fields not listed: every round). See the module docstring.
+CADENCE: dict[str, str] = {
+    "sm_clock_max": STATIC,
+    "pcie_link_gen_max": STATIC,
+    "pcie_link_width_max": STATIC,
+    "power_limit": SLOW,
+    "pcie_link_gen": SLOW,
+    "pcie_link_width": SLOW,
+    "pcie_replay": SLOW,
+    "pcie_throughput": SLOW,
+    "nvlink_state": SLOW,
+    "nvlink_errors": SLOW,
+    "retired_pages_pending": SLOW,
+    "recovery_action": SLOW,
+    "ecc_aggregate_corrected": SLOW,
+    "ecc_aggregate_uncorrected": SLOW,
+    "energy": ENERGY,
+}
 
 
 def _load_pynvml() -> Any:
@@ -105,8 +140,18 @@ class _Device:
     supported: set[str] = field(default_factory=set)
     nvlink_links: int = 0
     nvlink_counters: tuple[int, ...] = ()
-    field_ids: tuple[int, ...] = ()
+    field_ids: tuple[int, ...] = ()  # read every round in one nvmlDeviceGetFieldValues call
+    recovery_field: int | None = None  # field 230, read on the slow cadence
     nvlink_prev: tuple[float, int, int] | None = None  # (time, tx KiB, rx KiB) of the previous sample
+    position: int = 0  # among the GPUs opened: staggers the slow and energy reads over the rounds
+    pcie_counters: bool = False  # fields 197/198 supported: PCIe rates from byte counters
+    pcie_prev: tuple[float, int, int] | None = None  # (time, tx bytes, rx bytes) of the previous sample
+    cache: dict[str, dict[str, Any]] = field(default_factory=dict)  # last values of non-round fields
+    due: dict[str, float] = field(default_factory=dict)  # next read of slow/energy fields
+    energy_anchor: float | None = None  # J: the last energy counter read
+    energy_integral: float = 0.0  # J: the power integral since that read
+    energy_out: float | None = None  # J: the last value reported (never decreases)
+    power_prev: tuple[float, float] | None = None  # (time, W) of the previous power reading
 
 
 class NvmlBackend:
@@ -114,8 +159,12 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, lib: Any = None) -> None:
+    def __init__(
+        self, lib: Any = None, *, slow_interval_s: float = 10.0, energy_interval_s: float = 30.0
+    ) -> None:
         self._lib_override = lib
+        self.slow_interval_s = slow_interval_s
+        self.energy_interval_s = energy_interval_s
         self._lib: Any = None
         self._devices: dict[str, _Device] = {}  # by UUID
         self._by_handle: dict[int, GpuIdentity] = {}
@@ -154,6 +203,7 @@ class NvmlBackend:
             dev = self._enumerate(index)
             if dev is None:
                 continue
+            dev.position = len(identities)
             self._devices[dev.identity.uuid] = dev
             self._by_handle[_handle_key(dev.handle)] = dev.identity
             identities.append(dev.identity)
@@ -262,7 +312,11 @@ class NvmlBackend:
                     if not special(self, dev):
                         continue
                 else:
-                    self._readers[name](self, dev, 0.0)
+                    got = self._readers[name](self, dev, 0.0)
+                    if CADENCE.get(name, ROUND) != ROUND:
+                        dev.cache[name] = got
+                    if name == "energy":
+                        dev.energy_anchor = got["energy_j"]
             except lib.NVMLError_GpuIsLost:
                 raise
             except unsupported:
@@ -273,6 +327,8 @@ class NvmlBackend:
         dev.supported = supported
         dev.probed = True
         dev.nvlink_prev = None
+        dev.pcie_prev = None
+        dev.due.clear()
         missing = [n for n in FIELDS if n not in supported]
         _log.debug("nvml_probe", gpu=dev.identity.uuid, unsupported=missing)
 
@@ -310,7 +366,8 @@ class NvmlBackend:
     def _probe_field_values(self, dev: _Device) -> bool:
         lib = self._lib
         recovery = int(getattr(lib, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", _FI_RECOVERY_ACTION))
-        wanted = (recovery, _FI_NVLINK_TX_KIB, _FI_NVLINK_RX_KIB)
+        pcie = (_FI_PCIE_TX_BYTES, _FI_PCIE_RX_BYTES)
+        wanted = (recovery, *pcie, _FI_NVLINK_TX_KIB, _FI_NVLINK_RX_KIB)
         values = lib.nvmlDeviceGetFieldValues(dev.handle, [self._field_arg(f) for f in wanted])
         not_supported = int(getattr(lib, "NVML_ERROR_NOT_SUPPORTED", 3))
         keep = []
@@ -319,8 +376,24 @@ class NvmlBackend:
             if ret == not_supported or (ret != 0 and fid != recovery and dev.nvlink_links == 0):
                 continue
             keep.append(fid)
-        dev.field_ids = tuple(keep)
-        return bool(keep)
+        if not all(f in keep for f in pcie):  # both or neither: the throughput call covers both directions
+            keep = [f for f in keep if f not in pcie]
+        dev.pcie_counters = all(f in keep for f in pcie)
+        dev.recovery_field = recovery if recovery in keep else None
+        dev.field_ids = tuple(f for f in keep if f != recovery)
+        return bool(dev.field_ids)
+
+    def _probe_recovery_action(self, dev: _Device) -> bool:
+        if dev.recovery_field is None:
+            return False
+        dev.cache["recovery_action"] = self._recovery_action(dev, 0.0)
+        return True
+
+    def _probe_pcie_throughput(self, dev: _Device) -> bool:
+        if dev.pcie_counters:
+            return False  # the byte counters are read in the field-values call instead
+        dev.cache["pcie_throughput"] = self._pcie_throughput(dev, 0.0)
+        return True
 
     @staticmethod
     def _field_arg(fid: int) -> int | tuple[int, int]:
@@ -330,6 +403,8 @@ class NvmlBackend:
         "nvlink_state": _probe_nvlink_state,
         "nvlink_errors": _probe_nvlink_errors,
         "field_values": _probe_field_values,
+        "pcie_throughput": _probe_pcie_throughput,
+        "recovery_action": _probe_recovery_action,
     }
 
     # ------------------------------------------------------------------------------------------ sampling
@@ -340,22 +415,73 @@ class NvmlBackend:
             raise KeyError(f"nvml: unknown GPU {gpu.uuid} (not returned by open())")
         lib = self._lib
         values: dict[str, Any] = {}
+        energy_read = False
         try:
             if not dev.probed:
                 self._probe(dev)
             for name in FIELDS:
                 if name not in dev.supported:
                     continue
+                cadence = CADENCE.get(name, ROUND)
+                if cadence != ROUND and not self._due(dev, name, cadence, now):
+                    if name != "energy":  # energy: the power integral below
+                        values.update(dev.cache.get(name, {}))
+                    continue
                 try:
-                    values.update(self._readers[name](self, dev, now))
+                    got = self._readers[name](self, dev, now)
                 except lib.NVMLError_GpuIsLost:
                     raise
                 except Exception:
                     self.errors[name] += 1
+                    continue
+                values.update(got)
+                if cadence != ROUND:
+                    dev.cache[name] = got
+                    energy_read = energy_read or name == "energy"
         except lib.NVMLError_GpuIsLost:
-            dev.nvlink_prev = None
+            dev.nvlink_prev = dev.pcie_prev = dev.power_prev = None
             raise GpuLostError(f"GPU {gpu.index} ({gpu.uuid}, {gpu.pci_bus_id}) is lost") from None
+        if "energy" in dev.supported:
+            values["energy_j"] = self._energy_estimate(
+                dev, now, values.get("power_w"), values.get("energy_j") if energy_read else None
+            )
         return GpuSample(time=now, gpu=gpu, **values)
+
+    def _due(self, dev: _Device, name: str, cadence: str, now: float) -> bool:
+        """Whether a field read less often than every round is to be read in this round."""
+        if cadence == STATIC:
+            return name not in dev.cache  # read once (again only while the first reads failed)
+        interval = self.energy_interval_s if cadence == ENERGY else self.slow_interval_s
+        due = dev.due.get(name)
+        if due is None:  # the first round after the probe: stagger the next reads over the GPUs
+            n = max(1, len(self._devices))
+            dev.due[name] = now + interval * (dev.position + 1) / n
+            return name not in dev.cache  # read now unless the probe kept its value
+        if now >= due or due - now > interval:  # due (or the clock went back)
+            dev.due[name] = now + interval
+            return True
+        return False
+
+    @staticmethod
+    def _energy_estimate(dev: _Device, now: float, power: float | None, real: float | None) -> float | None:
+        """The energy counter, read every ``energy_interval_s``; in between the last reading plus the
+        integral of the power readings since (trapezoids). Never decreases, except on a counter reset."""
+        if real is not None:
+            if dev.energy_out is not None and real < 0.9 * dev.energy_out:
+                dev.energy_out = None  # the counter restarted (driver reload)
+            dev.energy_anchor, dev.energy_integral = real, 0.0
+        elif power is not None and dev.power_prev is not None and now > dev.power_prev[0]:
+            t0, p0 = dev.power_prev
+            dev.energy_integral += (p0 + power) / 2.0 * (now - t0)
+        if power is not None:
+            dev.power_prev = (now, power)
+        if dev.energy_anchor is None:
+            return None
+        estimate = dev.energy_anchor + dev.energy_integral
+        if dev.energy_out is not None and estimate < dev.energy_out:
+            estimate = dev.energy_out
+        dev.energy_out = estimate
+        return estimate
 
     def _utilization(self, dev: _Device, now: float) -> dict[str, Any]:
         u = self._lib.nvmlDeviceGetUtilizationRates(dev.handle)
@@ -480,9 +606,14 @@ class NvmlBackend:
             else:
                 self.errors["field_values"] += 1
         out: dict[str, Any] = {}
-        recovery = int(getattr(lib, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", _FI_RECOVERY_ACTION))
-        if recovery in got:
-            out["recovery_action"] = int(got[recovery])
+        ptx, prx = got.get(_FI_PCIE_TX_BYTES), got.get(_FI_PCIE_RX_BYTES)
+        if ptx is not None and prx is not None:
+            pprev = dev.pcie_prev
+            dev.pcie_prev = (now, int(ptx), int(prx))
+            if pprev is not None and now > pprev[0] and ptx >= pprev[1] and prx >= pprev[2]:
+                dt = now - pprev[0]
+                out["pcie_tx_bytes_per_s"] = (ptx - pprev[1]) / dt
+                out["pcie_rx_bytes_per_s"] = (prx - pprev[2]) / dt
         tx, rx = got.get(_FI_NVLINK_TX_KIB), got.get(_FI_NVLINK_RX_KIB)
         if tx is not None and rx is not None:
             prev = dev.nvlink_prev
@@ -492,6 +623,14 @@ class NvmlBackend:
                 out["nvlink_tx_bytes_per_s"] = (tx - prev[1]) * _KIB / dt
                 out["nvlink_rx_bytes_per_s"] = (rx - prev[2]) * _KIB / dt
         return out
+
+    def _recovery_action(self, dev: _Device, now: float) -> dict[str, Any]:
+        if dev.recovery_field is None:
+            return {}
+        (value,) = self._lib.nvmlDeviceGetFieldValues(dev.handle, [dev.recovery_field])
+        if int(value.nvmlReturn) != 0:
+            raise RuntimeError(f"field {dev.recovery_field}: NVML return {int(value.nvmlReturn)}")
+        return {"recovery_action": int(_field_number(value))}
 
     def _processes(self, dev: _Device, now: float) -> dict[str, Any]:
         lib = self._lib
@@ -551,6 +690,7 @@ class NvmlBackend:
         "nvlink_state": _nvlink_state,
         "nvlink_errors": _nvlink_errors,
         "field_values": _field_values,
+        "recovery_action": _recovery_action,
         "processes": _processes,
     }
 

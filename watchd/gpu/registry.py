@@ -18,7 +18,9 @@ NONE = "none"  # no GPU sampling
 def _nvml(config: GpuSourceConfig, kernel_log: KernelLog) -> GpuBackend:
     from watchd.gpu.nvml import NvmlBackend
 
-    return NvmlBackend()
+    return NvmlBackend(
+        slow_interval_s=config.nvml_slow_interval_s, energy_interval_s=config.nvml_energy_interval_s
+    )
 
 
 def _dcgm(config: GpuSourceConfig, kernel_log: KernelLog) -> GpuBackend:

@@ -89,8 +89,8 @@ class GpuSampler:
         """Derive events from one round of samples (also used directly by the fleet simulator)."""
         for sample in samples:
             self.samples_taken += 1
-            job = None
-            if self._jobs is not None and sample.pids:
+            job = sample.job  # dcgm-exporter: from the pod labels
+            if job is None and self._jobs is not None and sample.pids:
                 ref = self._jobs.jobs_for(sample.pids)
                 job = ref.label if ref is not None else None
             for event in self.health.observe(sample, self.node):

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["JobKind", "JobRef", "job_label", "parse_job_label"]
+__all__ = ["JobKind", "JobRef", "job_label", "parse_job_label", "pod_job_label"]
 
 JobKind = Literal["slurm", "k8s"]
 
@@ -51,3 +51,28 @@ def job_label(value: object) -> str | None:
     if text.isascii() and text.isdigit():
         return f"slurm:{text}"
     return text or None
+
+
+# Kubernetes generated-name suffix (5 characters of this alphabet), Indexed-Job index, Kubeflow replica.
+_POD_SUFFIX_RE = re.compile(r"-[bcdfghjklmnpqrstvwxz2456789]{5}$", re.ASCII)
+_POD_INDEX_RE = re.compile(r"-\d+$", re.ASCII)
+_KUBEFLOW_REPLICA_RE = re.compile(
+    r"-(?:master|worker|launcher|chief|ps|evaluator|server|scheduler|driver)-\d+$", re.ASCII
+)
+
+
+def pod_job_label(namespace: str, pod: str) -> str | None:
+    """The job label ``k8s:<namespace>/<name>`` of a pod known only by its name (dcgm-exporter's ``pod`` and
+    ``namespace`` labels), named as the Kubernetes provider names jobs: Kubeflow ``<job>-worker-3`` ->
+    ``<job>``; Job ``<job>-x7k2p`` and Indexed Job ``<job>-3-x7k2p`` -> ``<job>`` (a JobSet's pod gives its
+    child Job ``<jobset>-<replicated job>-<index>``; the provider lists that name as an alias of the JobSet).
+    Best effort from the name alone; None without a pod."""
+    if not pod:
+        return None
+    ns = namespace or "default"
+    name = _KUBEFLOW_REPLICA_RE.sub("", pod)
+    if name == pod:
+        name = _POD_SUFFIX_RE.sub("", pod)
+        if name != pod:
+            name = _POD_INDEX_RE.sub("", name) or name
+    return f"k8s:{ns}/{name or pod}"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from watchd.jobs.model import JobInfo
+from watchd.model.jobs import pod_job_label
 
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 KUBEFLOW_LABEL = "training.kubeflow.org/job-name"
@@ -84,6 +85,9 @@ def jobs_from_pods(pods: Sequence[Any]) -> list[JobInfo]:
         if ref is None or not node:
             continue
         nodes.setdefault(ref, {})[node] = None
+        named = pod_job_label(pod.metadata.namespace or "default", getattr(pod.metadata, "name", "") or "")
+        if named is not None and named != f"k8s:{ref.id}":  # what dcgm-exporter's pod labels give (issue 20)
+            uids.setdefault(ref, []).append(named)
         uid = getattr(pod.metadata, "uid", None)
         if uid:
             uids.setdefault(ref, []).append(f"k8s:{str(uid).lower()}")  # the agents' label of the pod
