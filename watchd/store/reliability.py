@@ -76,8 +76,10 @@ class ReliabilityRecord:
         """The node is back in service: its open failures end at ``back_at``."""
         with self._db.write("closing failures") as conn:
             return conn.execute(
-                "UPDATE failures SET back_at = MAX(time, ?) WHERE node = ? AND back_at IS NULL",
-                (back_at, node),
+                # CASE, not MAX(a, b): a scalar MAX is SQLite's alone (the store also runs on PostgreSQL)
+                "UPDATE failures SET back_at = CASE WHEN time > ? THEN time ELSE ? END"
+                " WHERE node = ? AND back_at IS NULL",
+                (back_at, back_at, node),
             ).rowcount
 
     def intervals(self, since: float) -> list[IntervalRow]:
