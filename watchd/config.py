@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 
 from watchd.detect.params import DetectorsConfig
 from watchd.errors import ConfigError
+from watchd.model.durations import parse_duration
 from watchd.strict import Strict as _Strict
 
 Seconds = Annotated[float, Field(gt=0)]
@@ -202,6 +203,21 @@ class JobsConfig(_Strict):
     member_ttl_s: Seconds = 60.0  # an agent's report of a GPU's job counts this long
 
 
+class ReportsConfig(_Strict):
+    """Issue 18: per-team usage, waits, energy and lost GPU-hours (docs/reports.md)."""
+
+    observe: bool = True  # record energy and idle time per job GPU and the jobs' checkpoints in the state
+    metrics: bool = False  # publish watchd_usage_* (reads Slurm accounting every metrics_interval_s)
+    source: Literal["slurm", "none"] = "slurm"  # none: no slurmdbd, only what watchd observed
+    window: Annotated[float, BeforeValidator(parse_duration)] = 7 * 86400.0  # the metrics' window
+    metrics_interval_s: Annotated[float, Field(ge=10)] = 300.0
+    idle_util_pct: Annotated[float, Field(ge=0, le=100)] = 5.0  # a GPU window under this is idle
+    max_accounts: Annotated[int, Field(ge=1, le=10_000)] = 50  # accounts with own series; the rest: (other)
+    per_user: bool = False  # also a user label on the metrics (bounded by max_accounts accounts)
+    timeout_s: Seconds = 300.0  # for each of sacct, sshare, squeue
+    retention_days: Annotated[float, Field(gt=0)] = 90.0  # observations kept in the state database
+
+
 class EngineConfig(_Strict):
     listen: Listen = Listen(port=9120)
     http: HttpConfig = HttpConfig()
@@ -222,6 +238,7 @@ class EngineConfig(_Strict):
     jobs: JobsConfig = JobsConfig()
     detectors: DetectorsConfig = DetectorsConfig()
     log: LogConfig = LogConfig()
+    reports: ReportsConfig = ReportsConfig()  # issue 18
 
     def scheduler_settings(self) -> dict[str, SchedulerSettings]:
         """Every scheduler section, by scheduler name (the field's name), enabled or not."""

@@ -53,6 +53,7 @@ from watchd.store.intents import Intents
 from watchd.store.meta import Meta
 from watchd.store.rule_state import RuleStates
 from watchd.store.schema import MIGRATIONS, SCHEMA_VERSION
+from watchd.store.usage import JobUsage
 
 DEFAULT_BUSY_TIMEOUT_S = 5.0
 PROBE_KEY = "write_probe"
@@ -81,6 +82,7 @@ class Store:
         self.rule_state = RuleStates(self._db)
         self.breaker = BreakerWindow(self._db)
         self.meta = Meta(self._db)
+        self.usage = JobUsage(self._db)  # issue 18: the usage report's observations
         self.health = StoreHealth()
         self._listeners: list[Callable[[str, StoreError], None]] = []
         self._db.on_error = self._failed
