@@ -14,22 +14,30 @@ from prometheus_client.registry import Collector
 from watchd.reports.model import UsageReport
 
 OTHER = "(other)"
+#: (metric name, help, row attribute, scale to base units: seconds and joules, as promtool wants them)
 _FIELDS = (
-    ("gpu_hours", "GPU-hours allocated in the report window (Slurm accounting TRES)", "gpu_hours"),
     (
-        "idle_gpu_hours",
-        "GPU-hours allocated while GPU utilization was under the idle threshold",
-        "idle_gpu_hours",
+        "gpu_seconds",
+        "GPU-seconds allocated in the report window (Slurm accounting TRES)",
+        "gpu_hours",
+        3600.0,
     ),
     (
-        "lost_gpu_hours",
-        "GPU-hours of work lost to infrastructure faults (since the last checkpoint)",
-        "lost_gpu_hours",
+        "idle_gpu_seconds",
+        "GPU-seconds allocated while GPU utilization was under the idle threshold",
+        "idle_gpu_hours",
+        3600.0,
     ),
-    ("energy_joules", "GPU energy attributed to the jobs (agents' per-GPU power)", "energy_kwh"),
-    ("pending_jobs", "jobs pending now", "pending"),
-    ("pending_gpus", "GPUs requested by the jobs pending now", "pending_gpus"),
-    ("jobs_started", "job runs started in the report window", "jobs"),
+    (
+        "lost_gpu_seconds",
+        "GPU-seconds of work lost to infrastructure faults (since the last checkpoint)",
+        "lost_gpu_hours",
+        3600.0,
+    ),
+    ("energy_joules", "GPU energy attributed to the jobs (agents' per-GPU power)", "energy_kwh", 3.6e6),
+    ("pending_jobs", "jobs pending now", "pending", 1.0),
+    ("pending_gpus", "GPUs requested by the jobs pending now", "pending_gpus", 1.0),
+    ("jobs_started", "job runs started in the report window", "jobs", 1.0),
 )
 
 
@@ -46,22 +54,22 @@ def families(report: UsageReport, *, max_accounts: int = 50, prefix: str = "watc
     keep = _bounded(report, max_accounts)
     per_user = "user" in report.by
     labels = ["account", "partition"] + (["user"] if per_user else [])
-    sums: dict[str, dict[tuple[str, ...], float]] = {f: defaultdict(float) for f, _, _ in _FIELDS}
+    sums: dict[str, dict[tuple[str, ...], float]] = {f[0]: defaultdict(float) for f in _FIELDS}
     waits: dict[tuple[str, ...], dict[str, float]] = {}
     for r in report.rows:
         account = r.key.get("account", "")
         if account not in keep:
             account = OTHER
         key = (account, r.key.get("partition", ""), *([r.key.get("user", "")] if per_user else []))
-        for name, _, attr in _FIELDS:
+        for name, _, attr, scale in _FIELDS:
             v = getattr(r, attr)
             if v is None:
                 continue
-            sums[name][key] += float(v) * (3.6e6 if attr == "energy_kwh" else 1.0)
+            sums[name][key] += float(v) * scale
         if account != OTHER and r.wait_p50_s is not None:
-            waits[key] = {"0.5": r.wait_p50_s, "0.95": r.wait_p95_s or 0.0, "1": r.wait_max_s or 0.0}
+            waits[key] = {"p50": r.wait_p50_s, "p95": r.wait_p95_s or 0.0, "max": r.wait_max_s or 0.0}
     out: list[Metric] = []
-    for name, doc, _ in _FIELDS:
+    for name, doc, _, _ in _FIELDS:
         g = GaugeMetricFamily(f"{prefix}_{name}", doc, labels=labels)
         for key, v in sorted(sums[name].items()):
             g.add_metric(list(key), v)
@@ -69,7 +77,7 @@ def families(report: UsageReport, *, max_accounts: int = 50, prefix: str = "watc
     w = GaugeMetricFamily(
         f"{prefix}_queue_wait_seconds",
         "queue wait (submit to start) of the runs started in the window",
-        labels=[*labels, "quantile"],
+        labels=[*labels, "stat"],
     )
     for key, qs in sorted(waits.items()):
         for q, v in qs.items():
