@@ -128,7 +128,7 @@ def energy_plot(report: UsageReport) -> str:
     row_h = ph / max(1, len(accounts))
     body: list[str] = []
     for i, account in enumerate(accounts):
-        w = pw * energy[account] / top
+        w = 0.8 * pw * energy[account] / top  # room for the label
         y = T + row_h * i + row_h * 0.15
         body.append(
             f'<rect x="{L}" y="{y:.1f}" width="{w:.1f}" height="{row_h * 0.7:.1f}" fill="{col[account]}"/>'
