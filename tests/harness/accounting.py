@@ -177,3 +177,58 @@ def start_accounting(
 
     wait(dbd_up, "slurmdbd did not answer sacctmgr")
     run("sacctmgr", "-i", "add", "cluster", cluster_name)
+
+
+# ------------------------------------------------------------------------------ synthetic accounting rows
+
+#: slurm's job_states (slurm.h): what a row's ``state`` column holds
+JOB_STATES = {"RUNNING": 1, "COMPLETED": 3, "CANCELLED": 4, "FAILED": 5, "TIMEOUT": 6, "NODE_FAIL": 7}
+
+
+@dataclass(frozen=True)
+class SyntheticJob:
+    """One row of ``<cluster>_job_table`` (what slurmctld would have sent slurmdbd for a finished job)."""
+
+    job_id: int
+    account: str
+    partition: str
+    gpus: int
+    nodes: int
+    nodelist: str
+    submit: int
+    start: int
+    end: int
+    state: str = "COMPLETED"
+
+
+def association_ids(acct: Accounting, cluster_name: str, user: str = "root") -> dict[str, int]:
+    """account -> the id of ``user``'s association in it (sacct gives a job's user from its association)."""
+    out = acct.mysql(
+        f"SELECT acct, id_assoc FROM {cluster_name}_assoc_table WHERE user = '{user}' AND deleted = 0"
+    )
+    return {a: int(i) for a, i in (line.split("\t") for line in out.splitlines() if line)}
+
+
+def gpu_tres_id(acct: Accounting) -> int:
+    return int(acct.mysql("SELECT id FROM tres_table WHERE type = 'gres' AND name = 'gpu'").strip())
+
+
+def insert_jobs(acct: Accounting, cluster_name: str, jobs: list[SyntheticJob], batch: int = 5000) -> None:
+    """Insert finished jobs straight into the job table, in batches of multi-row INSERTs."""
+    assoc = association_ids(acct, cluster_name)
+    gpu = gpu_tres_id(acct)
+    cols = (
+        "account, cpus_req, job_name, id_assoc, id_job, id_resv, id_wckey, id_user, id_group,"
+        " het_job_id, het_job_offset, state_reason_prev, nodelist, nodes_alloc, `partition`, priority,"
+        " state, time_submit, time_eligible, time_start, time_end, tres_alloc, tres_req, work_dir, mod_time"
+    )
+    for i in range(0, len(jobs), batch):
+        values = []
+        for j in jobs[i : i + batch]:
+            tres = f"1={j.nodes},4={j.nodes},5={j.gpus},{gpu}={j.gpus}"
+            values.append(
+                f"('{j.account}',{j.nodes},'synthetic',{assoc[j.account]},{j.job_id},0,0,0,0,0,4294967294,0,"
+                f"'{j.nodelist}',{j.nodes},'{j.partition}',1,{JOB_STATES[j.state]},{j.submit},{j.submit},"
+                f"{j.start},{j.end},'{tres}','{tres}','/tmp',{j.end})"
+            )
+        acct.mysql(f"INSERT INTO {cluster_name}_job_table ({cols}) VALUES " + ",".join(values) + ";")

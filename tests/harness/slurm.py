@@ -547,6 +547,28 @@ class SlurmCluster:
             time.sleep(0.1)
         raise SlurmHarnessError(f"job {job_id} not in {list(states)}: {info}")
 
+    def restart_slurmdbd(self, *, rollup_from: float | None = None) -> None:
+        """Stop slurmdbd and start it again; ``rollup_from``: first set the usage tables' last rollup back to
+        that time, so the rollup slurmdbd runs at start covers rows inserted into the job table by hand
+        (``sreport`` reads only the rolled-up tables)."""
+        assert self.dir is not None and self.acct is not None
+        for p in self._procs:
+            if p.args[0] == "slurmdbd" and p.poll() is None:  # type: ignore[index]
+                p.terminate()
+                p.wait(timeout=30)
+        self._procs = [p for p in self._procs if p.poll() is None]
+        if rollup_from is not None:
+            t = int(rollup_from)
+            self.acct.mysql(
+                f"UPDATE {self.cluster_name}_last_ran_table SET hourly_rollup = {t}, daily_rollup = {t},"
+                f" monthly_rollup = {t}"
+            )
+        self._spawn(["slurmdbd", "-D"], self.dir / "log" / "slurmdbd.out")
+        self._wait(
+            lambda: self.run("sacctmgr", "-n", "show", "cluster", check=False, timeout=10).returncode == 0,
+            "slurmdbd did not come back",
+        )
+
     def sacctmgr(self, *args: str) -> str:
         """``sacctmgr -i`` (no confirmation) against this cluster's slurmdbd (``accounting=True``)."""
         return self.run("sacctmgr", "-i", *args).stdout
