@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-DEBS   := slurmctld slurmd slurm-client munge prometheus-alertmanager prometheus
+DEBS   := slurmctld slurmd slurm-client munge prometheus-alertmanager prometheus mariadb-server slurmdbd chromium
 
 .PHONY: demo test lint typecheck unit rules-test deps venv bench clean
 

@@ -559,9 +559,10 @@ class SlurmCluster:
         self._procs = [p for p in self._procs if p.poll() is None]
         if rollup_from is not None:
             t = int(rollup_from)
+            table = f"{self.cluster_name}_last_ran_table"  # one row, written by the first rollup
             self.acct.mysql(
-                f"UPDATE {self.cluster_name}_last_ran_table SET hourly_rollup = {t}, daily_rollup = {t},"
-                f" monthly_rollup = {t}"
+                f"DELETE FROM {table}; INSERT INTO {table} (hourly_rollup, daily_rollup, monthly_rollup)"
+                f" VALUES ({t}, {t}, {t});"
             )
         self._spawn(["slurmdbd", "-D"], self.dir / "log" / "slurmdbd.out")
         self._wait(
