@@ -54,7 +54,7 @@ def begin(s: Store, key: str = "drain:gpu-1", at: float = 100.0, cooldown_until:
 def test_open_sets_wal_normal_and_the_schema(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     with Store.open(path) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 3
+        assert s.schema_version() == SCHEMA_VERSION
         assert s._db.live().execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
         assert s._db.live().execute("PRAGMA busy_timeout").fetchone()[0] == 5000
     raw = sqlite3.connect(path)
@@ -66,10 +66,10 @@ def test_migrates_an_empty_file(tmp_path: Path) -> None:
     path = tmp_path / "empty.db"
     path.touch()
     with Store.open(path) as s:
-        assert s.schema_version() == 3
+        assert s.schema_version() == SCHEMA_VERSION
         s.meta.set("k", "v")
     with Store.open(path) as s:  # a second open migrates nothing and keeps the data
-        assert s.schema_version() == 3
+        assert s.schema_version() == SCHEMA_VERSION
         assert s.meta.get("k") == "v"
 
 
@@ -86,7 +86,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_data(tmp_path: Path) -> 
     raw.commit()
     raw.close()
     with Store.open(path) as s:
-        assert s.schema_version() == 3 and s.meta.get("k") == "v1" and s.rule_state.load() == {}
+        assert s.schema_version() == SCHEMA_VERSION and s.meta.get("k") == "v1" and s.rule_state.load() == {}
 
 
 def test_a_version_2_database_gains_the_lookup_indexes_and_keeps_its_held_actions(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_a_version_2_database_gains_the_lookup_indexes_and_keeps_its_held_action
     raw.commit()
     raw.close()
     with Store.open(path) as s:
-        assert s.schema_version() == 3
+        assert s.schema_version() == SCHEMA_VERSION
         found = s.held.find("drain", "n1")
         assert found is not None and found.node == "n1" and s.held.count() == 1
         assert s.breaker.contains("gpu", "n1", 0.0) and s.breaker.count("gpu", 0.0) == 1

@@ -76,6 +76,8 @@ async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
             "detectors": cfg.detectors.interval_s,
             "fleet-prune": 60.0,
             "store-probe": 2.0,  # the state database's write probe (issue 16 item 3)
+            "usage-flush": 30.0,  # the usage report's observations to the state (issue 18)
+            "usage-prune": 3600.0,
         }
         with pytest.raises(RuntimeError, match="already started"):
             await engine.start()
