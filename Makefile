@@ -52,6 +52,7 @@ bench: venv deps
 	$(BIN)/python benchmarks/agent_cost.py
 	$(BIN)/python benchmarks/heartbeat_cost.py
 	$(BIN)/python benchmarks/detection.py
+	$(BIN)/python benchmarks/usage_report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
