@@ -4,6 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEBS   := slurmctld slurmd slurm-client munge prometheus-alertmanager prometheus systemd-journal-remote openssl util-linux
 DEBS   += postgresql  # issue 22: the shared state store for HA (tests start a private cluster)
+DEBS   += mariadb-server slurmdbd chromium  # issue 18: Slurm accounting, the HTML report in a real browser
 
 .PHONY: demo test lint typecheck unit rules-test deps venv bench clean
 
@@ -53,6 +54,7 @@ bench: venv deps
 	$(BIN)/python benchmarks/agent_cost.py
 	$(BIN)/python benchmarks/heartbeat_cost.py
 	$(BIN)/python benchmarks/detection.py
+	$(BIN)/python benchmarks/usage_report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

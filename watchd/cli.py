@@ -113,6 +113,26 @@ def _parser() -> argparse.ArgumentParser:
     dr.add_argument("--json", action="store_true", help="the engine's document as JSON")
     dr.add_argument("--refresh", action="store_true", help="list the fleet now, not the last poll")
     dr.add_argument("--owner", choices=("watchd", "nhc", "scheduler", "admin", "other"), help="only these")
+    # issue 18: per-team usage, queue waits, energy, lost GPU-hours (docs/reports.md)
+    rp = sub.add_parser("report", help="reports from accounting and what watchd observed")
+    rpsub = rp.add_subparsers(dest="report_command", metavar="REPORT", required=True)
+    ru = rpsub.add_parser("usage", help="GPU-hours, shares, waits, energy, lost and idle GPU-hours per team")
+    ru.add_argument("--since", default="7d", help="window start, this long ago (default 7d)")
+    ru.add_argument("--until", help="window end, this long ago (default: now)")
+    ru.add_argument(
+        "--by", default="account", help="comma list of account, user, partition (default account)"
+    )
+    ru.add_argument(
+        "--format", choices=["table", "csv", "json", "markdown", "html", "prometheus"], default="table"
+    )
+    ru.add_argument(
+        "--source", choices=["slurm", "none", "fake"], help="accounting (default: config, else slurm)"
+    )
+    ru.add_argument("--fixture", type=Path, help="source fake: a JSON file of records")
+    ru.add_argument("--state", type=Path, help="the engine's state database (default: from --config)")
+    ru.add_argument("-c", "--config", type=Path, help="engine YAML config (reports section, state path)")
+    ru.add_argument("--idle-threshold", type=float, help="GPU utilization %% under which a window is idle")
+    ru.add_argument("-o", "--output", type=Path, help="write here instead of standard output")
 
     sub.add_parser("version", help="print the version")
     return p
@@ -218,6 +238,23 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_reliability(
             args.url, args.json, sys.stdout, partition=args.partition, since=args.since, job=args.job
+        )
+    if args.command == "report":
+        from watchd.reports.command import run_usage
+
+        return run_usage(
+            since=args.since,
+            until=args.until,
+            by=args.by,
+            fmt=args.format,
+            source=args.source,
+            fixture=args.fixture,
+            state=args.state,
+            config=args.config,
+            idle_util_pct=args.idle_threshold,
+            output=args.output,
+            out=sys.stdout,
+            err=sys.stderr,
         )
     raise AssertionError(args.command)
 

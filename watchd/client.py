@@ -286,8 +286,8 @@ def checkpoint_advice(
     ``waste_current`` and ``waste_advised`` (expected shares of compute lost), ``far_too_long``. The engine is
     ``url``, else ``WATCHD_ENGINE_URL``, else http://127.0.0.1:9120; reads need a viewer's credential where
     the engine has any (docs/security.md): ``token``, else ``WATCHD_VIEWER_TOKEN``. None when there is no
-    advice (no job id, the engine does not know the job yet, no checkpoint cost measured or configured) or the engine cannot be
-    reached: it never raises into the training loop, and waits at most ``timeout`` seconds."""
+    advice (no job id, the engine does not know the job yet, no checkpoint cost measured or configured) or
+    the engine cannot be reached: it never raises into the training loop, and waits at most ``timeout`` seconds."""
     try:
         job = job if job is not None else _env_job()
         if not job:

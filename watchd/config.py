@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from watchd.checks.params import ChecksConfig
 from watchd.detect.params import DetectorsConfig
 from watchd.errors import ConfigError
 from watchd.logs import get_logger
+from watchd.model.durations import parse_duration
 from watchd.strict import Strict as _Strict
 
 Seconds = Annotated[float, Field(gt=0)]
@@ -400,6 +401,21 @@ class SparesConfig(_Strict):
     slurm_users: str = Field(default="root", pattern=r"^[A-Za-z0-9_.,-]+$")  # Users= of the reservation
 
 
+class ReportsConfig(_Strict):
+    """Issue 18: per-team usage, waits, energy and lost GPU-hours (docs/reports.md)."""
+
+    observe: bool = True  # record energy and idle time per job GPU and the jobs' checkpoints in the state
+    metrics: bool = False  # publish watchd_usage_* (reads Slurm accounting every metrics_interval_s)
+    source: Literal["slurm", "none"] = "slurm"  # none: no slurmdbd, only what watchd observed
+    window: Annotated[float, BeforeValidator(parse_duration)] = 7 * 86400.0  # the metrics' window
+    metrics_interval_s: Annotated[float, Field(ge=10)] = 300.0
+    idle_util_pct: Annotated[float, Field(ge=0, le=100)] = 5.0  # a GPU window under this is idle
+    max_accounts: Annotated[int, Field(ge=1, le=10_000)] = 50  # accounts with own series; the rest: (other)
+    per_user: bool = False  # also a user label on the metrics (bounded by max_accounts accounts)
+    timeout_s: Seconds = 300.0  # for each of sacct, sshare, squeue
+    retention_days: Annotated[float, Field(gt=0)] = 90.0  # observations kept in the state database
+
+
 class EngineConfig(_Strict):
     listen: Listen = Listen(port=9120)
     http: HttpConfig = HttpConfig()
@@ -424,6 +440,7 @@ class EngineConfig(_Strict):
     drains: DrainsConfig = DrainsConfig()  # issue 17
     spares: SparesConfig = SparesConfig()  # issue 17
     log: LogConfig = LogConfig()
+    reports: ReportsConfig = ReportsConfig()  # issue 18
 
     @model_validator(mode="after")
     def _one_election(self) -> EngineConfig:  # issue 22: the database lease fences the shared store

@@ -79,6 +79,8 @@ async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
             "reliability-flush": cfg.reliability.flush_s,  # issue 17
             "reliability": cfg.reliability.interval_s,
             "drains": cfg.drains.poll_s,  # the whole fleet's drains and the spares (issue 17)
+            "usage-flush": 30.0,  # the usage report's observations to the state (issue 18)
+            "usage-prune": 3600.0,
         }
         with pytest.raises(RuntimeError, match="already started"):
             await engine.start()

@@ -29,6 +29,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from tests.harness import accounting as _accounting
 from tests.harness.process import pid_alive, reap_stale_dirs
 
 BINARIES = (
@@ -187,6 +189,8 @@ class SlurmCluster:
         cluster_name: str = "watchd",
         start_timeout: float = 60.0,
         base_dir: str | None = None,
+        accounting: bool = False,
+        gpus_per_node: int = 0,
     ) -> None:
         if real_nodes < 1:
             raise ValueError("real_nodes must be >= 1")
@@ -202,6 +206,11 @@ class SlurmCluster:
         self._munge_socket: str | None = None
         self._env: dict[str, str] = {}
         self.startup_seconds: float | None = None
+        #: issue 18: slurmdbd + MariaDB + multifactor fair-share (see tests/harness/accounting.py)
+        self.accounting = accounting
+        self.acct: _accounting.Accounting | None = None
+        #: count-only ``gres/gpu`` on the real nodes (GPU TRES are accounted)
+        self.gpus_per_node = gpus_per_node
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> SlurmCluster:
@@ -253,9 +262,26 @@ class SlurmCluster:
         if not _munge_works(None):
             self._start_munged(d)
 
-        ctld_port, slurmd_port, *node_ports = _free_ports(2 + len(self.real_node_names))
+        ctld_port, slurmd_port, db_port, dbd_port, *node_ports = _free_ports(4 + len(self.real_node_names))
         sim_port = self._start_sim_sink(d) if self.sim_node_names else 0
+        if self.accounting:
+            self.acct = _accounting.Accounting(d / "run" / "mariadb.sock", db_port, dbd_port)
+        if self.gpus_per_node:
+            # Slurm 22.05's gres/gpu drops a GPU without File= ("Removing file-less GPU"): each GPU is a
+            # character device node in the temp dir with /dev/null's numbers (task/none constrains nothing)
+            (d / "dev").mkdir()
+            for i in range(self.gpus_per_node):
+                os.mknod(d / "dev" / f"gpu{i}", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            (d / "gres.conf").write_text(
+                f"NodeName={','.join(self.real_node_names)} Name=gpu "
+                f"File={d / 'dev'}/gpu[0-{self.gpus_per_node - 1}]\n"
+            )
         self.conf_path.write_text(self._config(d, ctld_port, slurmd_port, sim_port, node_ports))
+        if self.acct is not None:  # sacctmgr reads slurm.conf: after it is written, before slurmctld
+            auth = f"AuthInfo=socket={self._munge_socket}" if self._munge_socket else ""
+            _accounting.start_accounting(
+                d, self.acct, self.cluster_name, self._spawn, self._wait, self.run, auth
+            )
 
         self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf_path)], d / "log" / "slurmctld.out")
         self._wait(self._ctld_up, "slurmctld did not answer `scontrol ping`")
@@ -323,7 +349,12 @@ class SlurmCluster:
             "SchedulerType=sched/builtin",
             "SchedulerParameters=sched_interval=1",
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *(
+                _accounting.slurm_conf_lines(self.acct, self._munge_socket)
+                if self.acct is not None
+                else ["AccountingStorageType=accounting_storage/none"]
+            ),
+            "GresTypes=gpu" if self.gpus_per_node else "",
             "JobCompType=jobcomp/none",
             "MpiDefault=none",
             "MailProg=/bin/true",
@@ -345,6 +376,7 @@ class SlurmCluster:
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
                 f"CPUs={self.cpus_per_node} State=UNKNOWN"
+                + (f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else "")
             )
         if self.sim_node_names:
             # sim_port: the sink resets every connection; SlurmdTimeout keeps them from going DOWN
@@ -355,6 +387,8 @@ class SlurmCluster:
         lines.append(
             f"PartitionName=gpu Nodes={','.join(self.real_node_names)} Default=YES "
             "MaxTime=INFINITE State=UP OverSubscribe=NO"
+            # fair-share on a GPU cluster: a job's billing (what sshare's RawUsage sums) is its GPU count
+            + (" TRESBillingWeights=GRES/gpu=1.0" if self.gpus_per_node and self.acct is not None else "")
         )
         if self.sim_node_names:
             lines.append(
@@ -446,6 +480,7 @@ class SlurmCluster:
         self.dir = None
         self._env = {}
         self._munge_socket = None
+        self.acct = None
 
     # ---------------------------------------------------------------- helpers
     def run(
@@ -511,6 +546,33 @@ class SlurmCluster:
                 return info
             time.sleep(0.1)
         raise SlurmHarnessError(f"job {job_id} not in {list(states)}: {info}")
+
+    def restart_slurmdbd(self, *, rollup_from: float | None = None) -> None:
+        """Stop slurmdbd and start it again; ``rollup_from``: first set the usage tables' last rollup back to
+        that time, so the rollup slurmdbd runs at start covers rows inserted into the job table by hand
+        (``sreport`` reads only the rolled-up tables)."""
+        assert self.dir is not None and self.acct is not None
+        for p in self._procs:
+            if p.args[0] == "slurmdbd" and p.poll() is None:  # type: ignore[index]
+                p.terminate()
+                p.wait(timeout=30)
+        self._procs = [p for p in self._procs if p.poll() is None]
+        if rollup_from is not None:
+            t = int(rollup_from)
+            table = f"{self.cluster_name}_last_ran_table"  # one row, written by the first rollup
+            self.acct.mysql(
+                f"DELETE FROM {table}; INSERT INTO {table} (hourly_rollup, daily_rollup, monthly_rollup)"
+                f" VALUES ({t}, {t}, {t});"
+            )
+        self._spawn(["slurmdbd", "-D"], self.dir / "log" / "slurmdbd.out")
+        self._wait(
+            lambda: self.run("sacctmgr", "-n", "show", "cluster", check=False, timeout=10).returncode == 0,
+            "slurmdbd did not come back",
+        )
+
+    def sacctmgr(self, *args: str) -> str:
+        """``sacctmgr -i`` (no confirmation) against this cluster's slurmdbd (``accounting=True``)."""
+        return self.run("sacctmgr", "-i", *args).stdout
 
     def cancel(self, *job_ids: str) -> None:
         if job_ids:

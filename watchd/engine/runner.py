@@ -42,6 +42,8 @@ from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.model.events import Event
 from watchd.periodic import Periodic
+from watchd.reports.engine_hook import FLUSH_S as USAGE_FLUSH_S
+from watchd.reports.engine_hook import UsageHook
 from watchd.rules import RuleEngine, RuleSet, load_rules
 from watchd.rules.loader import rule_files
 from watchd.rules.persist import StateCopy, state_to_data
@@ -145,6 +147,7 @@ class Engine:
         self._evictions_seen: dict[str, int] = {}  # fleet evictions already counted, by what
         self._groups_evaluator, self._groups_seen = 0, 0  # the rule engine whose evictions were counted
         self.periodic = Periodic()
+        self.usage = UsageHook(config.reports, self.metrics.registry, self.clock)  # issue 18
         self.port = 0
         self._stack = AsyncExitStack()
         self._processor: asyncio.Task[None] | None = None
@@ -559,6 +562,11 @@ class Engine:
             self.checks = checks_api.build_service(self)
             await self.checks.start()
             stack.push_async_callback(self.checks.stop)
+        self.usage.attach(self.store, config.state.path)  # issue 18: the usage report's observations
+        periodic.every(USAGE_FLUSH_S, self.usage.flush, "usage-flush")
+        periodic.every(3600.0, self.usage.prune, "usage-prune")
+        if config.reports.metrics:
+            periodic.every(config.reports.metrics_interval_s, self.usage.refresh_metrics, "usage-metrics")
         periodic.start()
         stack.push_async_callback(self._stop_tasks)
         app = make_app(
@@ -604,6 +612,7 @@ class Engine:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.queue.join(), timeout=5.0)
         await self.periodic.stop(timeout=5.0)
+        await self.usage.flush()
         if self._processor is not None:
             self._processor.cancel()
             await asyncio.gather(self._processor, return_exceptions=True)
@@ -712,7 +721,7 @@ class Engine:
 
     async def _process(self) -> None:
         queue = self.queue
-        observe, with_job = self.correlator.observe, self.correlator.with_job
+        observe, with_job, usage = self.correlator.observe, self.correlator.with_job, self.usage.observe
         acks = self._acks
         reliability = self.reliability
         while True:
@@ -724,6 +733,7 @@ class Engine:
                 try:
                     observe(event)
                     reliability.observe(event)
+                    usage(event)
                     for decision in self.evaluator.evaluate(with_job(event)):
                         reliability.decided(decision)
                         self.metrics.rule_matches.labels(decision.rule).inc()

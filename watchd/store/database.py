@@ -56,6 +56,7 @@ from watchd.store.meta import Meta
 from watchd.store.reliability import ReliabilityRecord
 from watchd.store.rule_state import RuleStates
 from watchd.store.schema import MIGRATIONS, SCHEMA_VERSION
+from watchd.store.usage import JobUsage
 
 DEFAULT_BUSY_TIMEOUT_S = 5.0
 PROBE_KEY = "write_probe"
@@ -90,6 +91,7 @@ class Store:
         self.meta = Meta(self._db)
         self.checks = CheckRuns(self._db)  # issue 21: active checks
         self.reliability = ReliabilityRecord(self._db)  # issue 17
+        self.usage = JobUsage(self._db)  # issue 18: the usage report's observations
         self.health = StoreHealth()
         self._listeners: list[Callable[[str, StoreError], None]] = []
         self._db.on_error = self._failed

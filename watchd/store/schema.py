@@ -161,5 +161,25 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             expires_at REAL NOT NULL DEFAULT 0
         ) WITHOUT ROWID""",
     ),
+    (  # issue 18 (usage report): what watchd observed per job GPU and day (energy, idle), job checkpoints
+        """CREATE TABLE job_gpu_usage (
+            job TEXT NOT NULL,
+            node TEXT NOT NULL,
+            gpu INTEGER NOT NULL,
+            day REAL NOT NULL,
+            energy_j REAL NOT NULL,
+            gpu_s REAL NOT NULL,
+            idle_s REAL NOT NULL,
+            first REAL NOT NULL,
+            last REAL NOT NULL,
+            PRIMARY KEY (job, node, gpu, day)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX job_gpu_usage_last ON job_gpu_usage (last)",
+        """CREATE TABLE job_checkpoints (
+            job TEXT NOT NULL,
+            at REAL NOT NULL,
+            PRIMARY KEY (job, at)
+        ) WITHOUT ROWID""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

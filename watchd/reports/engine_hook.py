@@ -1,0 +1,101 @@
+"""The usage report's part of the engine (issue 18): every event goes through :meth:`UsageHook.observe` (the
+ledger keeps energy and idle time per job GPU, and checkpoints); a periodic job writes it to the state
+database; another, when ``reports.metrics`` is on, builds the report by account and partition in a worker
+thread (``sacct``, ``sshare``, ``squeue`` and a read of the state) and serves it as ``watchd_usage_*``."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from watchd.clock import Clock
+from watchd.config import ReportsConfig
+from watchd.model.events import Event
+from watchd.reports.core import build_report
+from watchd.reports.ledger import UsageLedger
+from watchd.reports.metrics import UsageCollector
+from watchd.reports.model import Observed, UsageReport
+from watchd.reports.source import AccountingSource, build_source
+from watchd.store.connection import StoreError
+from watchd.store.database import Store
+
+_log = structlog.get_logger("watchd.reports")
+FLUSH_S = 30.0
+
+
+class UsageHook:
+    def __init__(
+        self,
+        config: ReportsConfig,
+        registry: CollectorRegistry,
+        clock: Clock,
+        source: AccountingSource | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.ledger = UsageLedger(config.idle_util_pct)
+        self.collector = UsageCollector(config.max_accounts)
+        self.source = source
+        self._store: Store | None = None
+        self._state_path: Path | None = None
+        if config.metrics:
+            registry.register(self.collector)
+
+    def observe(self, event: Event) -> None:
+        if self.config.observe:
+            self.ledger.observe(event)
+
+    def attach(self, store: Store, state_path: Path | None) -> None:
+        self._store = store
+        self._state_path = state_path
+
+    async def flush(self) -> None:
+        """Write what the ledger holds to the state database (a failed write keeps nothing: counted by the
+        store's own error metric; the next windows are recorded again)."""
+        if self._store is None:
+            return
+        gpus, cps = self.ledger.take()
+        rows = [(d.job, d.node, d.gpu, d.day, d.energy_j, d.gpu_s, d.idle_s, d.first, d.last) for d in gpus]
+        try:
+            self._store.usage.add(rows, cps)
+        except StoreError as exc:
+            _log.warning("usage_not_recorded", error=str(exc), windows=len(rows))
+
+    async def prune(self) -> None:
+        if self._store is not None:
+            self._store.usage.prune(self.clock.now() - self.config.retention_days * 86400)
+
+    async def refresh_metrics(self) -> None:
+        now = self.clock.now()
+        start = now - self.config.window
+        try:
+            report = await asyncio.to_thread(self._build, start, now)
+        except Exception as exc:  # a broken accounting answer costs this refresh only
+            _log.warning("usage_report_failed", error=str(exc))
+            return
+        self.collector.update(report)
+
+    def _build(self, start: float, now: float) -> UsageReport:
+        source = self.source or build_source(self.config.source, timeout_s=self.config.timeout_s)
+        observed = Observed()
+        if self._state_path is not None:
+            from watchd.reports.observed import load_observed
+
+            store = Store.open(self._state_path)  # its own connection: this runs in a worker thread
+            try:
+                observed = load_observed(store, start, now)
+            finally:
+                store.close()
+        by = ("account", "partition", "user") if self.config.per_user else ("account", "partition")
+        return build_report(
+            source.fetch(start, now),
+            observed,
+            start=start,
+            end=now,
+            now=now,
+            by=by,
+            idle_util_pct=self.config.idle_util_pct,
+        )

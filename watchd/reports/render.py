@@ -1,0 +1,127 @@
+"""The usage report as a table, CSV, JSON or Markdown (pure: report -> text)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from watchd.reports.core import reasons_text
+from watchd.reports.model import UsageReport, UsageRow
+
+FORMATS = ("table", "csv", "json", "markdown", "html", "prometheus")
+
+_Col = tuple[str, Callable[[UsageRow], Any]]
+
+
+def _key_getter(dim: str) -> Callable[[UsageRow], Any]:
+    return lambda r: r.key[dim]
+
+
+def _columns(report: UsageReport) -> list[_Col]:
+    cols: list[_Col] = [(d, _key_getter(d)) for d in report.by]
+    cols += [
+        ("gpu_hours", lambda r: r.gpu_hours),
+        ("usage_pct", lambda r: 100.0 * r.usage_fraction),
+        ("share_pct", lambda r: None if r.norm_shares is None else 100.0 * r.norm_shares),
+        ("fairshare", lambda r: r.fairshare),
+        ("jobs", lambda r: r.jobs),
+        ("wait_p50_s", lambda r: r.wait_p50_s),
+        ("wait_p95_s", lambda r: r.wait_p95_s),
+        ("wait_max_s", lambda r: r.wait_max_s),
+        ("pending", lambda r: r.pending),
+        ("pending_wait_max_s", lambda r: r.pending_wait_max_s),
+        ("pending_reasons", lambda r: reasons_text(r.pending_reasons)),
+        ("energy_kwh", lambda r: r.energy_kwh),
+        ("idle_gpu_hours", lambda r: r.idle_gpu_hours),
+        ("lost_gpu_hours", lambda r: r.lost_gpu_hours),
+    ]
+    return cols
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
+
+
+def header(report: UsageReport) -> str:
+    src = (
+        "Slurm accounting (sacct, sshare, squeue)"
+        if report.accounting
+        else f"NO ACCOUNTING: {report.accounting_note or 'unavailable'}; what watchd observed itself"
+    )
+    return (
+        f"usage {_when(report.start)} .. {_when(report.end)} by {', '.join(report.by)}; "
+        f"{report.total_gpu_hours:.1f} GPU-hours; source: {src}"
+    )
+
+
+def to_table(report: UsageReport) -> str:
+    cols = _columns(report)
+    rows = [[_fmt(get(r)) for _, get in cols] for r in report.rows]
+    widths = [max([len(name)] + [len(row[i]) for row in rows]) for i, (name, _) in enumerate(cols)]
+    lines = [header(report), "  ".join(n.ljust(w) for (n, _), w in zip(cols, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    if not report.rows:
+        lines.append("(no usage in the window)")
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(report: UsageReport) -> str:
+    cols = _columns(report)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([n for n, _ in cols])
+    for r in report.rows:
+        w.writerow(["" if (v := get(r)) is None else v for _, get in cols])
+    return buf.getvalue()
+
+
+def to_markdown(report: UsageReport) -> str:
+    cols = _columns(report)
+    lines = [f"**{header(report)}**", "", "| " + " | ".join(n for n, _ in cols) + " |"]
+    lines.append("|" + "|".join("---" for _ in cols) + "|")
+    for r in report.rows:
+        lines.append("| " + " | ".join(_fmt(get(r)).replace("|", "\\|") for _, get in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(report: UsageReport) -> str:
+    doc: dict[str, Any] = {
+        "start": report.start,
+        "end": report.end,
+        "by": list(report.by),
+        "accounting": report.accounting,
+        "accounting_note": report.accounting_note,
+        "total_gpu_hours": report.total_gpu_hours,
+        "idle_util_pct": report.idle_util_pct,
+        "rows": [asdict(r) for r in report.rows],
+        "lost_jobs": [asdict(j) for j in report.lost_jobs],
+        "pending": [asdict(p) for p in report.pending],
+        "series": {"bucket_starts": report.bucket_starts, "gpu_hours": report.series},
+        "wait_histograms": report.wait_histograms,
+    }
+    return json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no infinity (sshare's LevelFS of an unused association): such values become null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

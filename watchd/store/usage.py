@@ -1,0 +1,76 @@
+"""What watchd observed per job for the usage report (issue 18): energy, observed and idle GPU-seconds per
+job, node, GPU and day; the job's checkpoints. Written by the engine from :class:`watchd.reports.ledger.
+UsageLedger`; read by ``watchd report usage``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from watchd.store.connection import Connection
+
+#: checkpoints kept per job (the newest)
+MAX_CHECKPOINTS = 32
+
+
+class JobUsage:
+    def __init__(self, db: Connection) -> None:
+        self._db = db
+
+    def add(self, gpus: Iterable[Sequence[object]], checkpoints: Iterable[tuple[str, float]]) -> None:
+        """``gpus``: rows (job, node, gpu, day, energy_j, gpu_s, idle_s, first, last), added to what is
+        stored; ``checkpoints``: (job, time)."""
+        rows = [tuple(r) for r in gpus]
+        cps = list(checkpoints)
+        if not rows and not cps:
+            return
+        with self._db.write("recording job usage") as tx:
+            tx.executemany(
+                "INSERT INTO job_gpu_usage (job, node, gpu, day, energy_j, gpu_s, idle_s, first, last)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job, node, gpu, day) DO UPDATE SET"
+                " energy_j = energy_j + excluded.energy_j, gpu_s = gpu_s + excluded.gpu_s,"
+                " idle_s = idle_s + excluded.idle_s, first = min(first, excluded.first),"
+                " last = max(last, excluded.last)",
+                rows,
+            )
+            tx.executemany("INSERT OR IGNORE INTO job_checkpoints (job, at) VALUES (?, ?)", cps)
+            for job in {j for j, _ in cps}:
+                tx.execute(
+                    "DELETE FROM job_checkpoints WHERE job = ? AND at NOT IN"
+                    " (SELECT at FROM job_checkpoints WHERE job = ? ORDER BY at DESC LIMIT ?)",
+                    (job, job, MAX_CHECKPOINTS),
+                )
+
+    def gpu_rows(
+        self, start: float, end: float
+    ) -> list[tuple[str, str, int, float, float, float, float, float]]:
+        """Per job, node and GPU, summed over the days that overlap ``[start, end)``: (job, node, gpu,
+        energy_j, gpu_s, idle_s, first, last)."""
+        rows = self._db.all(
+            "reading job usage",
+            "SELECT job, node, gpu, sum(energy_j), sum(gpu_s), sum(idle_s), min(first), max(last)"
+            " FROM job_gpu_usage WHERE last >= ? AND first < ? GROUP BY job, node, gpu",
+            (start, end),
+        )
+        return [(r[0], r[1], int(r[2]), r[3], r[4], r[5], r[6], r[7]) for r in rows]
+
+    def checkpoints(self) -> dict[str, tuple[float, ...]]:
+        out: dict[str, list[float]] = {}
+        for r in self._db.all("reading checkpoints", "SELECT job, at FROM job_checkpoints ORDER BY job, at"):
+            out.setdefault(r[0], []).append(float(r[1]))
+        return {k: tuple(v) for k, v in out.items()}
+
+    def prune(self, older_than: float) -> int:
+        n = self._db.delete("pruning job usage", "DELETE FROM job_gpu_usage WHERE last < ?", (older_than,))
+        n += self._db.delete("pruning checkpoints", "DELETE FROM job_checkpoints WHERE at < ?", (older_than,))
+        return n
+
+    def faults(self, start: float, end: float) -> list[tuple[str, float, str, str]]:
+        """watchd's own drains and requeues in ``[start, end)`` from the audit trail: (node, time, action,
+        detail); dry runs and failures are left out."""
+        rows = self._db.all(
+            "reading the audit trail for faults",
+            "SELECT node, time, action, detail FROM audit WHERE time >= ? AND time < ?"
+            " AND action IN ('drain', 'requeue') AND outcome IN ('drained', 'requeued', 'partial')",
+            (start, end),
+        )
+        return [(r[0], float(r[1]), r[2], r[3]) for r in rows]
