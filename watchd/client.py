@@ -287,7 +287,8 @@ def checkpoint_advice(
     ``url``, else ``WATCHD_ENGINE_URL``, else http://127.0.0.1:9120; reads need a viewer's credential where
     the engine has any (docs/security.md): ``token``, else ``WATCHD_VIEWER_TOKEN``. None when there is no
     advice (no job id, the engine does not know the job yet, no checkpoint cost measured or configured) or
-    the engine cannot be reached: it never raises into the training loop, and waits at most ``timeout`` seconds."""
+    the engine cannot be reached: it never raises into the training loop, and waits at most ``timeout``
+    seconds."""
     try:
         job = job if job is not None else _env_job()
         if not job:
