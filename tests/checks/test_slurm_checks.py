@@ -272,11 +272,11 @@ async def test_validate_resumes_only_after_every_check_passes(
     assert len(validation_jobs) == 4  # nccl + dcgm, twice
     # the CLI's list, history and run
     out = io.StringIO()
-    assert await asyncio.to_thread(run_checks, "list", [], [], url, None, None, None, False, 30, out) == 0
+    assert await asyncio.to_thread(run_checks, "list", [], [], url, token, None, None, False, 30, out) == 0
     assert out.getvalue().startswith("nccl ") and "dcgm " in out.getvalue()
     out = io.StringIO()
     assert (
-        await asyncio.to_thread(run_checks, "history", ["gpu-1"], [], url, None, None, None, False, 30, out)
+        await asyncio.to_thread(run_checks, "history", ["gpu-1"], [], url, token, None, None, False, 30, out)
         == 0
     )
     assert "validate:" in out.getvalue()

@@ -70,7 +70,7 @@ def run_checks(
 ) -> int:
     url, token = _address(url, token_file, config)
     if verb == "list":
-        doc = _call(url, "/api/v1/checks")
+        doc = _call(url, "/api/v1/checks", token=token)
         if as_json:
             print(json.dumps(doc, indent=2), file=out)
             return 0
@@ -92,7 +92,7 @@ def run_checks(
     if verb == "history":
         rc = 0
         for node in nodes:
-            doc = _call(url, f"/api/v1/checks/history/{quote(node, safe='')}")
+            doc = _call(url, f"/api/v1/checks/history/{quote(node, safe='')}", token=token)
             if as_json:
                 print(json.dumps(doc, indent=2), file=out)
                 continue
