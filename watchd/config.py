@@ -365,6 +365,9 @@ class ReliabilityConfig(_Strict):
     """Reliability accounting and checkpoint advice (issue 17; docs/reliability.md)."""
 
     gap_s: Seconds = 300.0  # a node silent longer than this is not in service meanwhile
+    # nodes whose service is tracked in memory; the least recently seen forgotten first (its open interval
+    # is closed and saved), like the detectors' fleet state (detectors.max_nodes)
+    max_nodes: Annotated[int, Field(ge=1)] = 131_072
     flush_s: Seconds = 60.0  # service intervals are saved this often (a crash loses at most this much)
     interval_s: Seconds = 60.0  # the advice, its findings and the metrics are refreshed this often
     confidence: Annotated[float, Field(gt=0, lt=1)] = 0.9  # of the MTBF interval (two-sided)

@@ -211,10 +211,11 @@ class _GuardedHandler(RequestHandler):
 
     def _headers_late(self) -> None:
         self._header_timer = None
-        if self.transport is not None:
+        transport = self.transport
+        if transport is not None:
             _log.info("http_headers_timeout", timeout_s=self._limits.header_timeout_s)
-            self.force_close()
-            self.transport.close()
+            self.force_close()  # may already drop the transport: close the one we held
+            transport.close()
 
     def data_received(self, data: bytes) -> None:
         busy = self._request_in_progress or bool(self._messages)

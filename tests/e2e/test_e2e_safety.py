@@ -92,8 +92,9 @@ def test_burst_beyond_the_breaker_is_held_listed_and_alerted(
         assert all("blast-radius breaker" in h["reason"] and h["pool"] == "sim" for h in held)
 
         cli = [*watchd_command(), "actions"]
+        env = {**os.environ, "WATCHD_TOKEN": TOKEN}  # reads need a credential where the engine has one
         listing = subprocess.run(
-            [*cli, "list", "--url", engine.url], capture_output=True, text=True, check=True
+            [*cli, "list", "--url", engine.url], capture_output=True, text=True, check=True, env=env
         )
         assert listing.stdout.count("blast-radius breaker") == 10
         assert (
@@ -101,7 +102,11 @@ def test_burst_beyond_the_breaker_is_held_listed_and_alerted(
             and "xid=79 pci_bus_id=0000:3b:00.0" in listing.stdout
         )
         status = subprocess.run(
-            [*watchd_command(), "status", "--url", engine.url], capture_output=True, text=True, check=True
+            [*watchd_command(), "status", "--url", engine.url],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
         )
         assert "sim              20/20 of 200 nodes" in status.stdout
 
@@ -112,7 +117,6 @@ def test_burst_beyond_the_breaker_is_held_listed_and_alerted(
         )
 
         # an operator releases one held drain and discards another
-        env = {**os.environ, "WATCHD_TOKEN": TOKEN}
         first, second = held[0]["id"], held[1]["id"]
         released = subprocess.run(
             [*cli, "release", str(first), "--url", engine.url, "--by", "alice"],

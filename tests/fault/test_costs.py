@@ -160,10 +160,14 @@ def _metric(url: str, name: str) -> float:
 
 def test_per_node_state_bounded_by_bytes(tmp_path: Path) -> None:
     """Item 8: floods of new node ids stop costing memory once the fleet state reaches its byte budget
-    (detectors.max_state_mib, here 4 MiB; the dedup window cut to 1,000 ids so it does not hide the
-    fleet's growth): the second and third floods add almost nothing, the nodes evicted are counted."""
+    (detectors.max_state_mib, here 4 MiB; the dedup window cut to 1,000 ids and the reliability record's
+    nodes to 5,000 so they do not hide the fleet's growth): the second and third floods add almost nothing, the nodes evicted are counted."""
     engine = start_engine(
-        tmp_path, mode="dry-run", detectors={"max_state_mib": 4}, ingest={"dedup_max_ids": 1000}
+        tmp_path,
+        mode="dry-run",
+        detectors={"max_state_mib": 4},
+        ingest={"dedup_max_ids": 1000},
+        reliability={"max_nodes": 5000},  # the other per-node record, bounded by count
     )
     try:
         rng = random.Random(16)
@@ -171,10 +175,13 @@ def test_per_node_state_bounded_by_bytes(tmp_path: Path) -> None:
 
         def flood() -> int:
             _post_many(engine.url, [_summary(f"r{rng.getrandbits(64):016x}") for _ in range(n)])
+            # measured once the engine has processed them all: a backlog in its queue is not state
+            wait_for(lambda: _metric(engine.url, "watchd_engine_queue_depth") == 0, 60, "the queue drained")
             time.sleep(0.5)
             return rss_kib(engine.proc.pid)
 
         _post_many(engine.url, [_summary(f"warm-{i}") for i in range(2000)])
+        wait_for(lambda: _metric(engine.url, "watchd_engine_queue_depth") == 0, 60, "the queue drained")
         time.sleep(0.5)
         before = rss_kib(engine.proc.pid)
         first = flood()
@@ -187,7 +194,7 @@ def test_per_node_state_bounded_by_bytes(tmp_path: Path) -> None:
         )
         evicted = 'watchd_fleet_evicted_total{what="node"}'
         wait_for(lambda: _metric(engine.url, evicted) > n, 15, "evictions")
-        state = json.loads(request(engine.url, "GET", "/api/v1/status?limit=1")[1])["fleet"]
+        state = json.loads(request(engine.url, "GET", "/api/v1/status?limit=1", headers=AUTH)[1])["fleet"]
         assert 0 < state["state_bytes"] <= state["max_state_bytes"] == 4 * 1024 * 1024
     finally:
         engine.stop()

@@ -38,6 +38,7 @@ from watchd.store.reliability import IntervalRow, NodeRow
 _log = get_logger("watchd.reliability")
 _PENDING_MAX = 10_000  # drains decided on hardware evidence, awaiting their outcome
 _OWN_SOURCES = frozenset({"watchd", "detector", ADVICE_SOURCE})  # events that are no report from a node
+_FLUSH_BACKLOG = 10_000  # closed intervals waiting for the periodic flush: save them now
 
 
 class Reliability:
@@ -54,7 +55,7 @@ class Reliability:
         self.clock = clock
         self.topology = topology
         self.partitions_of = partitions_of
-        self.service = ServiceTracker(config.gap_s)
+        self.service = ServiceTracker(config.gap_s, config.max_nodes)
         self.jobs = JobTracker()
         self._pending: dict[tuple[str, str], tuple[Event, str]] = {}
         self._partitions: dict[str, tuple[str, ...]] = {}
@@ -98,6 +99,8 @@ class Reliability:
             self.restored(event.node, event.time)
         else:
             self.service.seen(event.node, event.time)
+        if self.service.closed_pending >= _FLUSH_BACKLOG:
+            self.flush_now()
 
     def decided(self, decision: Decision) -> None:
         """A decision with a drain on hardware evidence: remembered until the drain's outcome comes back."""
@@ -174,6 +177,8 @@ class Reliability:
                 self._partitions[state.node] = parts
                 changed[state.node] = state
         nodes = list(changed.values())
+        if len(self._partitions) > len(self.service.nodes):  # forget the nodes the tracker evicted
+            self._partitions = {n: p for n, p in self._partitions.items() if n in self.service.nodes}
         try:
             if intervals:
                 self.store.reliability.save_intervals(IntervalRow(i.node, i.start, i.end) for i in intervals)

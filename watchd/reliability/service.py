@@ -129,6 +129,12 @@ class ServiceTracker:
             self._closed.append(Interval(state.node, state.start, state.end))
             state.start = None
 
+    @property
+    def closed_pending(self) -> int:
+        """Intervals closed since the last :meth:`take` (evictions add one each: the caller flushes early
+        when they pile up, so a flood of new nodes cannot grow them between flushes)."""
+        return len(self._closed)
+
     def take(self) -> list[Interval]:
         """The intervals to persist now: those closed since the last call and every open one (as far as it
         reaches): the store keeps one row per (node, start) and extends its end."""
