@@ -605,11 +605,13 @@ class SlurmCluster:
         self.run("scontrol", "update", f"NodeName={nodes}", "State=RESUME")
 
     def reset_nodes(self, names: Sequence[str] | None = None) -> None:
-        """Resume every drained node (any reason) among ``names`` (default: all), for a clean slate."""
+        """Resume every drained or down node (any reason) among ``names`` (default: all), for a clean slate."""
         names = list(names) if names is not None else self.all_node_names
         res = self.run("scontrol", "show", "node", "-o", check=False)
-        drained = [
-            n for n in iter_nodes(res.stdout) if n.get("NodeName") in names and "DRAIN" in n.get("State", "")
+        drained = [  # drained, and DOWN by hand (a test's "Kill task failed"): both back to service
+            n
+            for n in iter_nodes(res.stdout)
+            if n.get("NodeName") in names and ("DRAIN" in n.get("State", "") or "DOWN" in n.get("State", ""))
         ]
         if drained:
             # RESUME of a simulated node (state UNKNOWN, no slurmd) clears DRAIN but exits 1 ("Invalid node
@@ -617,7 +619,11 @@ class SlurmCluster:
             names_drained = [n["NodeName"] for n in drained]
             self.run("scontrol", "update", f"NodeName={','.join(names_drained)}", "State=RESUME", check=False)
             left = self.run("scontrol", "show", "node", "-o", ",".join(names_drained), check=False)
-            still = [n["NodeName"] for n in iter_nodes(left.stdout) if "DRAIN" in n.get("State", "")]
+            still = [
+                n["NodeName"]
+                for n in iter_nodes(left.stdout)
+                if "DRAIN" in n.get("State", "") or "DOWN" in n.get("State", "")
+            ]
             if still:
                 raise SlurmHarnessError(f"could not resume {still}")
             # RESUME makes slurmctld ping the node: a real one is NOT_RESPONDING for a moment
