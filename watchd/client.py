@@ -310,8 +310,8 @@ def checkpoint_advice(
 
 
 def advised_checkpoint_interval(
-    job: str | None = None, *, url: str | None = None, timeout: float = 2.0
+    job: str | None = None, *, url: str | None = None, timeout: float = 2.0, token: str | None = None
 ) -> float | None:
     """Daly's advised compute time between checkpoints for ``job``, in seconds; None without advice."""
-    advice = checkpoint_advice(job, url=url, timeout=timeout)
+    advice = checkpoint_advice(job, url=url, timeout=timeout, token=token)
     return None if advice is None else float(advice["advised_interval_s"])

@@ -6,6 +6,7 @@ with hardware evidence; then ``watchd reliability`` (text, JSON, one job), the s
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -64,7 +65,11 @@ def start(tmp_path: Path, port: int) -> Daemon:
 
 def cli(url: str, *args: str) -> str:
     res = subprocess.run(
-        [*watchd_command(), "reliability", "--url", url, *args], capture_output=True, text=True, check=False
+        [*watchd_command(), "reliability", "--url", url, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "WATCHD_TOKEN": TOKEN},  # reads need a credential where the engine has one
     )
     assert res.returncode == 0, res.stderr
     return res.stdout
@@ -140,8 +145,11 @@ def test_reliability_end_to_end(tmp_path: Path) -> None:
         assert not seven["far_too_long"] and jobs["slurm:8"]["far_too_long"]
 
         # what a training loop reads (watchd.client): the advice, or None, never an exception
-        assert advised_checkpoint_interval("slurm:7", url=engine.url) == seven["advised_interval_s"]
-        assert advised_checkpoint_interval("slurm:99", url=engine.url) is None
+        # reads need a credential where the engine has one (issue 22): without it, no advice
+        assert advised_checkpoint_interval("slurm:7", url=engine.url) is None
+        advised = advised_checkpoint_interval("slurm:7", url=engine.url, token=TOKEN)
+        assert advised == seven["advised_interval_s"]
+        assert advised_checkpoint_interval("slurm:99", url=engine.url, token=TOKEN) is None
         assert advised_checkpoint_interval("slurm:7", url=f"http://127.0.0.1:{free_port()}") is None
 
         text = cli(engine.url)

@@ -253,6 +253,9 @@ class Agent:
                     self.metrics.lines.labels(source.name).inc()
                     if not line.trusted:
                         self._refuse_untrusted(source.name, untrusted.feed(line.text))
+                        # a job's own output is untrusted as kernel evidence, and is what the training
+                        # stack says (issue 19): its lines are read as such
+                        self._trainlog(source, line)
                         continue
                     for index, record in enumerate(parser.feed(line.text)):
                         _log.info(
