@@ -161,7 +161,8 @@ def _metric(url: str, name: str) -> float:
 def test_per_node_state_bounded_by_bytes(tmp_path: Path) -> None:
     """Item 8: floods of new node ids stop costing memory once the fleet state reaches its byte budget
     (detectors.max_state_mib, here 4 MiB; the dedup window cut to 1,000 ids and the reliability record's
-    nodes to 5,000 so they do not hide the fleet's growth): the second and third floods add almost nothing, the nodes evicted are counted."""
+    nodes to 5,000 so they do not hide the fleet's growth): the second and third floods add almost
+    nothing, the nodes evicted are counted."""
     engine = start_engine(
         tmp_path,
         mode="dry-run",

@@ -605,7 +605,7 @@ class SlurmCluster:
         self.run("scontrol", "update", f"NodeName={nodes}", "State=RESUME")
 
     def reset_nodes(self, names: Sequence[str] | None = None) -> None:
-        """Resume every drained or down node (any reason) among ``names`` (default: all), for a clean slate."""
+        """Resume every drained or down node (any reason) among ``names`` (default: all): a clean slate."""
         names = list(names) if names is not None else self.all_node_names
         res = self.run("scontrol", "show", "node", "-o", check=False)
         drained = [  # drained, and DOWN by hand (a test's "Kill task failed"): both back to service
