@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import stat
@@ -242,3 +243,23 @@ async def test_child_that_exits_at_once_is_a_start_error(tmp_path: Path) -> None
     with pytest.raises(SessionStartError, match=r"did not start.*fatal: no config"):
         await s.run("show node a", 5)
     assert s.pid is None
+
+
+async def test_both_streams_failing_leaves_no_unretrieved_task_exception(tmp_path: Path) -> None:
+    # stdout and stderr both reach EOF together: each reader fails; neither failure may surface later as
+    # "Task exception was never retrieved" (the kill -9 tests count such tracebacks in the engine's log).
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        for _ in range(20):
+            s = ScontrolSession(_fake(tmp_path, "import sys"))
+            with pytest.raises(SessionStartError, match="did not start"):
+                await s.run("show node a", 5)
+            await asyncio.sleep(0)
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported

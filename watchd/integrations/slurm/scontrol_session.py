@@ -250,6 +250,8 @@ class ScontrolSession:
                         task.cancel()
                         with contextlib.suppress(BaseException):
                             await task
+                    elif not task.cancelled():
+                        task.exception()  # both may have failed (EOF on each): the second is retrieved too
         except (OSError, EOFError, _FramingError) as exc:
             await self._kill()
             what = "exited" if isinstance(exc, OSError | EOFError) else str(exc)
