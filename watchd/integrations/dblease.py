@@ -36,6 +36,7 @@ from typing import Any
 
 import psycopg
 
+from watchd.integrations.leadership import ElectionLoop
 from watchd.logs import get_logger
 from watchd.store.connection import Fenced, Tx
 
@@ -67,7 +68,7 @@ def default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class DatabaseLease:
+class DatabaseLease(ElectionLoop):
     """An elected :class:`~watchd.integrations.leadership.Leadership` and the store's
     :class:`~watchd.store.connection.Fence`."""
 
@@ -86,53 +87,41 @@ class DatabaseLease:
     ) -> None:
         """``takeover_wait_s``: how long a side effect waits for leadership (default: a lease duration and two
         retry periods, time for a crashed leader's lease to expire and be taken)."""
-        self._connect = connect
-        self.name, self.identity = name, identity
-        self.lease_duration_s = lease_duration_s
-        self.renew_deadline_s = renew_deadline_s
-        self.retry_period_s = retry_period_s
-        self.takeover_wait_s = (
-            takeover_wait_s if takeover_wait_s is not None else lease_duration_s + 2 * retry_period_s
+        super().__init__(
+            identity=identity,
+            lease_duration_s=lease_duration_s,
+            renew_deadline_s=renew_deadline_s,
+            retry_period_s=retry_period_s,
+            takeover_wait_s=(
+                takeover_wait_s if takeover_wait_s is not None else lease_duration_s + 2 * retry_period_s
+            ),
+            on_change=on_change,
+            monotonic=monotonic,
         )
+        self._connect = connect
+        self.name = name
         #: a side effect needs this much of the lease left (a leader that has not renewed for its renew
         #: deadline no longer acts, whatever its own belief)
         self.margin_s = lease_duration_s - renew_deadline_s
-        self.on_change = on_change
-        self._monotonic = monotonic
-        self.is_leader = False
-        self.holder: str | None = None
         #: the fencing token this engine holds; None when it does not lead (every write is then refused)
         self.token: int | None = None
-        self.last_error = ""
-        self._renewed_at = 0.0
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
-        self._leading = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
-    # ------------------------------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="leader-election")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self.is_leader:
-            await self._release()
-            self._set(False)
+    async def _close(self) -> None:
         if self._conn is not None:
             conn, self._conn = self._conn, None
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
 
-    async def wait_leader(self, timeout: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._leading.wait(), timeout)
-        return self.is_leader
+    def _stepped_down(self) -> None:
+        self.token = None  # at once: no write of this engine passes the fence from now on
+
+    def _lease_label(self) -> str:
+        return self.name
+
+    def _elected_fields(self) -> dict[str, object]:
+        return {"token": self.token}
 
     async def confirm(self) -> bool:
         """Whether this engine's token is still the lease's and the lease has more than ``margin_s`` left,
@@ -162,36 +151,6 @@ class DatabaseLease:
             raise Fenced(f"fencing token {token} is no longer current (the lease: {current})")
 
     # ------------------------------------------------------------------------------------------ rounds
-    async def _run(self) -> None:
-        while True:
-            ok = await self.try_acquire_or_renew()
-            now = self._monotonic()
-            if ok:
-                self._renewed_at = now
-                self._set(True)
-            elif self.is_leader and (
-                now - self._renewed_at >= self.renew_deadline_s or self.holder not in (None, self.identity)
-            ):
-                _log.warning(
-                    "leadership_lost", identity=self.identity, holder=self.holder, error=self.last_error
-                )
-                self._set(False)
-            await asyncio.sleep(self.retry_period_s)
-
-    def _set(self, leading: bool) -> None:
-        if not leading:
-            self.token = None  # at once: no write of this engine passes the fence from now on
-        if leading == self.is_leader:
-            return
-        self.is_leader = leading
-        if leading:
-            self._leading.set()
-            _log.info("leader_elected", identity=self.identity, lease=self.name, token=self.token)
-        else:
-            self._leading.clear()
-        if self.on_change is not None:
-            self.on_change(leading)
-
     async def try_acquire_or_renew(self) -> bool:
         """One round: True when this engine holds the lease afterwards (:attr:`token` is then its token)."""
         params = {

@@ -18,8 +18,6 @@ Actions are idempotent at the cluster (a node the old leader drained answers ``a
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -33,12 +31,13 @@ from lightkube.resources.coordination_v1 import Lease
 
 from watchd.config import KubernetesConfig
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, status_code
+from watchd.integrations.leadership import ElectionLoop
 from watchd.logs import get_logger
 
 _log = get_logger("watchd.leader")
 
 
-class LeaseElector:
+class LeaseElector(ElectionLoop):
     def __init__(
         self,
         client: AsyncClient,
@@ -57,79 +56,35 @@ class LeaseElector:
         """``takeover_wait_s``: how long a side effect waits for leadership (default: two lease durations and
         two retry periods, time for a crashed leader's Lease to expire and be taken). ``owns_client``: close
         ``client`` at :meth:`stop` (an elector built from the config has a client of its own)."""
-        self.client = client
-        self.namespace, self.name, self.identity = namespace, name, identity
-        self.lease_duration_s = lease_duration_s
-        self.renew_deadline_s = renew_deadline_s
-        self.retry_period_s = retry_period_s
-        self.takeover_wait_s = (
-            takeover_wait_s if takeover_wait_s is not None else 2 * lease_duration_s + 2 * retry_period_s
+        super().__init__(
+            identity=identity,
+            lease_duration_s=lease_duration_s,
+            renew_deadline_s=renew_deadline_s,
+            retry_period_s=retry_period_s,
+            takeover_wait_s=(
+                takeover_wait_s if takeover_wait_s is not None else 2 * lease_duration_s + 2 * retry_period_s
+            ),
+            on_change=on_change,
+            monotonic=monotonic,
         )
-        self.on_change = on_change
+        self.client = client
+        self.namespace, self.name = namespace, name
         self._owns_client = owns_client
-        self._monotonic = monotonic
-        self.is_leader = False
-        self.holder: str | None = None
-        self.last_error = ""
         self._observed: tuple[object, ...] | None = None
         self._observed_at = 0.0
-        self._renewed_at = 0.0
-        self._leading = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
-    # ------------------------------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="leader-election")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self.is_leader:
-            await self._release()
-            self._set(False)
+    async def _close(self) -> None:
         if self._owns_client:
             self._owns_client = False
             await self.client.close()
 
-    async def wait_leader(self, timeout: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._leading.wait(), timeout)
-        return self.is_leader
+    def _lease_label(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
     async def confirm(self) -> bool:
         """Whether this replica led at its last renewal (the Lease cannot fence the store's writes: with a
         shared PostgreSQL store the engines elect through the database lease)."""
         return self.is_leader
-
-    async def _run(self) -> None:
-        while True:
-            ok = await self.try_acquire_or_renew()
-            now = self._monotonic()
-            if ok:
-                self._renewed_at = now
-                self._set(True)
-            elif self.is_leader and now - self._renewed_at >= self.renew_deadline_s:
-                _log.warning("leadership_lost", identity=self.identity, error=self.last_error)
-                self._set(False)
-            elif self.is_leader and self.holder not in (None, self.identity):
-                self._set(False)  # someone else holds it now
-            await asyncio.sleep(self.retry_period_s)
-
-    def _set(self, leading: bool) -> None:
-        if leading == self.is_leader:
-            return
-        self.is_leader = leading
-        if leading:
-            self._leading.set()
-            _log.info("leader_elected", identity=self.identity, lease=f"{self.namespace}/{self.name}")
-        else:
-            self._leading.clear()
-        if self.on_change is not None:
-            self.on_change(leading)
 
     # ------------------------------------------------------------------------------------------ one round
     async def try_acquire_or_renew(self) -> bool:
