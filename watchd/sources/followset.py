@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from watchd.sources.base import LogLine
 from watchd.sources.filefollow import FileFollowSource
@@ -93,6 +94,20 @@ class FollowSet:
     async def lines(self) -> AsyncIterator[LogLine]:
         while True:
             yield await self._queue.get()
+
+    async def lines_while(
+        self, poll: Callable[[], Coroutine[Any, Any, None]], name: str
+    ) -> AsyncIterator[LogLine]:
+        """The lines, while ``poll`` (a source's loop that decides what to follow) runs beside them; on the
+        way out the loop is stopped and every file released."""
+        poller = asyncio.create_task(poll(), name=name)
+        try:
+            async for line in self.lines():
+                yield line
+        finally:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
+            await self.close()
 
     async def close(self) -> None:
         tasks = [*self._tasks.values(), *self._releasing.values()]

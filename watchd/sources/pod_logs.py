@@ -102,12 +102,5 @@ class PodLogSource(NothingToAcknowledge):
                 del self._partial[path]
             await asyncio.sleep(self.poll_interval_s)
 
-    async def lines(self) -> AsyncIterator[LogLine]:
-        poller = asyncio.create_task(self._poll(), name="pod-logs-poll")
-        try:
-            async for line in self.follow.lines():
-                yield line
-        finally:
-            poller.cancel()
-            await asyncio.gather(poller, return_exceptions=True)
-            await self.follow.close()
+    def lines(self) -> AsyncIterator[LogLine]:
+        return self.follow.lines_while(self._poll, "pod-logs-poll")

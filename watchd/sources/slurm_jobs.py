@@ -170,15 +170,8 @@ class JobOutputSource(NothingToAcknowledge):
                 self.follow.update([Followed(p, o.job) for o in running for p in o.paths])
             await asyncio.sleep(self.poll_interval_s)
 
-    async def lines(self) -> AsyncIterator[LogLine]:
-        poller = asyncio.create_task(self._poll(), name="slurm-jobs-poll")
-        try:
-            async for line in self.follow.lines():
-                yield line
-        finally:
-            poller.cancel()
-            await asyncio.gather(poller, return_exceptions=True)
-            await self.follow.close()
+    def lines(self) -> AsyncIterator[LogLine]:
+        return self.follow.lines_while(self._poll, "slurm-jobs-poll")
 
 
 LISTERS = {"slurm": SlurmJobOutputs, "fake": FakeJobOutputs}
