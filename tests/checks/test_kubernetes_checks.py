@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import yaml
 from prometheus_client import CollectorRegistry
 
 from tests.harness.kube_api import KubeApiServer
@@ -40,8 +39,7 @@ async def api() -> AsyncIterator[KubeApiServer]:
 
 @pytest.fixture
 async def runner(api: KubeApiServer, tmp_path: Path) -> AsyncIterator[KubernetesCheckRunner]:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(api.kubeconfig(TOKEN)))
+    path = api.write_kubeconfig(tmp_path, TOKEN)
     sched = KubernetesScheduler(make_client(path, in_cluster=False, timeout_s=2.0), eviction_deadline_s=1.0)
     yield KubernetesCheckRunner(sched, namespace="watchd", poll_interval_s=0.05, grace_s=1.0)
     await sched.aclose()

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.harness.kube_api import KubeApiServer
 from watchd.fleetview.drains import unavailable_nodes
@@ -32,8 +31,7 @@ async def api() -> AsyncIterator[KubeApiServer]:
 
 @pytest.fixture
 async def k8s(api: KubeApiServer, tmp_path: Path) -> AsyncIterator[KubernetesScheduler]:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(api.kubeconfig(TOKEN)))
+    path = api.write_kubeconfig(tmp_path, TOKEN)
     sched = KubernetesScheduler(make_client(path, in_cluster=False, timeout_s=2.0), eviction_deadline_s=0.5)
     yield sched
     await sched.aclose()

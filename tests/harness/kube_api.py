@@ -42,8 +42,10 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
 from aiohttp import web
 
 MERGE = "application/merge-patch+json"
@@ -316,6 +318,12 @@ class KubeApiServer:
             ],
             "current-context": "test",
         }
+
+    def write_kubeconfig(self, directory: Path, token: str | None = None) -> Path:
+        """:meth:`kubeconfig` written to ``directory/kubeconfig``, as the client library reads it."""
+        path = directory / "kubeconfig"
+        path.write_text(yaml.safe_dump(self.kubeconfig(token)))
+        return path
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.harness.kube_api import KubeApiServer
 from watchd.integrations.base import SchedulerError
@@ -36,9 +35,7 @@ async def api() -> AsyncIterator[KubeApiServer]:
 
 
 def kubeconfig(api: KubeApiServer, tmp_path: Path, token: str = TOKEN) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(api.kubeconfig(token)))
-    return path
+    return api.write_kubeconfig(tmp_path, token)
 
 
 @pytest.fixture
