@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +13,7 @@ from tests.harness.slurm import SlurmCluster, available
 from tests.support import real_components_required
 
 #: Fixtures that start real servers: a test using one starts real processes.
-_REAL_FIXTURES = frozenset({"slurm_cluster", "alertmanager", "sim"})
+_REAL_FIXTURES = frozenset({"slurm_cluster", "alertmanager", "sim", "promtool"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -60,3 +61,14 @@ def sim(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     slurm_cluster.reset_nodes(slurm_cluster.sim_node_names)
     yield slurm_cluster
     slurm_cluster.reset_nodes(slurm_cluster.sim_node_names)
+
+
+@pytest.fixture
+def promtool() -> str:
+    """The path of Prometheus' ``promtool`` (Debian package prometheus); skips without it, fails under CI."""
+    path = shutil.which("promtool")
+    if path is None:
+        if real_components_required():
+            pytest.fail("promtool is required here (CI) but not installed: apt-get install prometheus")
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    return path

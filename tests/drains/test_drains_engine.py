@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import shutil
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support import eventually, real_components_required, xid_event
+from tests.support import eventually, xid_event
 from watchd.config import DrainsConfig, EngineConfig, Listen, SparesConfig
 from watchd.drains_cli import run_drains
 from watchd.engine.runner import Engine
@@ -174,16 +173,6 @@ async def test_a_failing_listing_keeps_the_last_one_and_is_counted() -> None:
         assert [r["node"] for r in doc["unavailable"]] == ["gpu-3"]
         assert "Unable to contact" in doc["errors"]["fake"]
         fake.error = None
-
-
-@pytest.fixture
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if real_components_required():
-            pytest.fail("promtool is required here (CI) but not installed: apt-get install prometheus")
-        pytest.skip("promtool is not installed (Debian package prometheus)")
-    return path
 
 
 @pytest.mark.real

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import aiohttp
 import pytest
 
 from tests.agent.test_agent import agent_config, engine_config
-from tests.support import XID79, eventually, real_components_required, scheduler_actions
+from tests.support import XID79, eventually, scheduler_actions
 from watchd.agent.runner import Agent
 from watchd.engine.runner import Engine
 from watchd.sources.base import FakeLogSource
 
 pytestmark = pytest.mark.real
-
-
-@pytest.fixture
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if real_components_required():
-            pytest.fail("promtool is required here (CI) but not installed: apt-get install prometheus")
-        pytest.skip("promtool is not installed (Debian package prometheus)")
-    return path
 
 
 async def fetch(port: int) -> str:

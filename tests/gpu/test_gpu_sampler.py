@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -87,7 +86,7 @@ def test_mig_gpus_do_not_break_sampling() -> None:
 
 
 @pytest.mark.real
-def test_collector_exposes_latest_samples_and_passes_promtool() -> None:
+def test_collector_exposes_latest_samples_and_passes_promtool(promtool: str) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
     sampler, backend, _, _ = make(Scenario.training(gpus=2))
@@ -102,12 +101,10 @@ def test_collector_exposes_latest_samples_and_passes_promtool() -> None:
         f'uuid="{gpu.uuid}"}}' in text
     )
     assert "watchd_gpu_ecc_volatile_uncorrected_errors_total" in text
-    promtool = shutil.which("promtool")
-    if promtool:
-        res = subprocess.run(
-            [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
-        )
-        assert res.returncode == 0, res.stdout + res.stderr
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_metrics_doc_lists_every_metric() -> None:

@@ -131,10 +131,7 @@ async def test_rbac_covers_every_call(tmp_path: Path) -> None:
 
 
 @pytest.mark.real
-def test_alert_rules_pass_promtool() -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool (Debian package prometheus) is required")
+def test_alert_rules_pass_promtool(promtool: str) -> None:
     alerts = DEPLOY / "alerts"
     for args in (["check", "rules", "watchd-alerts.yaml"], ["test", "rules", "watchd-alerts.test.yaml"]):
         r = subprocess.run([promtool, *args], cwd=alerts, capture_output=True, text=True, timeout=60)

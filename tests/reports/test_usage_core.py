@@ -6,13 +6,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support import real_components_required
 from watchd.cli import main
 from watchd.model.events import Event
 from watchd.reports.core import build_report, percentile
@@ -287,7 +285,7 @@ def test_csv_markdown_json_keep_awkward_names() -> None:
     assert doc["rows"][1]["level_fs"] is None  # inf is not JSON
 
 
-def test_metrics_are_bounded_and_valid_for_promtool() -> None:
+def test_metrics_are_bounded_and_valid_for_promtool(promtool: str) -> None:
     jobs = tuple(job(str(i), f"acct{i:02d}", 1, T, T, T + (i + 1) * 60) for i in range(30))
     rep = build_report(
         Accounting(True, jobs=jobs),
@@ -304,11 +302,6 @@ def test_metrics_are_bounded_and_valid_for_promtool() -> None:
     assert total == pytest.approx(rep.total_gpu_hours * 3600)
     assert all("user" not in s.labels and "job" not in s.labels for f in fams.values() for s in f.samples)
     text = to_prometheus(rep, max_accounts=5)
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if real_components_required():
-            pytest.fail("promtool required under CI")
-        pytest.skip("promtool not installed")
     res = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )
