@@ -11,8 +11,8 @@ It never raises into the training loop and never blocks it: a report is put in a
 (``WATCHD_HEARTBEAT_SOCKET``, default ``/run/watchd/heartbeat.sock``) or, when there is none, to
 ``127.0.0.1:WATCHD_HEARTBEAT_PORT`` (default 9123; off unless the agent opens it) with the job's token
 ``WATCHD_HEARTBEAT_TOKEN`` (docs/security.md: the agent counts only reports that come from the job they name).
-No agent: reports are dropped, quietly, and the thread
-tries again later. At interpreter exit a ``done`` report says the rank finished (not hung).
+No agent: reports wait in the queue (the oldest dropped when it is full, and counted) while the thread
+tries again with a back-off. At interpreter exit a ``done`` report says the rank finished (not hung).
 See docs/heartbeats.md.
 
 The engine's checkpoint advice for the job (docs/reliability.md), for a loop that adapts its interval:
@@ -118,11 +118,13 @@ class Heartbeat:
         self.token = token if token is not None else (os.environ.get("WATCHD_HEARTBEAT_TOKEN") or None)
         #: at most one request per this many seconds, carrying every report queued meanwhile
         self.send_interval = max(0.0, send_interval)
-        #: reports dropped: queue full (the oldest go) or the agent unreachable
+        #: reports dropped: queue full (the oldest go), refused by the agent (4xx), or still queued when
+        #: close() gave up on an unreachable agent; a failed request's reports are queued again, oldest first
         self.dropped = 0
         self.sent = 0
         self.requests = 0  #: requests made to the agent (each carries every report queued meanwhile)
         self._queue: collections.deque[dict[str, Any]] = collections.deque(maxlen=max(1, queue_size))
+        self._queue_lock = threading.Lock()  # the training thread appends, the sender takes and puts back
         self._wake = threading.Event()  # a report queued, or close()
         self._closing = threading.Event()  # close(): cut the pause between requests short
         self._closed = False
@@ -206,10 +208,20 @@ class Heartbeat:
             report["local_rank"] = self.local_rank
         if self.gpu is not None:
             report["gpu"] = self.gpu
-        if len(self._queue) == self._queue.maxlen:
-            self.dropped += 1
-        self._queue.append(report)  # a full deque drops its oldest item
+        with self._queue_lock:
+            if len(self._queue) == self._queue.maxlen:
+                self.dropped += 1
+            self._queue.append(report)  # a full deque drops its oldest item
         self._wake.set()
+
+    def _requeue(self, batch: list[dict[str, Any]]) -> None:
+        """Put a batch whose request failed back in front of the queue (it is older than what queued
+        meanwhile); what no longer fits is its oldest reports, dropped and counted."""
+        with self._queue_lock:
+            room = (self._queue.maxlen or 0) - len(self._queue)
+            keep = batch[max(0, len(batch) - room) :] if room > 0 else []
+            self.dropped += len(batch) - len(keep)
+            self._queue.extendleft(reversed(keep))
 
     def _run(self) -> None:
         conn: http.client.HTTPConnection | None = None
@@ -222,20 +234,24 @@ class Heartbeat:
                 self._closing.wait(pause)
             self._wake.clear()
             batch: list[dict[str, Any]] = []
-            while self._queue and len(batch) < _MAX_BATCH:
-                batch.append(self._queue.popleft())
+            with self._queue_lock:
+                while self._queue and len(batch) < _MAX_BATCH:
+                    batch.append(self._queue.popleft())
             if batch:
                 try:
                     conn = conn or self._connect()
                     self._post(conn, batch)
-                except Exception:
-                    self.dropped += len(batch)
+                except Exception:  # unreachable, timed out, 5xx, a kept-alive connection closed: try again
                     if conn is not None:
                         with contextlib.suppress(Exception):
                             conn.close()
                     conn = None
                     if self._closed:
+                        self.dropped += len(batch) + len(self._queue)
+                        self._queue.clear()
                         return
+                    self._requeue(batch)
+                    self._wake.set()  # sent again after the back-off, new reports or not
                     not_before = time.monotonic() + delay
                     delay = min(_RETRY_MAX_S, delay * 2)
                     continue  # reports keep queueing while the agent is away

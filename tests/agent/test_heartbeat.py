@@ -195,3 +195,30 @@ async def test_socket_and_its_new_folder_get_the_configured_permissions(
 def test_socket_mode_is_validated() -> None:
     with pytest.raises(ValidationError):
         HeartbeatConfig(socket_mode="0999")
+
+
+async def test_client_keeps_reports_while_the_agent_is_away_and_sends_them_when_it_returns(
+    tmp_path: Path,
+) -> None:
+    # a failed request (no agent yet, a timeout, a kept-alive connection the agent closed) puts its reports
+    # back in the queue: they go with the next try instead of being lost
+    sock = tmp_path / "heartbeat.sock"
+    config = HeartbeatConfig(socket=sock, http_port=0, forward_interval_s=0.2, verify=False)
+    shipped: list[Event] = []
+    hb = Heartbeat("slurm:9", 0, socket_path=str(sock), queue_size=8, report_done_at_exit=False)
+    for step in range(1, 6):
+        hb.step(step)
+    await asyncio.sleep(0.3)  # the first request fails: nothing listens yet
+    assert hb.sent == 0 and hb.dropped == 0
+    server = HeartbeatServer(config, "gpu-7", SystemClock(), AgentMetrics(), shipped.append)
+    await server.start()
+    try:
+        await eventually(lambda: hb.sent == 5, timeout=10, what="the 5 queued reports, once the agent is up")
+        assert hb.dropped == 0
+        for step in range(6, 30):  # more than the queue holds while the back-off runs: the oldest counted
+            hb.step(step)
+        await eventually(lambda: any(e.attrs["step"] == 29 for e in shipped), timeout=10, what="step 29")
+        assert hb.sent + hb.dropped == 29
+        await asyncio.to_thread(hb.close)
+    finally:
+        await server.stop()
