@@ -1,16 +1,19 @@
 """Soak: 10^6 inputs (``--inputs``; ``--quick``: 20,000) across every endpoint of a real ``watchd engine``
 (dry-run, state database) and a real ``watchd agent`` (heartbeat port, /metrics, /healthz), over loopback.
 
-The mix, round-robin: valid Xid 79 batches on fresh nodes (each must end up audited), batches of valid
+The mix, round-robin: valid Xid 79 batches on fresh nodes (``--xid-nodes N``: cycling over N names; each
+event must end up with an audited drain decision, whatever its outcome), batches of valid
 gpu_summary events with hostile neighbours (the valid ones must be accepted), hostile bodies (random bytes,
 random JSON, deep nesting, >4300-digit integers, wrong encodings), every GET of the engine with odd queries,
 held release/discard with odd ids, hostile heartbeats and GETs to the agent.
 
-Reports: 5xx count (by input kind), tracebacks in each daemon's log, lost audit records (Xid 79 answered 200
-but not in GET /api/v1/actions nor in the state database), valid events accepted vs sent, RSS of both daemons
-over time. Issue 16's done-when asks 0 5xx, 0 tracebacks, 0 lost, bounded memory.
+Reports: 5xx count (by input kind), tracebacks in each daemon's log, lost audit records (an Xid 79 event
+answered 200 whose id is not in GET /api/v1/actions, or not in the state database), valid events accepted
+vs sent, RSS of both daemons over time. Issue 16's done-when asks 0 5xx, 0 tracebacks, 0 lost, bounded memory.
 
     python benchmarks/soak.py --quick
+    python benchmarks/soak.py --inputs 1200000 --dedup-max-ids 20000 --max-state-mib 16 \
+        --reliability-max-nodes 20000 --xid-nodes 2000     # every bound small: does memory level off?
 """
 
 from __future__ import annotations
@@ -67,10 +70,11 @@ def _random_json(rng: random.Random, depth: int = 0) -> Any:
 
 
 class Mix:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, xid_nodes: int = 0) -> None:
         self.rng = random.Random(seed)
         self.n = 0
-        self.xid_nodes: list[str] = []
+        self.xid_nodes = xid_nodes  # 0: every Xid 79 on a node never seen before
+        self.last_xid = ""  # the event id of the last Xid 79 made
         self.valid_sent = 0
 
     def next(self) -> Input:
@@ -78,9 +82,10 @@ class Mix:
         self.n += 1
         k = self.n % 14
         if k == 0:
-            node = f"soak-{self.n}"
-            self.xid_nodes.append(node)
-            body = _batch([_event(node, "xid", {"xid": 79, "pci_bus_id": "0000:3b:00.0"})])
+            node = f"soak-{self.n // 14 % self.xid_nodes if self.xid_nodes else self.n}"
+            event = _event(node, "xid", {"xid": 79, "pci_bus_id": "0000:3b:00.0"})
+            self.last_xid = event["id"]
+            body = _batch([event])
             return ("xid79", "engine", "POST", "/api/v1/events", body, AUTH)
         if k == 1:
             valid = [
@@ -125,7 +130,9 @@ class Mix:
                 ["/api/v1/status", "/api/v1/actions", "/api/v1/held", "/metrics", "/healthz", "/readyz"]
             )
             query = rng.choice(["", "?limit=5", "?limit=abc", "?limit=-3", "?node=x"])
-            return ("engine_get", "engine", "GET", path + query, b"", {})
+            # the API asks for a token since viewers/operators came: most GETs carry it, some do not
+            headers = dict(AUTH) if rng.random() < 0.8 else {}
+            return ("engine_get", "engine", "GET", path + query, b"", headers)
         if k == 7:
             held = rng.choice(["1", "abc", "-1", "99999999999999999999"])
             verb = rng.choice(["release", "discard"])
@@ -152,25 +159,32 @@ class Mix:
         return ("agent_get", "agent", "GET", path, b"", {})
 
 
-def _db_drained_nodes(db: Path) -> set[str]:
+def _db_drain_events(db: Path) -> set[str]:
+    """The events with an audited drain decision (whatever its outcome: dry-run, deduplicated, ...)."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
     try:
-        return {r[0] for r in conn.execute("SELECT node FROM audit WHERE action = 'drain'")}
+        return {r[0] for r in conn.execute("SELECT event_id FROM audit WHERE action = 'drain'")}
     finally:
         conn.close()
 
 
-async def soak(total: int, concurrency: int, seed: int) -> dict[str, Any]:
+async def soak(args: argparse.Namespace) -> dict[str, Any]:
+    total, concurrency = 20_000 if args.quick else args.inputs, args.concurrency
     tmp = Path(tempfile.mkdtemp(prefix="watchd-soak-"))
     db = tmp / "state.db"
-    engine = start_engine(tmp, mode="dry-run", db=db, ingest={"dedup_max_ids": 1_000_000})
+    extra: dict[str, Any] = {"ingest": {"dedup_max_ids": args.dedup_max_ids}}
+    if args.max_state_mib is not None:
+        extra["detectors"] = {"max_state_mib": args.max_state_mib}
+    if args.reliability_max_nodes is not None:
+        extra["reliability"] = {"max_nodes": args.reliability_max_nodes}
+    engine = start_engine(tmp, mode="dry-run", db=db, **extra)
     log = tmp / "kern.log"
     log.write_text("")
     agent = Daemon("agent", agent_config("gpu-1", engine.port, tmp / "token", log), tmp)
     agent.wait_ready()
     hb_port = int(yaml.safe_load(agent.config_path.read_text())["heartbeat"]["http_port"])
     bases = {"engine": engine.url, "agent": agent.url, "heartbeat": f"http://127.0.0.1:{hb_port}"}
-    mix = Mix(seed)
+    mix = Mix(args.seed, args.xid_nodes)
     statuses: Counter[tuple[str, int]] = Counter()
     errors: Counter[str] = Counter()
     xid_ok: list[str] = []
@@ -191,7 +205,7 @@ async def soak(total: int, concurrency: int, seed: int) -> dict[str, Any]:
         while done < total:
             done += 1
             kind, daemon, method, path, body, headers = mix.next()
-            node = mix.xid_nodes[-1] if kind == "xid79" else None
+            xid = mix.last_xid if kind == "xid79" else None
             for attempt in range(3):  # a connection the server closed after an error reply: send again
                 try:
                     async with session.request(
@@ -205,8 +219,8 @@ async def soak(total: int, concurrency: int, seed: int) -> dict[str, Any]:
                         statuses[(kind, resp.status)] += 1
                         if resp.status == 200 and kind in ("xid79", "mixed_batch"):
                             reply = json.loads(raw)
-                            if kind == "xid79" and node is not None:
-                                xid_ok.append(node)
+                            if xid is not None:
+                                xid_ok.append(xid)
                             else:
                                 accepted_valid += int(reply.get("accepted", 0)) + int(
                                     reply.get("duplicates", 0)
@@ -236,11 +250,14 @@ async def soak(total: int, concurrency: int, seed: int) -> dict[str, Any]:
     rss.append((time.monotonic() - t0, rss_kib(engine.proc.pid), rss_kib(agent.proc.pid)))
     async with (
         aiohttp.ClientSession() as session,
-        session.get(f"{engine.url}/api/v1/actions?limit=10000") as resp,
+        session.get(f"{engine.url}/api/v1/actions?limit=10000", headers=AUTH) as resp,
     ):
-        api_actions = (await resp.json())["actions"]
-    api_nodes = {a["node"] for a in api_actions if a["action"] == "drain"}
-    db_nodes = _db_drained_nodes(db)
+        listing = await resp.json()
+    if resp.status != 200:
+        raise SystemExit(f"GET /api/v1/actions answered {resp.status}: {listing}")
+    api_actions = listing["actions"]
+    api_events = {a["event_id"] for a in api_actions if a["action"] == "drain"}
+    db_events = _db_drain_events(db)
     engine.stop()
     agent.stop()
     tracebacks = {
@@ -249,11 +266,11 @@ async def soak(total: int, concurrency: int, seed: int) -> dict[str, Any]:
     }
     log_bytes = {"engine": engine.log_path.stat().st_size, "agent": agent.log_path.stat().st_size}
     fivexx = {f"{k} {s}": n for (k, s), n in sorted(statuses.items()) if s >= 500}
-    lost_db = [n for n in xid_ok if n not in db_nodes]
+    lost_db = [e for e in xid_ok if e not in db_events]
     recent = xid_ok[
         -min(len(xid_ok), 3000) :
     ]  # the API lists the newest 10,000 actions (drains and requeues)
-    lost_api = [n for n in recent if n not in api_nodes]
+    lost_api = [e for e in recent if e not in api_events]
     return {
         "inputs": done,
         "seconds": round(elapsed, 1),
@@ -287,9 +304,23 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="20,000 inputs")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seed", type=int, default=16)
-    args = ap.parse_args()
-    total = 20_000 if args.quick else args.inputs
-    result = asyncio.run(soak(total, args.concurrency, args.seed))
+    ap.add_argument(
+        "--dedup-max-ids", type=int, default=1_000_000, help="ingest.dedup_max_ids (the shipped default)"
+    )
+    ap.add_argument(
+        "--max-state-mib", type=float, default=None, help="detectors.max_state_mib (default: 2 GiB)"
+    )
+    ap.add_argument(
+        "--reliability-max-nodes", type=int, default=None, help="reliability.max_nodes (default: 131,072)"
+    )
+    ap.add_argument(
+        "--xid-nodes",
+        type=int,
+        default=0,
+        help="Xid 79s cycle over this many node names (default 0: each on a node never seen before, so the "
+        "engine's per-node state grows with the run up to its bounds)",
+    )
+    result = asyncio.run(soak(ap.parse_args()))
     for key, value in result.items():
         print(f"{key:28} {value}")
     print(json.dumps(result))

@@ -20,6 +20,7 @@ from watchd.store import dialect
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
 from watchd.store.held import HeldAction
+from watchd.store.reliability import IntervalRow, NodeRow
 from watchd.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -178,6 +179,35 @@ def test_breaker_window_alerts_and_rule_state(store: Store) -> None:
     store.rule_state.save({"lemon": ("fp", '{"w":1}'), "x": ("f2", "{}")}, 1.0)
     store.rule_state.save({"lemon": ("fp", '{"w":2}')}, 2.0)
     assert store.rule_state.load() == {"lemon": ("fp", '{"w":2}')}
+
+
+def test_reliability_pages_read_every_row_once_and_prune_forgets_orphan_nodes(store: Store) -> None:
+    rel = store.reliability
+    # ties on the first key of the keyset (one node, several intervals) straddle the page edges
+    rel.save_intervals(IntervalRow(f"n{i % 4}", float(i), float(i) + 0.5) for i in range(11))
+    rel.save_intervals([IntervalRow("old", 1.0, 2.0)])
+    rel.save_nodes(NodeRow(f"n{i}", "H200", 8, ("batch",), None) for i in range(4))
+    rel.save_nodes([NodeRow("old", None, 1, (), None), NodeRow("out", None, 1, (), 3.0)])
+    rel.save_nodes([NodeRow("failed", None, 1, (), None)])
+    for t in (9.0, 4.0, 7.0):  # ids not in time order
+        rel.add_failure(t, "n1", "r", f"e{t}", "xid 79", 0, "enforce")
+    rel.add_failure(5.0, "failed", "r", "ef", "xid 79", None, "enforce")
+
+    pages = list(rel.interval_pages(3.0, page=2))
+    assert [len(p) for p in pages] == [2, 2, 2, 2]  # 8 rows; the empty 5th query yields nothing
+    got = [r for p in pages for r in p]
+    assert sorted(got) == sorted(IntervalRow(f"n{i % 4}", float(i), float(i) + 0.5) for i in range(3, 11))
+    assert len(set(got)) == len(got)
+    assert [r.node for p in rel.node_pages(page=3) for r in p] == sorted(
+        ["n0", "n1", "n2", "n3", "old", "out", "failed"]
+    )
+    assert [f.time for f in rel.failures(4.5)] == [5.0, 7.0, 9.0]  # oldest first across pages
+    assert sorted(f.time for p in rel.failure_pages(0.0, page=1) for f in p) == [4.0, 5.0, 7.0, 9.0]
+
+    removed, forgotten = rel.prune(4.2)  # "old"'s interval and the failure at 4.0 go, and so "old" itself
+    assert forgotten == ["old"]  # "out" is out of service, "failed" has a failure, n* have intervals
+    assert removed == 5 + 1 + 1  # intervals ending before 4.2 (0..3 and old), one failure, one node
+    assert "old" not in {r.node for r in rel.nodes()} and {"out", "failed"} <= {r.node for r in rel.nodes()}
 
 
 # ---------------------------------------------------------------------------------------- PostgreSQL only

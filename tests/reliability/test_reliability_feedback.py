@@ -3,6 +3,8 @@ drain outcomes are failures, once per time out of service, and the durable recor
 
 from __future__ import annotations
 
+import asyncio
+
 from watchd.clock import FakeClock
 from watchd.config import ReliabilityConfig
 from watchd.engine.reliability import Reliability
@@ -11,6 +13,7 @@ from watchd.model.action import ActionFeedback
 from watchd.model.events import Event
 from watchd.rules.decision import Decision, PlannedAction
 from watchd.store.database import Store
+from watchd.store.reliability import PAGE
 
 
 def make() -> tuple[Reliability, Store, FakeClock]:
@@ -71,3 +74,44 @@ def test_the_record_survives_a_restart() -> None:
     report = again.report(now=1000.0, since=0.0)
     assert report.fleet.failures == 1 and report.fleet.exposure_s == 600.0
     assert report.info["n1"].gpus == 1 and report.info["n1"].model == "H200"  # the GPUs it reported
+
+
+def test_the_periodic_cycle_serves_the_event_loop_and_reports_what_the_blocking_one_does() -> None:
+    """The engine's cycle saves and reads in pages with the loop served between them and builds the report
+    in a thread: a drain decided meanwhile waits for one page, not the whole fleet. Same report as the
+    blocking form."""
+    nodes = 2 * PAGE + 10  # three pages of nodes and of intervals
+    rel, store, _ = make()
+    twin, twin_store, _ = make()
+    for r in (rel, twin):
+        for t in (9_000.0, 9_060.0):
+            for n in range(nodes):
+                r.observe(Event(f"s{n}-{t}", f"n{n}", "nvml", "gpu_summary", t, {"gpu": 0, "model": "H200"}))
+    drain(rel, xid("n7", 9_500.0), "drained")
+    drain(twin, xid("n7", 9_500.0), "drained")
+
+    async def run() -> int:
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        start = ticks
+        await rel.cycle()
+        done.set()
+        await task
+        return ticks - start
+
+    served = asyncio.run(run())
+    twin.cycle_now()
+    assert served >= 9  # 3 pages written (intervals and nodes together), 3 + 3 + 1 read, then the thread
+    got, want = rel._report, twin._report
+    assert got is not None and want is not None and got.to_dict() == want.to_dict()
+    assert got.fleet.failures == 1 and len(got.nodes) == nodes and got.fleet.exposure_s == nodes * 60.0
+    assert len(store.reliability.nodes()) == len(twin_store.reliability.nodes()) == nodes

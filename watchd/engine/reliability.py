@@ -3,13 +3,17 @@
 state database, and serves the report, the advice, the metrics and the ``checkpoint_interval`` findings.
 
 Hot path: :meth:`Reliability.observe` is a few dict operations per event; writes happen on failures (rare)
-and in :meth:`flush` (every ``reliability.flush_s``)."""
+and in :meth:`flush` (every ``reliability.flush_s``). The periodic work grows with the fleet (a row per node
+and interval: about a second a minute at 100,000 nodes), so :meth:`flush` and :meth:`cycle` write and read in
+pages with the event loop served between them, and build the report in a worker thread: a drain decided
+meanwhile waits for one page, not for the whole fleet."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -29,16 +33,28 @@ from watchd.reliability.estimate import MtbfEstimate
 from watchd.reliability.evidence import FAILURE_OUTCOMES, gpu_of, hardware_evidence
 from watchd.reliability.jobs import JobTracker
 from watchd.reliability.report import Advice, Failure, NodeInfo, Report, advise, build_report
-from watchd.reliability.service import Interval, ServiceTracker
+from watchd.reliability.service import Interval, NodeService, ServiceTracker
 from watchd.rules.decision import Decision
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
-from watchd.store.reliability import IntervalRow, NodeRow
+from watchd.store.reliability import PAGE, FailureRow, IntervalRow, NodeRow
 
 _log = get_logger("watchd.reliability")
 _PENDING_MAX = 10_000  # drains decided on hardware evidence, awaiting their outcome
 _OWN_SOURCES = frozenset({"watchd", "detector", ADVICE_SOURCE})  # events that are no report from a node
 _FLUSH_BACKLOG = 10_000  # closed intervals waiting for the periodic flush: save them now
+
+
+_T = TypeVar("_T")
+
+
+async def _collect(pages: Iterator[list[_T]]) -> list[_T]:
+    """Every page's rows, the event loop served between pages."""
+    out: list[_T] = []
+    for page in pages:
+        out.extend(page)
+        await asyncio.sleep(0)
+    return out
 
 
 class Reliability:
@@ -100,7 +116,7 @@ class Reliability:
         else:
             self.service.seen(event.node, event.time)
         if self.service.closed_pending >= _FLUSH_BACKLOG:
-            self.flush_now()
+            self._save(self.service.take_closed(), [])
 
     def decided(self, decision: Decision) -> None:
         """A decision with a drain on hardware evidence: remembered until the drain's outcome comes back."""
@@ -165,20 +181,37 @@ class Reliability:
     # ------------------------------------------------------------------------------------- periodic
 
     async def flush(self) -> None:
-        self.flush_now()
+        """The periodic save, :data:`PAGE` nodes at a time, the event loop served between pages."""
+        self._save(self.service.take_closed(), [])
+        states = list(self.service.nodes.values())
+        for i in range(0, len(states), PAGE):
+            self._save(*self._changes(states[i : i + PAGE]))
+            await asyncio.sleep(0)
+        self._forget_evicted()
 
     def flush_now(self) -> None:
         """Save the service intervals and what changed of the nodes (a failed write is retried next time)."""
-        intervals = self.service.take()
-        changed = {s.node: s for s in self.service.take_dirty()}
-        for state in self.service.nodes.values():
+        closed = self.service.take_closed()
+        intervals, nodes = self._changes(list(self.service.nodes.values()))
+        self._save(closed + intervals, nodes)
+        self._forget_evicted()
+
+    def _changes(self, states: list[NodeService]) -> tuple[list[Interval], list[NodeService]]:
+        """The open intervals of ``states`` and those of them whose attributes or partitions changed."""
+        intervals, dirty = self.service.open_and_dirty(states)
+        changed = {s.node: s for s in dirty}
+        for state in states:
             parts = tuple(sorted(self.partitions_of(state.node)))
             if self._partitions.get(state.node) != parts:
                 self._partitions[state.node] = parts
                 changed[state.node] = state
-        nodes = list(changed.values())
-        if len(self._partitions) > len(self.service.nodes):  # forget the nodes the tracker evicted
+        return intervals, list(changed.values())
+
+    def _forget_evicted(self) -> None:
+        if len(self._partitions) > len(self.service.nodes):  # the nodes the tracker evicted
             self._partitions = {n: p for n, p in self._partitions.items() if n in self.service.nodes}
+
+    def _save(self, intervals: list[Interval], nodes: list[NodeService]) -> None:
         try:
             if intervals:
                 self.store.reliability.save_intervals(IntervalRow(i.node, i.start, i.end) for i in intervals)
@@ -193,17 +226,33 @@ class Reliability:
                 s.dirty = True
 
     def prune(self, now: float) -> None:
-        self.store.reliability.prune(now - self.config.retention_days * 86400.0)
+        _, forgotten = self.store.reliability.prune(now - self.config.retention_days * 86400.0)
+        for node in forgotten:  # seen again since (not yet flushed): saved again with the next flush
+            state = self.service.nodes.get(node)
+            if state is not None:
+                state.dirty = True
         self.jobs.prune(now, max(3600.0, 10 * self.config.gap_s))
 
     async def cycle(self) -> list[Event]:
-        """Refresh the report and every running job's advice; the findings for jobs far off the advice."""
-        return self.cycle_now()
+        """:meth:`cycle_now` without holding the event loop: saved and read in pages, built in a thread."""
+        now = self.clock.now()
+        since = now - self.config.window_days * 86400.0
+        await self.flush()
+        rel = self.store.reliability
+        nodes = await _collect(rel.node_pages())
+        intervals = await _collect(rel.interval_pages(since))
+        failures = await _collect(rel.failure_pages(since))
+        partitions = dict(self._partitions)
+        build = self._build
+        report = await asyncio.to_thread(build, nodes, intervals, failures, partitions, now, since, None)
+        return self._refresh(report, now)
 
     def cycle_now(self) -> list[Event]:
+        """Refresh the report and every running job's advice; the findings for jobs far off the advice."""
         now = self.clock.now()
-        self.flush_now()
-        report = self.report(now=now)
+        return self._refresh(self.report(now=now), now)
+
+    def _refresh(self, report: Report, now: float) -> list[Event]:
         self._report = report
         running = self.topology.jobs(now)
         advice: dict[str, Advice] = {}
@@ -280,20 +329,32 @@ class Reliability:
         since = now - self.config.window_days * 86400.0 if since is None else since
         self.flush_now()
         rel = self.store.reliability
-        info = {
-            r.node: NodeInfo(r.gpu_model, r.gpus, r.partitions or self._partitions.get(r.node, ()))
-            for r in rel.nodes()
-        }
-        intervals = [Interval(r.node, r.start, r.end) for r in rel.intervals(since)]
-        failures = [
-            Failure(f.time, f.node, f.rule, f.evidence, f.mode, f.gpu, f.back_at) for f in rel.failures(since)
-        ]
+        return self._build(
+            rel.nodes(), rel.intervals(since), rel.failures(since), self._partitions, now, since, partition
+        )
+
+    def _build(
+        self,
+        nodes: list[NodeRow],
+        intervals: list[IntervalRow],
+        failures: list[FailureRow],
+        partitions: Mapping[str, tuple[str, ...]],
+        now: float,
+        since: float,
+        partition: str | None,
+    ) -> Report:
+        """Pure: the report from the rows read (safe in a worker thread)."""
         return build_report(
             now=now,
             since=since,
-            intervals=intervals,
-            failures=failures,
-            info=info,
+            intervals=[Interval(r.node, r.start, r.end) for r in intervals],
+            failures=[
+                Failure(f.time, f.node, f.rule, f.evidence, f.mode, f.gpu, f.back_at) for f in failures
+            ],
+            info={
+                r.node: NodeInfo(r.gpu_model, r.gpus, r.partitions or partitions.get(r.node, ()))
+                for r in nodes
+            },
             confidence=self.config.confidence,
             partition=partition,
             lemon_failures=self.config.lemon_failures,

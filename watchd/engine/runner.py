@@ -679,7 +679,7 @@ class Engine:
 
     async def _reliability_cycle(self) -> None:
         """The reliability report and checkpoint advice; a job far off the advice becomes a finding."""
-        for event in self.reliability.cycle_now():
+        for event in await self.reliability.cycle():
             _log.info("checkpoint_interval", job=event.attrs.get("job"), summary=event.attrs.get("summary"))
             await self.queue.put((event, self.clock.monotonic()))  # waits, never drops
 

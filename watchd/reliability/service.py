@@ -135,16 +135,22 @@ class ServiceTracker:
         when they pile up, so a flood of new nodes cannot grow them between flushes)."""
         return len(self._closed)
 
+    def take_closed(self) -> list[Interval]:
+        """The intervals closed since the last call (the open ones stay for the periodic flush)."""
+        out, self._closed = self._closed, []
+        return out
+
     def take(self) -> list[Interval]:
         """The intervals to persist now: those closed since the last call and every open one (as far as it
         reaches): the store keeps one row per (node, start) and extends its end."""
-        out, self._closed = self._closed, []
-        out.extend(Interval(s.node, s.start, s.end) for s in self.nodes.values() if s.start is not None)
-        return out
+        opened = [Interval(s.node, s.start, s.end) for s in self.nodes.values() if s.start is not None]
+        return self.take_closed() + opened
 
-    def take_dirty(self) -> list[NodeService]:
-        """Nodes whose attributes (model, GPUs, out of service) changed since the last call."""
-        dirty = [s for s in self.nodes.values() if s.dirty]
+    @staticmethod
+    def open_and_dirty(states: list[NodeService]) -> tuple[list[Interval], list[NodeService]]:
+        """Of ``states`` (a page of :attr:`nodes`): their open intervals as far as they reach, and those whose
+        attributes (model, GPUs, out of service) changed since they were last taken (no longer marked)."""
+        dirty = [s for s in states if s.dirty]
         for s in dirty:
             s.dirty = False
-        return dirty
+        return [Interval(s.node, s.start, s.end) for s in states if s.start is not None], dirty

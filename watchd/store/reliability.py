@@ -4,10 +4,12 @@ accounting itself (:mod:`watchd.reliability`) turns them into its own data."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 from watchd.store.connection import Connection
+
+PAGE = 5_000  # rows per query of a long read: the caller may serve its event loop between pages
 
 
 class IntervalRow(NamedTuple):
@@ -82,31 +84,78 @@ class ReliabilityRecord:
                 (back_at, back_at, node),
             ).rowcount
 
-    def intervals(self, since: float) -> list[IntervalRow]:
-        rows = self._db.all(
+    def interval_pages(self, since: float, page: int = PAGE) -> Iterator[list[IntervalRow]]:
+        """The intervals that ended at or after ``since``, ``page`` rows a query (keyset order)."""
+        first = "SELECT node, started_at, ended_at FROM service_intervals WHERE ended_at >= ?"
+        for rows in self._pages(
             "reading service intervals",
-            "SELECT node, started_at, ended_at FROM service_intervals WHERE ended_at >= ?",
+            first,
+            first + " AND (node, started_at) > (?, ?)",
             (since,),
+            "node, started_at",
+            lambda r: (r[0], r[1]),
+            page,
+        ):
+            yield [IntervalRow(r[0], r[1], r[2]) for r in rows]
+
+    def failure_pages(self, since: float, page: int = PAGE) -> Iterator[list[FailureRow]]:
+        """The failures at or after ``since``, ``page`` rows a query (in id order, not time order)."""
+        first = (
+            "SELECT id, time, node, rule, event_id, evidence, gpu, mode, back_at FROM failures"
+            " WHERE time >= ?"
         )
-        return [IntervalRow(r[0], r[1], r[2]) for r in rows]
+        for rows in self._pages(
+            "reading failures", first, first + " AND id > ?", (since,), "id", lambda r: (r[0],), page
+        ):
+            yield [FailureRow(*tuple(r)) for r in rows]
+
+    def node_pages(self, page: int = PAGE) -> Iterator[list[NodeRow]]:
+        """Every node known, ``page`` rows a query (in node order)."""
+        first = "SELECT node, gpu_model, gpus, partitions, out_since FROM service_nodes"
+        for rows in self._pages(
+            "reading service nodes", first, first + " WHERE node > ?", (), "node", lambda r: (r[0],), page
+        ):
+            yield [NodeRow(r[0], r[1], r[2], tuple(p for p in r[3].split(",") if p), r[4]) for r in rows]
+
+    def intervals(self, since: float) -> list[IntervalRow]:
+        return [row for rows in self.interval_pages(since) for row in rows]
 
     def failures(self, since: float) -> list[FailureRow]:
-        rows = self._db.all(
-            "reading failures",
-            "SELECT id, time, node, rule, event_id, evidence, gpu, mode, back_at FROM failures"
-            " WHERE time >= ? ORDER BY time",
-            (since,),
-        )
-        return [FailureRow(*tuple(r)) for r in rows]
+        """The failures at or after ``since``, oldest first."""
+        rows = [row for page in self.failure_pages(since) for row in page]
+        return sorted(rows, key=lambda f: (f.time, f.id))
 
     def nodes(self) -> list[NodeRow]:
-        rows = self._db.all(
-            "reading service nodes", "SELECT node, gpu_model, gpus, partitions, out_since FROM service_nodes"
-        )
-        return [NodeRow(r[0], r[1], r[2], tuple(p for p in r[3].split(",") if p), r[4]) for r in rows]
+        return [row for rows in self.node_pages() for row in rows]
 
-    def prune(self, older_than: float) -> int:
-        """Forget intervals that ended, and failures that happened, before ``older_than``."""
+    def _pages(
+        self,
+        doing: str,
+        first: str,
+        after: str,
+        args: tuple[Any, ...],
+        order: str,
+        key: Any,
+        page: int,
+    ) -> Iterator[list[Any]]:
+        """Keyset pagination: each page is its own query, so nothing stays open between pages."""
+        rows = self._db.all(doing, f"{first} ORDER BY {order} LIMIT ?", (*args, page))
+        while rows:
+            yield rows
+            if len(rows) < page:
+                return
+            rows = self._db.all(doing, f"{after} ORDER BY {order} LIMIT ?", (*args, *key(rows[-1]), page))
+
+    def prune(self, older_than: float) -> tuple[int, list[str]]:
+        """Forget intervals that ended, and failures that happened, before ``older_than``, then the nodes
+        left with neither and not out of service (a renamed or retired node would otherwise be read by
+        every report forever). Returns the rows removed and the nodes forgotten."""
         with self._db.write("pruning reliability records") as conn:
             n = conn.execute("DELETE FROM service_intervals WHERE ended_at < ?", (older_than,)).rowcount
-            return n + conn.execute("DELETE FROM failures WHERE time < ?", (older_than,)).rowcount
+            n += conn.execute("DELETE FROM failures WHERE time < ?", (older_than,)).rowcount
+            gone = conn.execute(
+                "DELETE FROM service_nodes WHERE out_since IS NULL"
+                " AND NOT EXISTS (SELECT 1 FROM service_intervals i WHERE i.node = service_nodes.node)"
+                " AND node NOT IN (SELECT node FROM failures) RETURNING node"
+            ).fetchall()
+            return n + len(gone), [str(r[0]) for r in gone]
