@@ -4,9 +4,9 @@ state database, and serves the report, the advice, the metrics and the ``checkpo
 
 Hot path: :meth:`Reliability.observe` is a few dict operations per event; writes happen on failures (rare)
 and in :meth:`flush` (every ``reliability.flush_s``). The periodic work grows with the fleet (a row per node
-and interval: about a second a minute at 100,000 nodes), so :meth:`flush` and :meth:`cycle` write and read in
-pages with the event loop served between them, and build the report in a worker thread: a drain decided
-meanwhile waits for one page, not for the whole fleet."""
+and interval: 4.3 s a minute at 100,000 nodes when done at once), so :meth:`flush` and :meth:`cycle` write
+and read in pages with the event loop served between them, and build the report in a worker thread: a drain
+decided meanwhile waits for one page, not for the whole fleet."""
 
 from __future__ import annotations
 
@@ -243,8 +243,9 @@ class Reliability:
         intervals = await _collect(rel.interval_pages(since))
         failures = await _collect(rel.failure_pages(since))
         partitions = dict(self._partitions)
-        build = self._build
-        report = await asyncio.to_thread(build, nodes, intervals, failures, partitions, now, since, None)
+        report = await asyncio.to_thread(
+            self._build, nodes, intervals, failures, partitions, now, since, partition=None
+        )
         return self._refresh(report, now)
 
     def cycle_now(self) -> list[Event]:
