@@ -402,6 +402,9 @@ class SparesConfig(_Strict):
 
     partitions: dict[str, Annotated[int, Field(ge=0, le=10_000)]] = Field(default_factory=dict)
     slurm_users: str = Field(default="root", pattern=r"^[A-Za-z0-9_.,-]+$")  # Users= of the reservation
+    # a spare released for requeued jobs stays theirs (the partition is not topped up) until they run again
+    # or this long: past Slurm's cred_expire (120 s by default), the delay before a requeued job may start
+    keep_for_requeued_s: Annotated[float, Field(ge=0, le=86400)] = 600.0
 
 
 class ReportsConfig(_Strict):

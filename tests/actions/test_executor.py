@@ -562,8 +562,10 @@ async def test_a_released_drain_counts_and_its_requeue_runs() -> None:
         assert held.node == "n2" and fake.jobs["7"].state == "running"
         result = await executor.release(held.id, "alice")
         assert result.outcome == "drained" and "then requeue: requeued" in result.detail
-        last = executor.store.audit.recent(1)[0]
-        assert (last.node, last.outcome) == ("n2", "drained") and last.detail.startswith("released by alice")
+        drain, requeue = executor.store.audit.recent(2)  # each step audited as it ran, under the rule
+        assert (drain.node, drain.action, drain.outcome, drain.rule) == ("n2", "drain", "drained", "fatal")
+        assert drain.detail.startswith("released by alice") and drain.event_id == f"held-{held.id}"
+        assert (requeue.action, requeue.outcome, requeue.result["requeued"]) == ("requeue", "requeued", ["7"])
         assert fake.jobs["7"].state == "pending"
         clock.advance(60)
         await decide(executor, engine, xid_event("n3", event_id="e3"))  # three taken out: the window is full

@@ -142,14 +142,16 @@ async def test_validation_of_a_cordoned_node(api: KubeApiServer, runner: Kuberne
     task = asyncio.create_task(kubelet(api, outputs, seen))
     try:
         svc = service(runner, events)
-        passed, _, done = await svc.validate("gpu-2")
+        v = await svc.validate("gpu-2", "validate:test")
+        passed, _, done = v.passed, v.results, v.done
         assert (passed, done) == (False, "drained")
         record = json.loads(api.node("gpu-2")["metadata"]["annotations"][DRAIN_ANNOTATION])
         assert record["reason"] == "watchd: validation failed: nccl busbw 300 GB/s < 80% of 450 GB/s"
         assert api.node("gpu-2")["spec"]["unschedulable"] is True
         assert runner.created[-1]["spec"]["template"]["spec"]["tolerations"] == [{"operator": "Exists"}]
         outputs["gpu-2"] = (PASS, 0)
-        passed, _, done = await svc.validate("gpu-2")
+        v = await svc.validate("gpu-2", "validate:test2")
+        passed, _, done = v.passed, v.results, v.done
         assert (passed, done) == (True, "resumed")
         assert not api.node("gpu-2")["spec"].get("unschedulable")
     finally:

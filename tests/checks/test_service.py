@@ -257,7 +257,8 @@ async def test_validate_resumes_only_when_every_check_passes() -> None:
     node.flags.add("DRAIN")
     node.reason = "watchd: nccl busbw 312 GB/s < 80% of 450 GB/s"
     h = Harness(cfg, runner)
-    passed, results, done = await h.service.validate("n000")
+    v = await h.service.validate("n000", "validate:test")
+    passed, results, done = v.passed, v.results, v.done
     assert (passed, done) == (False, "drained")
     assert [r["outcome"] for r in results] == ["passed", "failed"]
     assert node.reason is not None and node.reason.startswith(
@@ -265,7 +266,8 @@ async def test_validate_resumes_only_when_every_check_passes() -> None:
     )
     assert all(e.attrs["validation"] is True for e in h.events)
     outputs["dcgm"] = dcgm_pass
-    passed, results, done = await h.service.validate("n000")
+    v = await h.service.validate("n000", "validate:test2")
+    passed, results, done = v.passed, v.results, v.done
     assert (passed, done) == (True, "resumed")
     assert "DRAIN" not in node.flags and not node.reserved
     assert [j.validation for j in runner.submitted] == [True] * 4

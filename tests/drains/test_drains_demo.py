@@ -10,7 +10,7 @@ async def test_the_loop_act_shows_the_culprit_the_spare_and_the_restart() -> Non
     assert await run_loop_act(lines.append) == 0
     text = "\n".join(lines)
     assert "finding   nccl_hang of job slurm:4343: culprit gpu-0002 GPU 3 (gpu_lost)" in text
-    assert "released gpu-0004 for the jobs requeued off gpu-0002" in text
+    assert "spare_release gpu-0002" in text and "released gpu-0004 for job 4343 requeued off gpu-0002" in text
     assert "running again on gpu-0000, gpu-0001, gpu-0003, gpu-0004: on the spare gpu-0004" in text
     assert "gpu-0002         watchd" in text and "requeued jobs: 4343" in text
     assert "advice" in text

@@ -67,12 +67,18 @@ async def test_xid_drain_requeue_releases_the_spare_and_the_job_starts_on_it(
     engine.queue.put_nowait((xid_event("gpu-2", event_id="x1"), time.monotonic()))
     await eventually(lambda: fl.reserved.get("gpu") is None, what="the spare released")
     assert fake.jobs["100"].state == "pending" and fake.nodes["gpu-2"].reason
+    [release] = audit_of(engine, "spare_release")
+    assert release["outcome"] == "released" and release["rule"] == "xid-fatal-hardware"
+    assert release["result"]["spare"] == "gpu-1" and release["result"]["jobs"] == ["100"]  # type: ignore[index]
+    # a drains poll comes before Slurm lets the requeued job start (cred_expire): the pool is not topped up
+    # from the spare released for it, nor from gpu-3, which it left and needs
+    await engine.fleet.poll()
+    assert fl.reserved == {} and ("pending", ("100",)) in fl.calls
     # slurmctld's next pass: the requeued job needs 2 nodes: gpu-3 (freed) and gpu-1 (the spare)
     assert fl.schedule() == ["100"]
     assert set(fake.jobs["100"].nodes) == {"gpu-1", "gpu-3"}
-    spare = audit_of(engine, "spare")
-    assert [a["outcome"] for a in spare] == ["changed", "changed"]
-    assert "released gpu-1 for the jobs requeued off gpu-2" in str(spare[-1]["detail"])
+    assert [a["outcome"] for a in audit_of(engine, "spare")] == ["changed"]  # taken at start
+    assert engine.fleet.document()["unavailable"][0]["watchd"]["requeued"] == ["100"]
     # nothing idle is left: no spare is taken from a running job
     await engine.fleet.poll()
     assert fl.reserved == {}
@@ -199,26 +205,66 @@ async def test_fleet_metrics_pass_promtool(
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-async def test_a_follower_lists_but_never_changes_spares() -> None:
+class Lease:
+    """A leadership as the database lease answers it: ``confirms`` are the answers of the authority, one per
+    question (the pipeline's leadership stage asks once, the fenced call once more); then "no"."""
+
+    holder = "engine-b"
+    takeover_wait_s = 0.0
+
+    def __init__(self, leading: bool, confirms: list[bool]) -> None:
+        self.leading = leading
+        self.confirms = confirms
+
+    async def wait_leader(self, timeout: float) -> bool:
+        return self.leading
+
+    async def confirm(self) -> bool:
+        return self.confirms.pop(0) if self.confirms else False
+
+
+@pytest.mark.parametrize(
+    ("who", "lease"),
+    [("follower", Lease(False, [])), ("deposed between the stage and the call", Lease(True, [True]))],
+)
+async def test_a_follower_or_a_deposed_leader_never_changes_spares(who: str, lease: Lease) -> None:
     from prometheus_client import CollectorRegistry
 
+    from watchd.actions.audit import MemoryAudit
+    from watchd.actions.executor import ActionExecutor
     from watchd.clock import SystemClock
-    from watchd.engine.fleet import FleetWatch
+    from watchd.engine.fleet import FleetWatch, GatedFleet
+    from watchd.engine.metrics import EngineMetrics
 
-    _, fl = fleet()
+    fake, fl = fleet()
+    clock = SystemClock()
+    audit = MemoryAudit()
+    executor = ActionExecutor(fake, "enforce", clock, EngineMetrics(), audit, leadership=lease)
+
+    async def act(kind: str, node: str, params: object) -> object:
+        return await executor.act(kind, node, params, rule="spares")  # type: ignore[arg-type]
+
     watch = FleetWatch(
-        [fl],
+        [GatedFleet(fl, executor.leader_gate)],
         drains=DrainsConfig(),
         spares=SparesConfig(partitions={"gpu": 2}),
-        clock=SystemClock(),
+        clock=clock,
         registry=CollectorRegistry(),
-        store=None,
+        store=executor.store,
         emit=lambda e: None,
-        enforce=True,
-        leading=lambda: False,
+        act=act,  # type: ignore[arg-type]
+        leading=lambda: True,  # what it believed at its last renewal
     )
-    await watch.poll()
-    assert len(watch.nodes) == 8 and fl.reserved == {}
-    fl.reserved["gpu"] = ["gpu-1"]
-    assert await watch.release_for("gpu-2") is None
+    executor.attach(spares=watch)
+    async with executor:
+        await watch.poll()
+        assert len(watch.nodes) == 8 and fl.reserved == {}
+        fl.reserved["gpu"] = ["gpu-1"]
+        result = await executor.act("spare_release", "gpu-2", {"jobs": "7"}, rule="operator")
     assert fl.reserved == {"gpu": ["gpu-1"]}
+    assert not [c for c in fl.calls if c[0] == "set_spares"], who
+    assert str(result.outcome) == "failed" and "not the leader" in result.detail
+    assert [(a.action, a.outcome) for a in audit.entries] == [
+        ("spare", "failed"),
+        ("spare_release", "failed"),
+    ]

@@ -41,3 +41,9 @@ class Attempt:
     #: Called once its intent is durable (before it waits for leadership or the scheduler): its decision
     #: counts as recorded from then on, and the ingest reply need not wait for the action itself.
     on_recorded: Callable[[], None] | None = None
+    #: Said before the outcome's detail in the audit trail: who asked ("by alice", "released by bob") or
+    #: why it runs again ("re-driven after a restart").
+    note: str = ""
+    #: Driven again from its unfinished intent after a crash (or by the leader that took over): a handler
+    #: whose steps are not idempotent finds out what the interrupted run left and finishes or undoes it.
+    redrive: bool = False

@@ -22,6 +22,8 @@ class AuditRecord:
     detail: str = ""
     duration_s: float = 0.0
     params: dict[str, Scalar] = field(default_factory=dict)
+    #: what the action left, as data (requeued job ids, the spare released, a validation's verdicts)
+    result: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         # Not dataclasses.asdict: that deep-copies, and this runs for every action.

@@ -21,12 +21,12 @@ idempotent): :mod:`watchd.actions.recovery`. Held actions are released or discar
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from watchd.actions.alerting import AlertKeeper
 from watchd.actions.attempt import Attempt, Mode
-from watchd.actions.audit import AuditRecord, AuditSink
+from watchd.actions.audit import AuditSink
 from watchd.actions.drain_batcher import DrainBatcher
 from watchd.actions.gates import Safety
 from watchd.actions.handlers import handler_for
@@ -35,13 +35,14 @@ from watchd.actions.held import HeldActions, Hold
 from watchd.actions.leader_gate import GatedScheduler, LeaderGate
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.actions.pools import Pools
-from watchd.actions.recovery import Recovery, intent_params
-from watchd.actions.runtime import Runtime
+from watchd.actions.recovery import MODE, FinishIntent, Recovery, intent_params
+from watchd.actions.runtime import Runtime, SparePool, Validator
 from watchd.actions.safety import BreakerLimits
 from watchd.actions.stages import Pipeline
 from watchd.actions.stages.dedup import Deduplicate
 from watchd.actions.stages.execute import Execute
 from watchd.actions.stages.follow import FollowTheDrain
+from watchd.actions.stages.follow_ups import FollowUps
 from watchd.actions.stages.leadership import Leadership as LeadershipStage
 from watchd.actions.stages.mode import DryRun
 from watchd.actions.stages.record import Record
@@ -101,9 +102,14 @@ class ActionExecutor:
         self.alerts = AlertKeeper(
             alerts, self.store, clock, leader, self._spawn, lambda: self.limits.window_s
         )
-        runtime = Runtime(scheduler, self._batcher, self.alerts, webhooks, clock, metrics, generator_url)
+        self.runtime = runtime = Runtime(
+            scheduler, self._batcher, self.alerts, webhooks, clock, metrics, generator_url
+        )
 
-        # the pipeline, assembled here once; the paths without a decision skip the stages that need one
+        # the pipelines, assembled here once; every one starts by recording (the one place an action is
+        # audited) after its follow-ups; the paths without a decision skip the stages that need one
+        follow_ups = FollowUps(runtime, clock, lambda attempt: self._operator.run(attempt))
+        record = Record(clock, metrics, trail, feedback)
         dedup = Deduplicate(self.store, clock, cooldown_s, scheduler)
         acting = (
             DryRun(self._safety),
@@ -111,14 +117,31 @@ class ActionExecutor:
             SafetyLimits(self._safety, Hold(self.store, self.alerts, self._spawn)),
             Execute(runtime),
         )
-        self._decided = Pipeline(Record(clock, metrics, trail, feedback), FollowTheDrain(), dedup, *acting)
-        operator = Pipeline(dedup, *acting)  # an operator's release or resume, a requeue after a restart
-        self._operator = operator
+        self._decided = Pipeline(follow_ups, record, FollowTheDrain(), dedup, *acting)
+        # an operator's release or resume, an engine-made change (spares, validation), a follow-up
+        self._operator = Pipeline(follow_ups, record, dedup, *acting)
         self._trail = trail
-        self.held = HeldActions(self.store, clock, mode, operator, self.alerts, trail)
+        self.held = HeldActions(self.store, clock, mode, self._operator, self.alerts, trail)
+        redrive = Pipeline(follow_ups, record, FinishIntent(self.store, clock), *acting)
         self._recovery = Recovery(
-            self.store, clock, mode, cooldown_s, Pipeline(*acting), operator, trail, self._spawn
+            self.store, clock, mode, cooldown_s, redrive, self._operator, trail, self._spawn
         )
+
+    def attach(
+        self,
+        *,
+        spares: SparePool | None = None,
+        validation: Validator | None = None,
+        keep_spare_s: float | None = None,
+    ) -> None:
+        """The engine's services that change the cluster through actions (the hot spares, validation): they
+        must be attached before the executor starts, so that recovery can re-drive their actions."""
+        if spares is not None:
+            self.runtime.spares = spares
+        if validation is not None:
+            self.runtime.validation = validation
+        if keep_spare_s is not None:
+            self.runtime.keep_spare_s = keep_spare_s
 
     @property
     def limits(self) -> BreakerLimits:
@@ -193,38 +216,47 @@ class ActionExecutor:
     def discard(self, held_id: int, by: str) -> ActionResult:
         return self.held.discard(held_id, by)
 
+    async def act(
+        self,
+        kind: str,
+        node: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        rule: str,
+        note: str = "",
+        mode: Mode | None = None,
+        event_id: str | None = None,
+    ) -> ActionResult:
+        """Run one action that no rule decided (an operator's, or the engine's own: the hot spares,
+        validation) through the pipeline: intent, mode (the engine's unless ``mode``), leadership, audit
+        under ``rule`` with ``note`` before its detail. Counted by the breaker when disruptive, never held."""
+        mode = mode or self.mode
+        now = self._clock.now()
+        action = PlannedAction(kind, node, dict(params or {}))
+        attempt = Attempt(
+            action=action,
+            handler=handler_for(kind),
+            mode=mode,
+            rule=rule,
+            event_id=event_id or f"{rule}-{kind}-{node}-{now:.6f}",
+            now=now,
+            # the mode goes with the intent: a re-drive after a crash runs in it, whatever the engine's
+            params={**scalars(action.params), MODE: mode},
+            check_safety=False,
+            note=note,
+        )
+        return await self._operator.run(attempt)
+
     async def operator_resume(self, node: str, by: str) -> ActionResult:
         """An operator returns ``node`` to service (``watchd node resume``): carried out now, whatever the
         engine's mode (a person decided it), recorded as an intent and audited as rule ``operator``. The
         scheduler refuses a node watchd did not drain. Not de-duplicated by an earlier resume's cooldown (only
         by one in flight): the operator may resume again a node watchd drained again since."""
-        action = PlannedAction(RESUME.kind, node, {})
         self.store.intents.clear_cooldown(keys.action(RESUME.kind, node))
-        now = self._clock.now()
-        event_id = f"operator-resume-{node}-{now:.6f}"
-        attempt = Attempt(
-            action=action,
-            handler=handler_for(RESUME.kind),
-            mode="enforce",
-            rule="operator",
-            event_id=event_id,
-            now=now,
-            check_safety=False,
+        event_id = f"operator-resume-{node}-{self._clock.now():.6f}"
+        return await self.act(
+            RESUME.kind, node, rule="operator", note=f"by {by}", mode="enforce", event_id=event_id
         )
-        result = await self._operator.run(attempt)
-        self._trail.record(
-            AuditRecord(
-                time=self._clock.now(),
-                rule="operator",
-                event_id=event_id,
-                node=node,
-                action=RESUME.kind,
-                mode="enforce",
-                outcome=result.outcome.value,
-                detail=f"by {by}: {result.detail}" if result.detail else f"by {by}",
-            )
-        )
-        return result
 
     def effective_mode(self, decision: Decision | None) -> Mode:
         if self.mode == "dry-run" or (decision is not None and decision.mode == "dry-run"):

@@ -6,6 +6,7 @@ safety limits and the executor's pipeline all read what it says here, so a new a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from watchd.actions.outcome import ActionResult
@@ -36,6 +37,12 @@ class ActionHandler(Protocol):
     follows_drain: bool
     #: Asks the safety gate itself, at the last moment (the drain round), instead of before it runs.
     gate_at_dispatch: bool
+    #: Its own cooldown per key (seconds), instead of the engine's ``actions.cooldown_s``; 0: only one in
+    #: flight per key.
+    cooldown_s: float | None
+    #: Written in rule files (the rule schema offers it); False for what only the engine or an operator
+    #: starts (the hot spares, validation).
+    rule_action: bool
 
     def key(self, action: PlannedAction) -> str | None:
         """Its de-duplication key (one intent in flight and one cooldown per key); None: never
@@ -50,6 +57,15 @@ class ActionHandler(Protocol):
         """Carry it out (past de-duplication, mode, leadership and safety)."""
         ...
 
+    def follow_ups(self, attempt: Attempt, result: ActionResult) -> Sequence[PlannedAction]:
+        """The actions its outcome calls for next (a requeue: release a hot spare for the requeued jobs),
+        each run through the whole pipeline after it has been recorded."""
+        ...
+
+    def applies(self, runtime: Runtime) -> bool:
+        """Whether this engine does this kind at all (a follow-up that does not apply is not proposed)."""
+        ...
+
 
 class Handler:
     """Defaults for a handler: harmless, not de-duplicated, run in dry-run too."""
@@ -61,9 +77,17 @@ class Handler:
     takes_node_out: ClassVar[bool] = False
     follows_drain: ClassVar[bool] = False
     gate_at_dispatch: ClassVar[bool] = False
+    cooldown_s: ClassVar[float | None] = None
+    rule_action: ClassVar[bool] = True
 
     def key(self, action: PlannedAction) -> str | None:
         return None
 
     def describe(self, action: PlannedAction) -> str | None:
         return None
+
+    def follow_ups(self, attempt: Attempt, result: ActionResult) -> Sequence[PlannedAction]:
+        return ()
+
+    def applies(self, runtime: Runtime) -> bool:
+        return True

@@ -7,11 +7,11 @@ from typing import Any
 
 from watchd.actions.alerting import AlertKeeper
 from watchd.actions.attempt import Attempt, Mode
-from watchd.actions.audit import AuditRecord
 from watchd.actions.handlers import handler_for
 from watchd.actions.handlers.requeue import HANDLER as REQUEUE
 from watchd.actions.outcome import DRAINED_BY_US, ActionResult, Outcome
 from watchd.actions.stages import Pipeline
+from watchd.actions.stages.record import audit_record
 from watchd.actions.trail import AuditTrail, scalars
 from watchd.clock import Clock
 from watchd.rules.decision import PlannedAction
@@ -74,14 +74,17 @@ class HeldActions:
         if held is None:
             return ActionResult(Outcome.NOT_HELD, f"no held action #{held_id}")
         params = {k: v for k, v in held.params.items() if k != REQUEUE_AFTER_RELEASE}
-        result = await self._run.run(self._attempt(PlannedAction(held.kind, held.node, params), held_id))
+        note = f"released by {by}"
+        result = await self._run.run(self._attempt(PlannedAction(held.kind, held.node, params), held, note))
         if held.params.get(REQUEUE_AFTER_RELEASE) and result.outcome in DRAINED_BY_US:
             requeue = PlannedAction(REQUEUE.kind, held.node, {})
-            requeued = await self._run.run(self._attempt(requeue, held_id))
+            requeued = await self._run.run(self._attempt(requeue, held, note))
             result = ActionResult(
-                result.outcome, f"{result.detail}; then requeue: {requeued.outcome} {requeued.detail}"
+                result.outcome,
+                f"{result.detail}; then requeue: {requeued.outcome} {requeued.detail}",
+                {**result.data, "requeue": requeued.data},
             )
-        self._resolved(held, result.outcome, f"released by {by}: {result.detail}")
+        self._alerts.breaker_cleared(held.pool)
         return result
 
     def discard(self, held_id: int, by: str) -> ActionResult:
@@ -89,34 +92,21 @@ class HeldActions:
         if held is None:
             return ActionResult(Outcome.NOT_HELD, f"no held action #{held_id}")
         result = ActionResult(Outcome.DISCARDED, f"{held.kind} of {held.node} discarded by {by}")
-        self._resolved(held, result.outcome, result.detail)
+        attempt = self._attempt(PlannedAction(held.kind, held.node, held.params), held, "")
+        self._alerts.breaker_cleared(held.pool)
+        self._audit.record(audit_record(attempt, result, self._clock.now()))
         return result
 
-    def _attempt(self, action: PlannedAction, held_id: int) -> Attempt:
+    def _attempt(self, action: PlannedAction, held: HeldAction, note: str) -> Attempt:
+        """An operator's release runs (and is audited) under the rule that decided the held action."""
         return Attempt(
             action=action,
             handler=handler_for(action.kind),
             mode=self._mode,
-            rule="operator",
-            event_id=keys.held_event(held_id),
+            rule=held.rule,
+            event_id=keys.held_event(held.id),
             now=self._clock.now(),
             params=scalars(action.params),
             check_safety=False,
-        )
-
-    def _resolved(self, held: HeldAction, outcome: Outcome, detail: str) -> None:
-        """Audited, and the pool's breaker alert ends once none is held."""
-        self._alerts.breaker_cleared(held.pool)
-        self._audit.record(
-            AuditRecord(
-                time=self._clock.now(),
-                rule=held.rule,
-                event_id=keys.held_event(held.id),
-                node=held.node,
-                action=held.kind,
-                mode=self._mode,
-                outcome=outcome.value,
-                detail=detail,
-                params=held.params,
-            )
+            note=note,
         )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 
 class Outcome(StrEnum):
@@ -28,6 +30,10 @@ class Outcome(StrEnum):
     NO_ALERTMANAGER = "no_alertmanager"
     NOT_HELD = "not_held"
     DISCARDED = "discarded"
+    CHANGED = "changed"  # a partition's hot spares were set
+    RELEASED = "released"  # a hot spare was handed back for the jobs requeued off a drained node
+    NO_SPARE = "no_spare"  # none was held in the node's partition
+    NO_CHECKS = "no_checks"  # validation asked of an engine without checks
 
 
 #: The node is out of service, by watchd.
@@ -42,3 +48,6 @@ NOT_DONE = frozenset({Outcome.FAILED, Outcome.NO_SCHEDULER, Outcome.HELD})
 class ActionResult:
     outcome: Outcome
     detail: str = ""
+    #: what the action left, as JSON data for the audit trail and whoever follows it up (the requeued job
+    #: ids, the spare released, a validation's verdicts): never text to parse back
+    data: Mapping[str, Any] = field(default_factory=dict)

@@ -14,7 +14,7 @@ from watchd.actions.handlers import handler_for
 from watchd.actions.handlers.drain import HANDLER as DRAIN
 from watchd.actions.handlers.requeue import HANDLER as REQUEUE
 from watchd.actions.outcome import DRAINED_BY_US, NOT_DONE, ActionResult, Outcome
-from watchd.actions.stages import Pipeline
+from watchd.actions.stages import Next, Pipeline
 from watchd.actions.trail import AuditTrail, scalars
 from watchd.clock import Clock
 from watchd.logs import get_logger
@@ -27,6 +27,7 @@ from watchd.store.intents import Intent
 _log = get_logger("watchd.executor")
 
 REQUEUE_FOLLOWS = "requeue_follows"  # in a drain's intent: its decision requeues the node after it
+MODE = "mode"  # in the intent of an action no rule decided: the mode it runs in (an operator's: enforce)
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
@@ -125,19 +126,8 @@ class Recovery:
         mode: Mode = "dry-run" if (drained or drain.outcome) == Outcome.DRY_RUN else self._mode
         requeue = PlannedAction(REQUEUE.kind, drain.node, {})
         attempt = self._attempt(requeue, drain.rule, drain.event_id, check_safety=False, mode=mode)
-        result = await self._requeue_pipeline.run(attempt)
-        self._record(
-            AuditRecord(
-                time=self._clock.now(),
-                rule=drain.rule,
-                event_id=drain.event_id,
-                node=drain.node,
-                action=REQUEUE.kind,
-                mode=mode,
-                outcome=result.outcome.value,
-                detail=f"after a restart, the requeue that follows the drain: {result.detail}",
-            )
-        )
+        attempt.note = "after a restart, the requeue that follows the drain"
+        await self._requeue_pipeline.run(attempt)
 
     def _record(self, entry: AuditRecord) -> None:
         try:
@@ -147,40 +137,17 @@ class Recovery:
 
     async def _redrive(self, intent: Intent, why: str = "re-driven after a restart") -> None:
         """Drive an interrupted action once more, through the same safety limits as a new one (and the
-        requeue its decision had after it, for a drain)."""
-        action = PlannedAction(intent.kind, intent.node, intent.params)
-        now = self._clock.now()
-        try:
-            result: ActionResult = await self._redrive_pipeline.run(
-                self._attempt(action, intent.rule, intent.key)
-            )
-        except StoreError as exc:  # finished as failed, never left in flight (it would block its node)
-            _log.error("redrive_not_recorded", key=intent.key, error=str(exc))
-            result = ActionResult(Outcome.FAILED, f"not recorded: {exc}")
-        except Exception as exc:
-            _log.exception("redrive_crashed", key=intent.key)
-            result = ActionResult(Outcome.FAILED, f"internal error: {exc!r}")
-        detail = f"{why}: {result.detail}"
-        failed = result.outcome in NOT_DONE
-        try:
-            self._store.intents.finish(
-                intent.key, result.outcome, detail, self._clock.now(), cooldown_until=now if failed else None
-            )
-        except StoreError as exc:  # left stale: the next decision on the node replaces it
-            _log.error("intent_finish_failed", key=intent.key, error=str(exc))
-        self._record(
-            AuditRecord(
-                time=self._clock.now(),
-                rule=intent.rule,
-                event_id=intent.key,
-                node=action.node,
-                action=action.kind,
-                mode=self._mode,
-                outcome=result.outcome.value,
-                detail=detail,
-                params=scalars(action.params),
-            )
+        requeue its decision had after it, for a drain), in the mode it was decided in."""
+        params = {k: v for k, v in intent.params.items() if k != MODE}
+        mode = intent.params.get(MODE)
+        attempt = self._attempt(
+            PlannedAction(intent.kind, intent.node, params),
+            intent.rule,
+            intent.key,
+            mode=mode if mode in ("dry-run", "enforce") else None,  # type: ignore[arg-type]
         )
+        attempt.note, attempt.redrive = why, True
+        result = await self._redrive_pipeline.run(attempt)
         if intent.params.get(REQUEUE_FOLLOWS) and result.outcome in DRAINED_BY_US:
             await self._requeue_after(intent, result.outcome)
 
@@ -202,3 +169,35 @@ class Recovery:
             params=scalars(action.params),
             check_safety=check_safety,
         )
+
+
+class FinishIntent:
+    """The stage of a re-driven action in place of de-duplication: its intent exists (recovery adopted it);
+    it is finished with the outcome, and never left in flight (it would block its node)."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+
+    async def __call__(self, attempt: Attempt, next: Next) -> ActionResult:
+        try:
+            result = await next(attempt)
+        except StoreError as exc:
+            _log.error("redrive_not_recorded", key=attempt.event_id, error=str(exc))
+            result = ActionResult(Outcome.FAILED, f"not recorded: {exc}")
+        except Exception as exc:
+            _log.exception("redrive_crashed", key=attempt.event_id)
+            result = ActionResult(Outcome.FAILED, f"internal error: {exc!r}")
+        failed = result.outcome in NOT_DONE
+        try:
+            self._store.intents.finish(
+                attempt.event_id,  # a re-driven action goes by its intent's key
+                result.outcome,
+                f"{attempt.note}: {result.detail}",
+                self._clock.now(),
+                cooldown_until=attempt.now if failed else None,
+                result=result.data,
+            )
+        except StoreError as exc:  # left stale: the next decision on the node replaces it
+            _log.error("intent_finish_failed", key=attempt.event_id, error=str(exc))
+        return result

@@ -1,9 +1,11 @@
-"""What handlers run with: the scheduler (and its drain rounds), the alert keeper, the webhook sender."""
+"""What handlers run with: the scheduler (and its drain rounds), the alert keeper, the webhook sender, and the
+engine's services that change the cluster through actions too (the hot spares, validation)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from watchd.actions.alerting import AlertKeeper
 from watchd.actions.drain_batcher import DrainBatcher
@@ -12,11 +14,47 @@ from watchd.clock import Clock
 from watchd.engine.metrics import EngineMetrics
 from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.integrations.webhook.sender import WebhookSender
+from watchd.model.validation import Validation
 
 SchedulerCall = Callable[[Scheduler, DrainBatcher], Awaitable[ActionResult]]
 
 
-@dataclass(frozen=True, slots=True)
+class SparePool(Protocol):
+    """The hot spares as the ``spare`` and ``spare_release`` actions change them (the engine's fleet
+    view). Every call that changes the cluster raises SchedulerError when the scheduler refuses."""
+
+    @property
+    def configured(self) -> bool:
+        """Whether any partition keeps spares."""
+        ...
+
+    async def set_spares(self, partition: str, nodes: Sequence[str]) -> None:
+        """Make ``nodes`` the partition's spares."""
+        ...
+
+    async def release_for(self, node: str) -> tuple[str, str] | None:
+        """Hand one spare of ``node``'s partition back to scheduling (for the jobs requeued off ``node``):
+        (partition, spare), or None when none is held there. The pool is not topped up in that partition
+        while the jobs wait (the ``spare_release`` action's result says which, and until when)."""
+        ...
+
+
+class Validator(Protocol):
+    """Validation of a node watchd drained (the engine's checks)."""
+
+    async def validate(self, node: str, round_id: str) -> Validation:
+        """Run the validation suite inside what the runner sets up for it; return the node to service only
+        if every check passed, else drain it again with the new evidence."""
+        ...
+
+    async def recover(self, node: str, round_id: str, reason: str | None) -> Validation:
+        """A validation a crash interrupted: its checks still running are cancelled and no reservation is
+        left. ``reason`` None: the node is drained, and stays as it is; else it is returned to service if
+        every check of ``round_id`` had passed, and drained again with ``reason`` if not."""
+        ...
+
+
+@dataclass(slots=True)
 class Runtime:
     scheduler: Scheduler | None
     batcher: DrainBatcher | None
@@ -25,6 +63,11 @@ class Runtime:
     clock: Clock
     metrics: EngineMetrics
     generator_url: str = ""
+    #: attached by the engine once its services exist (they submit actions to the executor in turn)
+    spares: SparePool | None = None
+    validation: Validator | None = None
+    #: the hot spares' ``keep_for_requeued_s``: how long a spare released for requeued jobs stays theirs
+    keep_spare_s: float = 600.0
 
     async def scheduled(self, kind: str, call: SchedulerCall) -> ActionResult:
         """One call to the scheduler, timed (``watchd_action_duration_seconds``); a SchedulerError is the

@@ -3,11 +3,20 @@ Kubernetes: a Job pinned to the node) and a faithful fake, built by name (:mod:`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-__all__ = ["Availability", "CheckJob", "CheckRunner", "JobHandle", "JobStatus", "RunOutput", "RunnerError"]
+__all__ = [
+    "Availability",
+    "CheckJob",
+    "CheckRunner",
+    "GatedRunner",
+    "JobHandle",
+    "JobStatus",
+    "RunOutput",
+    "RunnerError",
+]
 
 JobStatus = Literal["completed", "failed", "timeout", "cancelled", "node_fail", "not_started", "lost"]
 
@@ -90,3 +99,55 @@ class CheckRunner(Protocol):
         """Return the node to service (``passed``) or drain it again with ``reason``; undo what
         :meth:`begin_validation` did either way. Answers what was done (``resumed`` | ``drained``)."""
         ...
+
+    async def abandon_validation(self, node: str) -> None:
+        """Undo what :meth:`begin_validation` did and nothing else (the node was never let out of its drain,
+        or is drained again): Slurm: the reservation removed."""
+        ...
+
+
+class GatedRunner:
+    """``runner`` with every change validation makes to the cluster (the reservation and the lifted drain,
+    its checks' jobs, the resume or the new drain, a cancel) asked through ``refusal`` right before the call
+    (the engine's leadership gate: the fencing token still current); refused, it raises RunnerError and
+    touches nothing. Reads and the checks of scheduled rounds pass through."""
+
+    def __init__(self, runner: CheckRunner, refusal: Callable[[str], Awaitable[str | None]]) -> None:
+        self.inner = runner
+        self.name = runner.name
+        self._refusal = refusal
+
+    async def _ask(self, what: str) -> None:
+        refused = await self._refusal(what)
+        if refused is not None:
+            raise RunnerError(refused)
+
+    async def members(self, partitions: Sequence[str]) -> dict[str, list[str]]:
+        return await self.inner.members(partitions)
+
+    async def availability(self, nodes: Sequence[str], within_s: float) -> dict[str, Availability]:
+        return await self.inner.availability(nodes, within_s)
+
+    async def submit(self, job: CheckJob) -> JobHandle:
+        if job.validation:
+            await self._ask(f"validation check {job.check} on {job.node}")
+        return await self.inner.submit(job)
+
+    async def wait(self, handle: JobHandle) -> RunOutput:
+        return await self.inner.wait(handle)
+
+    async def cancel(self, handle: JobHandle) -> None:
+        await self._ask(f"cancel of check job {handle.job_id}")
+        await self.inner.cancel(handle)
+
+    async def begin_validation(self, node: str, time_limit_s: float) -> None:
+        await self._ask(f"validation of {node}")
+        await self.inner.begin_validation(node, time_limit_s)
+
+    async def end_validation(self, node: str, passed: bool, reason: str) -> str:
+        await self._ask(f"end of the validation of {node}")
+        return await self.inner.end_validation(node, passed, reason)
+
+    async def abandon_validation(self, node: str) -> None:
+        await self._ask(f"end of the validation of {node}")
+        await self.inner.abandon_validation(node)

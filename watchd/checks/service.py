@@ -30,11 +30,20 @@ from watchd.checks import plan
 from watchd.checks.judge import Verdict, judge, judge_peers
 from watchd.checks.metrics import CheckMetrics
 from watchd.checks.params import ChecksConfig, CheckSpec
-from watchd.checks.runner import Availability, CheckJob, CheckRunner, JobHandle, RunnerError, RunOutput
+from watchd.checks.runner import (
+    Availability,
+    CheckJob,
+    CheckRunner,
+    GatedRunner,
+    JobHandle,
+    RunnerError,
+    RunOutput,
+)
 from watchd.clock import Clock
 from watchd.logs import get_logger
 from watchd.model import check as check_kind
 from watchd.model.events import Event, Scalar, stable_id
+from watchd.model.validation import Validation
 from watchd.periodic import Periodic
 from watchd.store.checks import CheckRun
 from watchd.store.connection import StoreError
@@ -115,6 +124,10 @@ class CheckService:
                 trigger, first = self._trigger(spec, last, now)
                 self.periodic.schedule(trigger, self._scheduled(spec), f"check:{spec.name}", first)
         self._update_awaiting()
+
+    def gate(self, refusal: Callable[[str], Awaitable[str | None]]) -> None:
+        """Ask ``refusal`` right before every change validation makes to the cluster (leadership)."""
+        self.runner = GatedRunner(self.runner, refusal)
 
     async def stop(self) -> None:
         """Stop following (the jobs go on; the next start follows them again)."""
@@ -460,26 +473,30 @@ class CheckService:
         results = await asyncio.gather(*(on(n) for n in dict.fromkeys(nodes)))
         return [r for rs in results for r in rs]
 
-    async def validate(self, node: str) -> tuple[bool, list[RunResult], str]:
-        """Run the suite on ``node`` (drained by watchd: the caller checked), inside what the runner sets up
-        for it; return the node to service only if every check passed, else drain it again with the new
-        evidence. Answers (passed, results, what the runner did: resumed | drained)."""
+    async def validate(self, node: str, round_id: str) -> Validation:
+        """Run the suite on ``node`` (drained by watchd: the ``validate`` action checked), inside what the
+        runner sets up for it, its runs recorded under ``round_id``; return the node to service only if
+        every check passed, else drain it again with the new evidence."""
         specs = self.config.suite()
         if not specs:
-            raise KeyError("no checks in the validation suite (checks.items[].in_suite)")
+            return Validation("refused", False, "no checks in the validation suite (checks.items[].in_suite)")
         if node in self._validating or node in self._running:
-            raise RuntimeError(f"{node} is already being checked")
+            return Validation("refused", False, f"{node} is already being checked")
         self._validating.add(node)
-        rid = f"validate:{uuid.uuid4().hex[:8]}"
         results: list[RunResult] = []
         evidence: list[str] = []
         try:
-            await self.runner.begin_validation(node, sum(s.time_limit for s in specs))
+            try:
+                await self.runner.begin_validation(node, sum(s.time_limit for s in specs))
+            except RunnerError as exc:
+                return Validation("failed", False, f"validation not begun: {exc}")
             try:
                 for spec in specs:
-                    _, run_id, verdict, output = await self._run_one(spec, node, rid, None, validation=True)
+                    _, run_id, verdict, output = await self._run_one(
+                        spec, node, round_id, None, validation=True
+                    )
                     event = await self._settle(
-                        spec, node, rid, run_id, verdict, output, validation=True, count_round=False
+                        spec, node, round_id, run_id, verdict, output, validation=True, count_round=False
                     )
                     results.append(_result(event))
                     if not verdict.passed:
@@ -490,13 +507,71 @@ class CheckService:
                 raise
             passed = not evidence
             reason = "validation failed: " + "; ".join(evidence) if evidence else ""
-            done = await self.runner.end_validation(node, passed, reason)
+            try:
+                done = await self.runner.end_validation(node, passed, reason)
+            except RunnerError as exc:
+                what = "resumed" if passed else "drained again"
+                return Validation(
+                    "failed", passed, f"the checks ran, but {node} was not {what}: {exc}", results
+                )
         finally:
             self._validating.discard(node)
         if passed:
             self._failing.pop(node, None)  # validated: back in service
         self._update_awaiting()
-        return passed, results, done
+        checks = ", ".join(str(r.get("check")) for r in results)
+        detail = f"every check passed ({checks})" if passed else reason
+        return Validation("resumed" if done == "resumed" else "drained", passed, detail, results)
+
+    async def recover(self, node: str, round_id: str, reason: str | None) -> Validation:
+        """A validation a crash interrupted (the ``validate`` action driven again): its runs still going are
+        cancelled; ``reason`` None: the node is drained and stays so, only what :meth:`validate` set up is
+        undone; else it returns to service if every check of the suite passed in ``round_id``, and is drained
+        again with ``reason`` if not."""
+        specs = self.config.suite()
+        runs = [r for spec in specs for r in self.store.checks.in_round(spec.name, round_id)]
+        for run in runs:
+            spec = self.config.check(run.check)
+            if run.finished_at is None and run.job_id and spec is not None:
+                handle = JobHandle(
+                    run.run_id, run.node, run.job_id, run.job_output, run.started_at, spec.time_limit
+                )
+                with contextlib.suppress(RunnerError):
+                    await self.runner.cancel(handle)
+        results = [
+            RunResult(
+                node=r.node,
+                check=r.check,
+                outcome=r.outcome,
+                passed=r.outcome == "passed",
+                evidence=r.evidence,
+                job=r.job_id,
+            )
+            for r in runs
+        ]
+        passed = bool(specs) and all(
+            any(r.check == s.name and r.outcome == "passed" for r in runs) for s in specs
+        )
+        try:
+            if reason is None:
+                await self.runner.abandon_validation(node)
+                return Validation(
+                    "drained", False, "interrupted before the drain was lifted: it stays", results
+                )
+            if passed:
+                done = await self.runner.end_validation(node, True, "")
+                self._failing.pop(node, None)
+                self._update_awaiting()
+                return Validation(
+                    "resumed" if done == "resumed" else "drained",
+                    True,
+                    "finished after a restart: every check had passed",
+                    results,
+                )
+            await self.runner.end_validation(node, False, reason)
+            return Validation("drained", False, reason, results)
+        except RunnerError as exc:
+            return Validation("failed", passed, f"not recovered: {exc}", results)
 
     # ------------------------------------------------------------------------------------------- reading
     def listing(self) -> list[dict[str, Any]]:

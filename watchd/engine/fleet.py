@@ -7,24 +7,25 @@ for each drain watchd did not make, and again every ``drains.remind_every_s`` wi
 drain (watchd's too) older than ``drains.alert_after_s`` (the default pack pages on those). Then it tops the
 hot spares up (``spares.partitions``) from idle nodes, nodes watchd resumed first.
 
-When watchd requeues the jobs of a node it drained (the ``requeue`` action's feedback, in enforce mode), a
-spare of that node's partition is released at once, so the requeued job has somewhere to start.
-
-Spare changes are audited (action ``spare``, rule ``spares``) like every other action; in dry-run they are
-only audited (outcome ``dry_run``)."""
+Every change to the spares is an action through the executor's pipeline (``spare``: set a partition's
+spares; ``spare_release``: the follow-up of a requeue that took jobs off a node), so it has an intent, the
+engine's mode, the leadership gate with its fencing, and its audit record. This class is the
+:class:`~watchd.actions.runtime.SparePool` those actions call. While jobs a spare was released for wait to
+run again (``spares.keep_for_requeued_s`` at most), their partition is not topped up."""
 
 from __future__ import annotations
 
 import asyncio
-import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from watchd.actions.audit import AuditRecord
+from watchd.actions.handlers.spare import HANDLER as SPARE
+from watchd.actions.handlers.spare_release import HANDLER as SPARE_RELEASE
+from watchd.actions.leader_gate import LeaderGate
+from watchd.actions.outcome import TOOK_OUT, ActionResult, Outcome
 from watchd.clock import Clock
 from watchd.config import DrainsConfig, SparesConfig
 from watchd.fleetview.drains import FleetNode, Unavailable, availability, unavailable_nodes
@@ -32,7 +33,6 @@ from watchd.fleetview.spares import SparePlan, pick_release, plan
 from watchd.integrations.base import SchedulerError
 from watchd.integrations.fleet import FleetBackend
 from watchd.logs import get_logger
-from watchd.model.action import ActionFeedback
 from watchd.model.events import Event, stable_id
 from watchd.model.nodes import WATCHD_REASON_PREFIX
 from watchd.model.unavailable import SOURCE, NodeUnavailable
@@ -40,7 +40,9 @@ from watchd.store.connection import StoreError
 from watchd.store.database import Store
 
 _log = get_logger("watchd.fleet")
-_REQUEUED = re.compile(r"requeued ([^;]+)")
+
+#: runs one action no rule decided through the executor's pipeline: (kind, node, params) -> its result
+Act = Callable[[str, str, Mapping[str, Any]], Awaitable[ActionResult]]
 
 
 class FleetMetrics:
@@ -103,7 +105,7 @@ class FleetMetrics:
 
 class FleetWatch:
     """Polls the fleet, serves ``/api/v1/drains``, keeps the spares. ``emit`` puts an event on the
-    engine's queue; ``enforce`` says whether spare changes are made or only audited."""
+    engine's queue; ``act`` runs a spare change through the executor (None: the spares are never changed)."""
 
     def __init__(
         self,
@@ -115,7 +117,7 @@ class FleetWatch:
         registry: CollectorRegistry,
         store: Store | None,
         emit: Callable[[Event], None],
-        enforce: bool,
+        act: Act | None,
         prefix: str = WATCHD_REASON_PREFIX,
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
@@ -126,7 +128,7 @@ class FleetWatch:
         self.metrics = FleetMetrics(registry)
         self.store = store
         self.emit = emit
-        self.enforce = enforce
+        self.act = act
         self.prefix = prefix
         self.leading = leading  # spares are changed by the leader only (replicas: the Lease holder)
         self.nodes: list[FleetNode] = []
@@ -134,7 +136,6 @@ class FleetWatch:
         self.errors: dict[str, str] = {}
         self._reported: dict[str, tuple[tuple[object, ...], float | None]] = {}  # node -> (key, overdue sent)
         self._lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------------------------ polling
     async def poll(self) -> None:
@@ -305,7 +306,7 @@ class FleetWatch:
             return found
         drain = None
         for rec in reversed(records):
-            if rec.action == "drain" and rec.outcome in ("drained", "already_drained"):
+            if rec.action == "drain" and rec.outcome in TOOK_OUT:
                 drain = rec
                 break
         if drain is not None:
@@ -314,14 +315,12 @@ class FleetWatch:
             )
             jobs: list[str] = []
             for rec in records:
-                if (
-                    rec.action == "requeue"
-                    and rec.time >= drain.time - 60
-                    and rec.outcome in ("requeued", "partial")
-                ):
-                    m = _REQUEUED.search(rec.detail)
-                    if m:
-                        jobs.extend(j.strip() for j in m.group(1).split(",") if j.strip())
+                if rec.time < drain.time - 60:
+                    continue
+                if rec.action == "requeue" and rec.outcome in (Outcome.REQUEUED, Outcome.PARTIAL):
+                    jobs.extend(str(j) for j in rec.result.get("requeued", ()))
+                elif rec.action == SPARE_RELEASE.kind and rec.outcome == Outcome.RELEASED:
+                    found["spare"] = rec.result.get("spare")
             found["requeued"] = list(dict.fromkeys(jobs))
         found["held"] = [{"id": h.id, "kind": h.kind, "rule": h.rule, "reason": h.reason} for h in held]
         return found
@@ -337,8 +336,9 @@ class FleetWatch:
 
     async def _keep_spares(self, nodes: list[FleetNode]) -> None:
         want = self.spares_config.partitions
-        if not want or not self.leading():
+        if not want or self.act is None or not self.leading():
             return
+        paused = await self._kept_for_requeued()
         for backend in self.backends:
             mine = [n for n in nodes if n.scheduler == backend.name]
             held: dict[str, list[str]] = {}
@@ -346,8 +346,8 @@ class FleetWatch:
                 if n.spare:
                     for p in n.partitions[:1]:
                         held.setdefault(p, []).append(n.name)
-            decided = plan(want, held, mine, self._resumed_by_watchd())
-            await self._apply(backend, held, decided)
+            decided = plan(want, held, mine, self._resumed_by_watchd(), paused)
+            await self._apply(held, decided)
 
     def _resumed_by_watchd(self) -> list[str]:
         if self.store is None:
@@ -356,105 +356,118 @@ class FleetWatch:
             return [
                 r.node
                 for r in self.store.audit.recent(500)
-                if r.action == "resume" and r.outcome == "resumed"
+                if r.action == "resume" and r.outcome == Outcome.RESUMED
             ]
         except StoreError:
             return []
 
-    async def _apply(self, backend: FleetBackend, held: dict[str, list[str]], decided: SparePlan) -> None:
+    async def _kept_for_requeued(self) -> dict[str, list[str]]:
+        """partition -> the jobs a spare was released for that have not started again (within
+        ``keep_for_requeued_s``): from the ``spare_release`` actions' results, asked of the scheduler."""
+        if self.store is None:
+            return {}
+        now = self.clock.now()
+        keep = self.spares_config.keep_for_requeued_s
+        try:
+            released = self.store.intents.since(SPARE_RELEASE.kind, now - keep)
+        except StoreError as exc:
+            _log.error("spare_releases_unreadable", error=str(exc))
+            return {}
+        waiting: dict[str, list[str]] = {}
+        for intent in released:
+            r = intent.result
+            jobs = [str(j) for j in r.get("jobs", ())]
+            if intent.outcome != Outcome.RELEASED or not jobs or float(r.get("until", 0)) <= now:
+                continue
+            backend = self._backend_of(intent.node)
+            try:
+                pending = await backend.pending(jobs) if backend is not None else set()
+            except SchedulerError as exc:  # unknown: keep the pause (a spare less, never a job stranded)
+                _log.warning("requeued_jobs_unknown", error=str(exc))
+                pending = set(jobs)
+            if pending:
+                waiting.setdefault(str(r.get("partition")), []).extend(sorted(pending))
+        for partition, jobs in waiting.items():
+            _log.info("spares_not_topped_up", partition=partition, waiting_jobs=jobs)
+        return waiting
+
+    async def _apply(self, held: dict[str, list[str]], decided: SparePlan) -> None:
+        assert self.act is not None
         for partition in sorted(set(decided.add) | set(decided.remove)):
             add = list(decided.add.get(partition, ()))
-            remove = set(decided.remove.get(partition, ()))
+            remove = sorted(decided.remove.get(partition, ()))
             new = [n for n in held.get(partition, []) if n not in remove] + add
-            detail = f"spares of {partition}: {', '.join(new) or 'none'}"
-            if add:
-                detail += f" (taken: {', '.join(add)})"
-            if remove:
-                detail += f" (released: {', '.join(sorted(remove))})"
-            outcome = await self._set(backend, partition, new)
-            self._audit(partition, ",".join(add + sorted(remove)), outcome, detail)
-            if outcome == "changed":
+            params = {
+                "partition": partition,
+                "nodes": ",".join(new),
+                "taken": ",".join(add),
+                "released": ",".join(remove),
+            }
+            result = await self.act(SPARE.kind, ",".join(add + remove) or partition, params)
+            if result.outcome == Outcome.CHANGED:
                 if add:
                     self.metrics.spares_taken.labels(partition).inc(len(add))
                 if remove:
                     self.metrics.spares_released.labels(partition, "trim").inc(len(remove))
+            elif result.outcome == Outcome.FAILED:
+                self.metrics.poll_errors.labels(self._backend_of_partition(partition).name).inc()
 
-    async def _set(self, backend: FleetBackend, partition: str, nodes: list[str]) -> str:
-        if not self.enforce:
-            return "dry_run"
-        try:
-            await backend.set_spares(partition, nodes)
-        except SchedulerError as exc:
-            self.metrics.poll_errors.labels(backend.name).inc()
-            _log.warning("spares_not_changed", partition=partition, error=str(exc))
-            return f"failed: {exc}"
-        return "changed"
+    def _backend_of_partition(self, partition: str) -> FleetBackend:
+        for n in self.nodes:
+            if partition in n.partitions:
+                for b in self.backends:
+                    if b.name == n.scheduler:
+                        return b
+        return self.backends[0]
 
-    def _audit(self, partition: str, nodes: str, outcome: str, detail: str) -> None:
-        rec = AuditRecord(
-            time=self.clock.now(),
-            rule="spares",
-            event_id=stable_id("spares", partition, time.time_ns()),
-            node=nodes or partition,
-            action="spare",
-            mode="enforce" if self.enforce else "dry-run",
-            outcome="failed" if outcome.startswith("failed") else outcome,
-            detail=detail if not outcome.startswith("failed") else f"{detail}: {outcome[8:]}",
-            params={"partition": partition},
-        )
-        _log.info("spares", **rec.to_dict())
-        if self.store is not None:
-            try:
-                self.store.audit.append(rec)
-            except StoreError as exc:
-                _log.error("spares_not_audited", error=str(exc))
+    # ------------------------------------------------------------------ the SparePool the actions call
+    @property
+    def configured(self) -> bool:
+        return bool(self.spares_config.partitions)
 
-    def observe(self, event: Event) -> None:
-        """The engine's feedback: a requeue that took jobs off a node releases a spare of its partition."""
-        if event.kind != ActionFeedback.KIND or not self.spares_config.partitions:
-            return
-        fb = ActionFeedback.read(event)
-        if fb is None or fb.action != "requeue" or fb.outcome not in ("requeued", "partial"):
-            return
-        task = asyncio.get_running_loop().create_task(self.release_for(event.node))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def set_spares(self, partition: str, nodes: Sequence[str]) -> None:
+        await self._backend_of_partition(partition).set_spares(partition, nodes)
 
-    async def release_for(self, node: str) -> str | None:
+    async def release_for(self, node: str) -> tuple[str, str] | None:
         """Hand back one spare of ``node``'s partition (the drained node's jobs were requeued): the
-        requeued job can start on it. Returns the node released, or None."""
-        if not self.leading():
-            return None
+        requeued job can start on it. Returns (partition, the node released), or None."""
         async with self._lock:
             entry = next((n for n in self.nodes if n.name == node), None)
             backend = self._backend_of(node)
             if backend is None:
                 return None
-            try:
-                held = await backend.spares()
-            except SchedulerError as exc:
-                _log.warning("spares_unreadable", error=str(exc))
-                return None
+            held = await backend.spares()
             partitions = entry.partitions if entry is not None else tuple(held)
             for p in partitions:
                 if held.get(p):
                     chosen = pick_release(held[p])
-                    rest = [n for n in held[p] if n not in chosen]
-                    outcome = await self._set(backend, p, rest)
-                    self._audit(
-                        p,
-                        ",".join(chosen),
-                        outcome,
-                        f"released {', '.join(chosen)} for the jobs requeued off {node}",
-                    )
-                    if outcome == "changed":
-                        self.metrics.spares_released.labels(p, "requeue").inc(len(chosen))
-                        self.nodes = [replace(n, spare=False) if n.name in chosen else n for n in self.nodes]
-                        return chosen[0]
-                    return None
+                    await backend.set_spares(p, [n for n in held[p] if n not in chosen])
+                    self.metrics.spares_released.labels(p, "requeue").inc(len(chosen))
+                    self.nodes = [replace(n, spare=False) if n.name in chosen else n for n in self.nodes]
+                    return p, chosen[0]
             return None
 
-    async def aclose(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+class GatedFleet:
+    """``backend`` with every change to the spares asked through the leadership gate right before the call
+    (the fencing token still current); refused, it raises SchedulerError and touches nothing."""
+
+    def __init__(self, backend: FleetBackend, gate: LeaderGate) -> None:
+        self.inner = backend
+        self.name = backend.name
+        self._gate = gate
+
+    async def fleet_nodes(self) -> list[FleetNode]:
+        return await self.inner.fleet_nodes()
+
+    async def spares(self) -> dict[str, list[str]]:
+        return await self.inner.spares()
+
+    async def pending(self, jobs: Sequence[str]) -> set[str]:
+        return await self.inner.pending(jobs)
+
+    async def set_spares(self, partition: str, nodes: Sequence[str]) -> None:
+        refusal = await self._gate.now(f"spares of {partition}")
+        if refusal is not None:
+            raise SchedulerError(refusal)
+        await self.inner.set_spares(partition, nodes)

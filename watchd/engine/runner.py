@@ -9,14 +9,18 @@ import asyncio
 import contextlib
 import json
 import time
+import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
 
+from watchd.actions.attempt import Mode
 from watchd.actions.audit import MemoryAudit
 from watchd.actions.executor import ActionExecutor, Pools
+from watchd.actions.handlers.validate import HANDLER as VALIDATE
+from watchd.actions.outcome import ActionResult
 from watchd.actions.safety import BreakerLimits
 from watchd.checks.service import CheckService
 from watchd.clock import Clock, SystemClock
@@ -24,7 +28,7 @@ from watchd.config import EngineConfig
 from watchd.detect.correlator import Correlator
 from watchd.detect.finding import Finding
 from watchd.engine.dedup import SeenIds
-from watchd.engine.fleet import FleetWatch
+from watchd.engine.fleet import FleetWatch, GatedFleet
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.reliability import Reliability
 from watchd.engine.server import Accepted, make_app
@@ -33,7 +37,7 @@ from watchd.errors import ConfigError
 from watchd.httputil import HttpLimits, serve
 from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier
 from watchd.integrations.base import Scheduler, SchedulerError
-from watchd.integrations.fleet import fleet_backends
+from watchd.integrations.fleet import FleetBackend, fleet_backends
 from watchd.integrations.leadership import AlwaysLeader, Leadership
 from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler
 from watchd.integrations.webhook.sender import WebhookSender
@@ -159,6 +163,7 @@ class Engine:
         self._fenced = False  # a shared store whose writes the elected leader's token fences (issue 22)
         self._executor_ready = asyncio.Event()
         self._takeovers: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()  # automatic validations
 
     # ---------------------------------------------------------------------------------------- rules
 
@@ -255,9 +260,6 @@ class Engine:
             self.queue.put_nowait((event, self.clock.monotonic()))
         except asyncio.QueueFull:
             _log.warning("feedback_event_dropped_queue_full", node=event.node)
-        fleet = getattr(self, "fleet", None)
-        if fleet is not None:
-            fleet.observe(event)  # issue 17: a requeue releases a hot spare
 
     def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The status document; ``query``: its paging and filters (see EngineStatus.document)."""
@@ -294,6 +296,11 @@ class Engine:
         if self._fenced and elector is not None and not elector.is_leader:
             return f"follower (leader: {elector.holder or 'none yet'})"
         return None
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)  # referenced until done (the loop keeps only weak references)
+        task.add_done_callback(self._background.discard)
 
     def _leadership_changed(self, leading: bool) -> None:
         if leading:
@@ -373,11 +380,12 @@ class Engine:
             self.reliability.restored(node, self.clock.now())
         return {"outcome": result.outcome, "detail": result.detail}
 
-    async def validate(self, node: str, by: str) -> dict[str, Any]:
-        """``watchd node validate``: the check suite, then back to service only if every check passed."""
-        from watchd.engine import checks_api
-
-        return await checks_api.validate(self, node, by)
+    async def validate(self, node: str, note: str, mode: Mode | None = "enforce") -> dict[str, Any]:
+        """``watchd node validate`` (an operator: enforce), or ``checks.auto_validate`` (the engine's mode):
+        the ``validate`` action, the check suite, then back to service only if every check passed."""
+        params = {"round": f"validate:{uuid.uuid4().hex[:8]}"}
+        result = await self.executor.act(VALIDATE.kind, node, params, rule="validate", note=note, mode=mode)
+        return {"outcome": result.outcome.value, "detail": result.detail, **result.data}
 
     def evaluated(self, event: Event) -> asyncio.Future[None]:
         """Done once ``event`` has been evaluated and the decisions handed to the executor until then have
@@ -509,10 +517,16 @@ class Engine:
         stack.callback(self.metrics.registry.unregister, self.reliability.metrics_collector)
         stack.callback(self.reliability.flush_now)  # runs before the store closes
         # issue 17: the whole fleet's drains and the hot spares
-        backends = fleet_backends(self.scheduler)
-        for backend in backends:
+        gate = self.executor.leader_gate
+        backends: list[FleetBackend] = []
+        for backend in fleet_backends(self.scheduler):
             if hasattr(backend, "reservation_users"):  # Slurm: the Users= of the spares' reservation
                 backend.reservation_users = config.spares.slurm_users
+            backends.append(GatedFleet(backend, gate))
+
+        async def spare_action(kind: str, node: str, params: Mapping[str, Any]) -> ActionResult:
+            return await self.executor.act(kind, node, params, rule="spares")
+
         self.fleet = FleetWatch(
             backends,
             drains=config.drains,
@@ -521,10 +535,18 @@ class Engine:
             registry=self.metrics.registry,
             store=self.store,
             emit=self._feed_back,
-            enforce=config.mode == "enforce",
+            act=spare_action,
             leading=lambda: self._leading()[0],
         )
-        stack.push_async_callback(self.fleet.aclose)
+        if config.checks.enabled:  # issue 21: scheduled checks, validated return to service
+            from watchd.engine import checks_api
+
+            self.checks = checks_api.build_service(self)
+            self.checks.gate(gate.now)
+        # before the executor starts: its recovery may re-drive a spare change or a validation
+        self.executor.attach(
+            spares=self.fleet, validation=self.checks, keep_spare_s=config.spares.keep_for_requeued_s
+        )
         await stack.enter_async_context(self.webhooks)
         if self.alerts is not None:
             await stack.enter_async_context(self.alerts)
@@ -556,10 +578,7 @@ class Engine:
             periodic.every(config.drains.poll_s, self.fleet.poll, "drains")
         if config.reload.watch_files and config.rules:
             periodic.every(config.reload.poll_interval_s, self._check_rule_files, "rules-watch")
-        if config.checks.enabled:  # issue 21: scheduled checks, validated return to service
-            from watchd.engine import checks_api
-
-            self.checks = checks_api.build_service(self)
+        if self.checks is not None:
             await self.checks.start()
             stack.push_async_callback(self.checks.stop)
         self.usage.attach(self.store, config.state.path)  # issue 18: the usage report's observations
@@ -617,9 +636,9 @@ class Engine:
             self._processor.cancel()
             await asyncio.gather(self._processor, return_exceptions=True)
             self._processor = None
-        for task in list(self._takeovers):
+        for task in [*self._takeovers, *self._background]:
             task.cancel()
-        await asyncio.gather(*self._takeovers, return_exceptions=True)
+        await asyncio.gather(*self._takeovers, *self._background, return_exceptions=True)
 
     async def _refresh_pools(self) -> None:
         if self.scheduler is None:
@@ -739,9 +758,7 @@ class Engine:
                         self.metrics.rule_matches.labels(decision.rule).inc()
                         self.executor.submit(decision, received_at)
                     if self._auto_validate and event.kind in self._auto_validate:  # issue 21
-                        from watchd.engine import checks_api
-
-                        checks_api.auto_validate(self, event)
+                        self._spawn(self.validate(event.node, f"auto: {event.kind} {event.id}", None))
                 except Exception:
                     _log.exception("evaluation_failed", event_id=event.id, node=event.node)
                 if acks and (fut := acks.pop(id(event), None)) is not None and not fut.done():

@@ -10,7 +10,10 @@ The decisions, in plain code:
 * :func:`plan_trim`: the spares beyond the number configured (the configuration was lowered) and the
   spares that are no longer fit (drained, down, or running a job someone placed there by reservation):
   they are released, never kept.
-* :func:`pick_release`: which spare to hand back when a drained node's jobs were requeued.
+* :func:`pick_release`: which spare to hand back when a drained node's jobs were requeued. Until those jobs
+  run again (or ``spares.keep_for_requeued_s`` passes), their partition is not topped up (``paused``): a
+  requeued job may not start before Slurm's ``cred_expire`` (120 s by default), and a top-up in between
+  would take back the spare released for it, or a node it left.
 """
 
 from __future__ import annotations
@@ -71,18 +74,22 @@ def plan_replenish(
     spares: Mapping[str, Sequence[str]],
     nodes: Iterable[FleetNode],
     preferred: Iterable[str] = (),
+    paused: Iterable[str] = (),
 ) -> dict[str, tuple[str, ...]]:
     """The idle nodes to add to each partition's spares so that it holds ``want[partition]``; fewer when
     not enough nodes are idle. ``spares`` are the current ones (fit or not: a partition never holds more
-    than ``want`` counting them all)."""
+    than ``want`` counting them all). Nothing is added to a ``paused`` partition: jobs watchd requeued
+    there wait to start again, and every idle node (the spare released for them, the nodes they left)
+    may be the one they need."""
     nodes = list(nodes)
     members = _members(nodes)
     taken = {s for held in spares.values() for s in held}
     first = set(preferred)
+    skip = set(paused)
     out: dict[str, tuple[str, ...]] = {}
     for partition, count in sorted(want.items()):
         need = count - len(spares.get(partition, ()))
-        if need <= 0:
+        if need <= 0 or partition in skip:
             continue
         candidates = [
             n.name
@@ -102,12 +109,13 @@ def plan(
     spares: Mapping[str, Sequence[str]],
     nodes: Iterable[FleetNode],
     preferred: Iterable[str] = (),
+    paused: Iterable[str] = (),
 ) -> SparePlan:
-    """Trim first, then replenish up to the count with what remains."""
+    """Trim first, then replenish up to the count with what remains (never a ``paused`` partition)."""
     nodes = list(nodes)
     remove = plan_trim(want, spares, nodes)
     kept = {p: [s for s in held if s not in remove.get(p, ())] for p, held in spares.items()}
-    add = plan_replenish(want, kept, nodes, preferred)
+    add = plan_replenish(want, kept, nodes, preferred, paused)
     return SparePlan(add=add, remove=remove)
 
 

@@ -35,6 +35,10 @@ class FleetBackend(Protocol):
         is refused by the scheduler (SchedulerError), never taken."""
         ...
 
+    async def pending(self, jobs: Sequence[str]) -> set[str]:
+        """Which of ``jobs`` (requeued by watchd) wait to start again: not yet running, not ended."""
+        ...
+
 
 #: scheduler name -> "module:function" building its fleet backend from the scheduler object
 FLEETS: Mapping[str, str] = {

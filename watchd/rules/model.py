@@ -11,7 +11,8 @@ from watchd.rules.durations import Duration
 from watchd.strict import Strict as _Strict
 
 #: The action kinds, in the order of the handler table (watchd.actions.handlers): rules derive from it.
-ACTION_NAMES: tuple[str, ...] = tuple(HANDLERS)
+ACTION_NAMES: tuple[str, ...] = tuple(kind for kind, handler in HANDLERS.items() if handler.rule_action)
+_RULE_HANDLERS = {kind: HANDLERS[kind] for kind in ACTION_NAMES}
 DISRUPTIVE: frozenset[str] = frozenset(kind for kind, handler in HANDLERS.items() if handler.disruptive)
 if TYPE_CHECKING:
     ActionKind = str
@@ -52,7 +53,7 @@ else:
         "ActionSpec",
         __base__=_OneAction,
         __doc__=_OneAction.__doc__,
-        **{kind: (handler.params | None, None) for kind, handler in HANDLERS.items()},
+        **{kind: (handler.params | None, None) for kind, handler in _RULE_HANDLERS.items()},
     )
 
 

@@ -112,9 +112,9 @@ async def run_loop_act(say: Callable[[str], None]) -> int:
             f"{attrs.get('culprit_gpu')} ({attrs.get('evidence')}), the other ranks spin"
         )
         for a in engine.recent_actions(100):
-            if a["action"] in ("drain", "requeue", "spare", "alert"):
+            if a["action"] in ("drain", "requeue", "spare_release", "alert"):
                 say(
-                    f"  decision  {a['action']:<8} {a['node']:<9} {a['rule']:<22} -> {a['outcome']}: "
+                    f"  decision  {a['action']:<13} {a['node']:<9} {a['rule']:<22} -> {a['outcome']}: "
                     f"{a['detail']}"
                 )
         job = scheduler.jobs[JOB]

@@ -7,7 +7,7 @@ import json
 from watchd.actions.audit import AuditRecord
 from watchd.store.connection import Connection, Row, dump, text
 
-_COLS = "time, rule, event_id, node, action, mode, outcome, detail, duration_s, params"
+_COLS = "time, rule, event_id, node, action, mode, outcome, detail, duration_s, params, result"
 
 
 class AuditLog:
@@ -18,7 +18,7 @@ class AuditLog:
         """Append one audit record; returns its row id."""
         with self._db.write("appending to the audit trail") as conn:
             cur = conn.execute(
-                f"INSERT INTO audit ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO audit ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     rec.time,
                     text(rec.rule),
@@ -30,6 +30,7 @@ class AuditLog:
                     text(rec.detail),
                     rec.duration_s,
                     dump(rec.params),
+                    dump(rec.result),
                 ),
             )
             return int(cur.lastrowid or 0)
@@ -65,4 +66,5 @@ def _record(row: Row) -> AuditRecord:
         detail=row["detail"],
         duration_s=row["duration_s"],
         params=json.loads(row["params"]),
+        result=json.loads(row["result"]),
     )

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from watchd.model.events import Scalar
 from watchd.store.connection import Connection, Row, StoreError, Tx, dump, text
@@ -22,7 +23,7 @@ from watchd.store.connection import Connection, Row, StoreError, Tx, dump, text
 #: the outcome given to a stale unfinished intent when a new decision under its key replaces it
 ABANDONED = "abandoned"
 
-_COLS = "id, key, kind, node, rule, event_id, params, decided_at, finished_at, outcome, detail"
+_COLS = "id, key, kind, node, rule, event_id, params, decided_at, finished_at, outcome, detail, result"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,8 @@ class Intent:
     finished_at: float | None = None
     outcome: str | None = None
     detail: str = ""
+    #: what the action left, as data (its ActionResult's ``data``)
+    result: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -116,6 +119,7 @@ class Intents:
         detail: str,
         finished_at: float,
         cooldown_until: float | None = None,
+        result: Mapping[str, Any] | None = None,
     ) -> bool:
         """Mark the in-flight action under ``key`` done. False when none is in flight (already finished:
         finishing twice is harmless). ``cooldown_until``, when given, sets the key's cooldown in the same
@@ -128,9 +132,9 @@ class Intents:
         try:
             with self._db.write(f"finishing the intent {key}") as conn:
                 cur = conn.execute(
-                    "UPDATE intents SET finished_at = ?, outcome = ?, detail = ?"
+                    "UPDATE intents SET finished_at = ?, outcome = ?, detail = ?, result = ?"
                     " WHERE key = ? AND finished_at IS NULL",
-                    (finished_at, text(str(outcome)), text(detail), key),
+                    (finished_at, text(str(outcome)), text(detail), dump(dict(result or {})), key),
                 )
                 if cur.rowcount == 0:
                     return False
@@ -249,4 +253,5 @@ def _intent(row: Row) -> Intent:
         finished_at=row["finished_at"],
         outcome=row["outcome"],
         detail=row["detail"],
+        result=json.loads(row["result"]),
     )

@@ -28,6 +28,11 @@ def drain_replacing_reason(node: str) -> str:
     return f"drain-reason:{node}"
 
 
+def spares(partition: str) -> str:
+    """The hot spares of one partition (the ``spare`` action: one change in flight at a time)."""
+    return f"spare:{partition}"
+
+
 def rule_pool(rule: str) -> str:
     """The breaker window's pool that counts one rule's disruptions (its rate limit)."""
     return f"rule:{rule}"

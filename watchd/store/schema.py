@@ -181,5 +181,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (job, at)
         ) WITHOUT ROWID""",
     ),
+    (  # what an action left, as data (requeued job ids, the spare released, a validation's verdicts)
+        "ALTER TABLE audit ADD COLUMN result TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE intents ADD COLUMN result TEXT NOT NULL DEFAULT '{}'",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from watchd.actions.handler import ActionParams, Handler
+from watchd.actions.handlers.spare_release import HANDLER as SPARE_RELEASE
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.integrations.base import RequeueResult, Scheduler
 from watchd.store import keys
@@ -61,6 +63,15 @@ class RequeueHandler(Handler):
 
         return await runtime.scheduled(self.kind, call)
 
+    def follow_ups(self, attempt: Attempt, result: ActionResult) -> Sequence[PlannedAction]:
+        """Jobs that went back to the queue need somewhere to start: a hot spare is released for them."""
+        from watchd.rules.decision import PlannedAction  # the rule schema imports this table
+
+        jobs = result.data.get("requeued") or ()
+        if attempt.mode != "enforce" or result.outcome not in (Outcome.REQUEUED, Outcome.PARTIAL) or not jobs:
+            return ()
+        return (PlannedAction(SPARE_RELEASE.kind, attempt.action.node, {"jobs": ",".join(jobs)}),)
+
 
 def job_of(action: PlannedAction) -> str | None:
     """The one job a requeue is limited to (``job`` param), or None for every job on the node."""
@@ -80,7 +91,12 @@ def _result(result: RequeueResult) -> ActionResult:
         outcome = Outcome.PARTIAL if result.requeued else Outcome.FAILED
     else:
         outcome = Outcome.REQUEUED if result.requeued else Outcome.NOTHING_TO_REQUEUE
-    return ActionResult(outcome, "; ".join(parts) or "no jobs on the node")
+    data = {
+        "requeued": list(result.requeued),
+        "not_requeueable": list(result.not_requeueable),
+        "failed": dict(result.failed),
+    }
+    return ActionResult(outcome, "; ".join(parts) or "no jobs on the node", data)
 
 
 HANDLER = RequeueHandler()

@@ -36,9 +36,8 @@ class Deduplicate:
             and await self._drain_undone(action.node, attempt.now)
             and self._begin(attempt, key)
         ):
-            return ActionResult(
-                Outcome.DEDUPLICATED, f"{action.kind} of {action.node} already decided within the cooldown"
-            )
+            when = "in progress" if attempt.handler.cooldown_s == 0 else "already decided within the cooldown"
+            return ActionResult(Outcome.DEDUPLICATED, f"{action.kind} of {action.node} {when}")
         if attempt.on_recorded is not None:
             attempt.on_recorded()  # the intent is durable: a crash from here on is re-driven at next start
         try:
@@ -63,11 +62,13 @@ class Deduplicate:
             result.detail,
             self._clock.now(),
             cooldown_until=attempt.now if failed else None,
+            result=result.data,
         )
         return result
 
     def _begin(self, attempt: Attempt, key: str) -> bool:
         a = attempt
+        cooldown = a.handler.cooldown_s if a.handler.cooldown_s is not None else self._cooldown
         return self._store.intents.begin(
             key,
             a.action.kind,
@@ -76,7 +77,7 @@ class Deduplicate:
             a.event_id,
             a.params,
             a.now,
-            cooldown_until=a.now + self._cooldown,
+            cooldown_until=a.now + cooldown,
         )
 
     async def _drain_undone(self, node: str, now: float) -> bool:

@@ -1,5 +1,6 @@
-"""The first stage of a decided action: whatever happens after, its outcome is audited, counted, and fed
-back to the rules as a ``watchd_action`` event."""
+"""The first stage of every action: whatever happens after, its outcome is audited (the one place an audit
+record of an action is built), counted, and, for a decided action, fed back to the rules as a
+``watchd_action`` event."""
 
 from __future__ import annotations
 
@@ -19,6 +20,29 @@ from watchd.model.events import Event, stable_id
 from watchd.store.connection import StoreError, text
 
 _log = get_logger("watchd.executor")
+
+
+def audit_record(attempt: Attempt, result: ActionResult, time: float, elapsed: float = 0.0) -> AuditRecord:
+    """The audit record of ``attempt`` come to ``result``: its note (who asked, why it ran again) before the
+    outcome's detail, its parameters and its result data as JSON."""
+    detail = (
+        f"{attempt.note}: {result.detail}"
+        if attempt.note and result.detail
+        else attempt.note or result.detail
+    )
+    return AuditRecord(
+        time=time,
+        rule=attempt.rule,
+        event_id=attempt.event_id,
+        node=attempt.action.node,
+        action=attempt.action.kind,
+        mode=attempt.mode,
+        outcome=result.outcome.value,  # what the trail, the metrics and the rules see: the plain name
+        detail=detail,
+        duration_s=round(elapsed, 6),
+        params=scalars(attempt.action.params),
+        result=scalars(result.data),
+    )
 
 
 class Record:
@@ -55,24 +79,10 @@ class Record:
 
     def _record(self, attempt: Attempt, result: ActionResult, elapsed: float) -> None:
         action, decision, mode = attempt.action, attempt.decision, attempt.mode
-        assert decision is not None, "only decided actions are recorded here"
-        outcome = result.outcome.value  # what the trail, the metrics and the rules see: the plain name
-        self._metrics.actions.labels(action.kind, mode, outcome).inc()
-        self._audit.record(
-            AuditRecord(
-                time=self._clock.now(),
-                rule=decision.rule,
-                event_id=decision.event.id,
-                node=action.node,
-                action=action.kind,
-                mode=mode,
-                outcome=outcome,
-                detail=result.detail,
-                duration_s=round(elapsed, 6),
-                params=scalars(action.params),
-            )
-        )
-        if self._feedback is not None and decision.event.kind != ActionFeedback.KIND:
+        self._metrics.actions.labels(action.kind, mode, result.outcome.value).inc()
+        self._audit.record(audit_record(attempt, result, self._clock.now(), elapsed))
+        if self._feedback is not None and decision is not None and decision.event.kind != ActionFeedback.KIND:
+            outcome = result.outcome.value
             feedback = ActionFeedback(action=action.kind, outcome=outcome, rule=decision.rule, mode=mode)
             parts = (decision.event.id, decision.rule, action.kind, action.node)
             self._feedback(

@@ -125,6 +125,9 @@ class FakeCheckRunner:
         n.reserved = True
         n.flags.discard("DRAIN")
 
+    async def abandon_validation(self, node: str) -> None:
+        self.nodes[node].reserved = False
+
     async def end_validation(self, node: str, passed: bool, reason: str) -> str:
         n = self.nodes[node]
         n.reserved = False

@@ -85,6 +85,13 @@ class FakeFleet:
         else:
             self.reserved.pop(partition, None)
 
+    async def pending(self, jobs: Sequence[str]) -> set[str]:
+        self.calls.append(("pending", tuple(jobs)))
+        s = self.scheduler
+        if s.error is not None:
+            raise s.error
+        return {j for j in jobs if j in s.jobs and s.jobs[j].state == "pending"}
+
     def schedule(self) -> list[str]:
         """Start each pending job on idle nodes that are in service and not spares (slurmctld's pass);
         returns the jobs started."""

@@ -229,6 +229,9 @@ class KubernetesCheckRunner:
     async def begin_validation(self, node: str, time_limit_s: float) -> None:
         return None  # the Job names the node and tolerates the taint: the node stays cordoned meanwhile
 
+    async def abandon_validation(self, node: str) -> None:
+        return None  # nothing was set up: the node stayed cordoned
+
     async def end_validation(self, node: str, passed: bool, reason: str) -> str:
         if passed:
             result = await self.scheduler.resume(node)

@@ -129,6 +129,11 @@ class KubernetesFleet:
         s = self.scheduler
         return [fleet_node_of(n, s.pool_label, busy, s.reason_prefix) for n in nodes]
 
+    async def pending(self, jobs: Sequence[str]) -> set[str]:
+        """An evicted pod is not started again: its controller makes a new one, which the scheduler places
+        within seconds (no requeue delay as in Slurm). Nothing is waited for."""
+        return set()
+
     async def spares(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for n in await self.fleet_nodes():

@@ -361,6 +361,10 @@ class SlurmCheckRunner:
         await self._run(self.slurm.scontrol, "delete", f"ReservationName={name}", check=False)
         return done
 
+    async def abandon_validation(self, node: str) -> None:
+        name = f"{VALIDATION_PREFIX}{node}"
+        await self._run(self.slurm.scontrol, "delete", f"ReservationName={name}", check=False)
+
 
 def runner_from_config(config: Any) -> SlurmCheckRunner:
     checks: ChecksConfig = config.checks

@@ -136,6 +136,20 @@ class SlurmFleet:
             f"Users={self.reservation_users}",
         )
 
+    async def pending(self, jobs: Sequence[str]) -> set[str]:
+        """``squeue -h -j IDS -t PENDING -o %i``: a job that ended is not listed, and when none of the ids is
+        known any more squeue answers "Invalid job id specified" (exit 1): none is pending then."""
+        if not jobs:
+            return set()
+        rc, out, err = await self.scheduler._exec(
+            self.scheduler.squeue, "-h", "-j", ",".join(jobs), "-t", "PENDING", "-o", "%i", check=False
+        )
+        if rc != 0:
+            if "Invalid job id" in err:
+                return set()
+            raise SchedulerError(f"squeue -j: exit status {rc}: {err.strip() or out.strip()}")
+        return {line.strip() for line in out.splitlines()} & set(jobs)
+
 
 def fleet_of(scheduler: SlurmScheduler) -> SlurmFleet:
     return SlurmFleet(scheduler)

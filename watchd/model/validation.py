@@ -1,0 +1,21 @@
+"""What a validation of a drained node came to (``watchd node validate``, the ``validate`` action): shared by
+the action that runs it and the checks that carry it out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["Validation"]
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    #: what became of the node: back in service, drained again (with the new evidence), left as it was
+    #: (refused: not one to validate now), or unknown (failed: the runner could not be asked)
+    done: Literal["resumed", "drained", "refused", "failed"]
+    passed: bool
+    detail: str
+    #: one entry per check run: node, check, outcome, passed, evidence, job, figures
+    results: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
