@@ -143,6 +143,7 @@ async def engine(cluster: SlurmCluster, standins: Path, tmp_path: Path) -> Async
 def runner_of(engine: Engine) -> SlurmCheckRunner:
     assert engine.checks is not None
     runner = engine.checks.runner
+    runner = getattr(runner, "inner", runner)  # under the leadership gate
     assert isinstance(runner, SlurmCheckRunner)
     return runner
 
@@ -228,7 +229,7 @@ async def test_wrong_crash_and_hang_and_never_a_drained_node(
     assert "gpu-4" not in reasons  # a hang past the time limit pages, does not drain
     hang = engine.checks.history("gpu-4")[0]
     assert hang["outcome"] == "timeout"
-    assert cluster.job(hang["job"])["JobState"] == "CANCELLED"
+    assert cluster.wait_job_state(hang["job"], ["CANCELLED"], timeout=10)["JobState"] == "CANCELLED"
     st = engine.store.checks.nodes("nccl")["gpu-4"]
     assert st.failures == 1 and st.next_try > time.time()  # backing off
 
@@ -267,7 +268,7 @@ async def test_validate_resumes_only_after_every_check_passes(
     audit = [
         (a["rule"], a["action"], a["outcome"]) for a in engine.recent_actions(50) if a["node"] == "gpu-1"
     ]
-    assert ("validate", "drain", "drained") in audit and ("validate", "resume", "resumed") in audit
+    assert ("validate", "validate", "drained") in audit and ("validate", "validate", "resumed") in audit
     validation_jobs = [a for a in runner_of(engine).submissions if "--reservation=watchd-validate-gpu-1" in a]
     assert len(validation_jobs) == 4  # nccl + dcgm, twice
     # the CLI's list, history and run

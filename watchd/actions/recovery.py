@@ -27,6 +27,7 @@ from watchd.store.intents import Intent
 _log = get_logger("watchd.executor")
 
 REQUEUE_FOLLOWS = "requeue_follows"  # in a drain's intent: its decision requeues the node after it
+RETRY_MAX_S = 300.0  # the longest wait between two re-drives of an action that keeps being interrupted
 MODE = "mode"  # in the intent of an action no rule decided: the mode it runs in (an operator's: enforce)
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
@@ -64,6 +65,8 @@ class Recovery:
         self._requeue_pipeline = requeue
         self._audit = audit
         self._spawn = spawn
+        self._retry_at: dict[str, float] = {}  # stale intent key -> when it may be driven again
+        self._retry_in: dict[str, float] = {}  # ... and the wait after that (doubling)
 
     def start(self) -> None:
         """The audit records a crash kept from following their finished intent, the requeues it kept from
@@ -81,13 +84,20 @@ class Recovery:
 
     def redrive_stale(self) -> int:
         """Once the store takes writes again: drive once more each action whose finish could not be written
-        (the disk was full), so that it is finished and audited without waiting for the next decision on its
-        node or a restart. Returns how many."""
-        stale = self._store.intents.stale()
+        (the disk was full), or that was interrupted mid-way (a validation whose last step failed), so that
+        it is finished and audited without waiting for the next decision on its node or a restart. The
+        leader only (a follower's re-drive would be refused). Returns how many."""
+        now = self._clock.now()
+        stale = [i for i in self._store.intents.stale() if self._retry_at.get(i.key, now) <= now]
         for intent in stale:
+            # one that keeps coming back (an interrupted step the scheduler keeps refusing) waits longer
+            delay = self._retry_in[intent.key] = min(RETRY_MAX_S, 2 * self._retry_in.get(intent.key, 1.0))
+            self._retry_at[intent.key] = now + delay
             _log.warning("redriving_stale_action", key=intent.key, rule=intent.rule)
             self._store.intents.adopt(intent.key)
-            self._spawn(self._redrive(intent, "re-driven once the state database took writes again"))
+            self._spawn(
+                self._redrive(intent, "re-driven: left unfinished (no writes, or a step interrupted)")
+            )
         return len(stale)
 
     def _audit_unaudited(self) -> None:
@@ -188,6 +198,9 @@ class FinishIntent:
         except Exception as exc:
             _log.exception("redrive_crashed", key=attempt.event_id)
             result = ActionResult(Outcome.FAILED, f"internal error: {exc!r}")
+        if result.outcome == Outcome.INTERRUPTED:  # still mid-way: open, driven again later
+            self._store.intents.forget(attempt.event_id)
+            return result
         failed = result.outcome in NOT_DONE
         try:
             self._store.intents.finish(

@@ -511,9 +511,8 @@ class CheckService:
                 done = await self.runner.end_validation(node, passed, reason)
             except RunnerError as exc:
                 what = "resumed" if passed else "drained again"
-                return Validation(
-                    "failed", passed, f"the checks ran, but {node} was not {what}: {exc}", results
-                )
+                detail = f"the checks ran, but {node} was not {what}: {exc}"
+                return Validation("interrupted", passed, detail, results)
         finally:
             self._validating.discard(node)
         if passed:
@@ -571,7 +570,7 @@ class CheckService:
             await self.runner.end_validation(node, False, reason)
             return Validation("drained", False, reason, results)
         except RunnerError as exc:
-            return Validation("failed", passed, f"not recovered: {exc}", results)
+            return Validation("interrupted", passed, f"not recovered: {exc}", results)
 
     # ------------------------------------------------------------------------------------------- reading
     def listing(self) -> list[dict[str, Any]]:

@@ -356,7 +356,7 @@ class Engine:
         ok = self.store.probe(self.clock.now())
         if ok and not was:
             _log.warning("state_writable_again", path=self.store.path)
-        if ok:
+        if ok and self.following() is None and self._leading()[0]:
             self.executor.redrive_stale()  # what could not be finished is finished and audited now
         elif not ok and was:
             _log.error("state_unwritable", path=self.store.path, reason=self.store.health.reason)

@@ -13,8 +13,9 @@ __all__ = ["Validation"]
 @dataclass(frozen=True, slots=True)
 class Validation:
     #: what became of the node: back in service, drained again (with the new evidence), left as it was
-    #: (refused: not one to validate now), or unknown (failed: the runner could not be asked)
-    done: Literal["resumed", "drained", "refused", "failed"]
+    #: (refused: not one to validate now; failed: nothing was begun), or left mid-way (interrupted: the last
+    #: step could not be made; it must be finished by whoever leads)
+    done: Literal["resumed", "drained", "refused", "failed", "interrupted"]
     passed: bool
     detail: str
     #: one entry per check run: node, check, outcome, passed, evidence, job, figures

@@ -35,6 +35,7 @@ _OUTCOMES = {
     "drained": Outcome.DRAINED,
     "refused": Outcome.REFUSED,
     "failed": Outcome.FAILED,
+    "interrupted": Outcome.INTERRUPTED,
 }
 
 

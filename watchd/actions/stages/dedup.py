@@ -55,6 +55,9 @@ class Deduplicate:
         # error is to count one drain too many, never one too few. Its cooldown is lifted: the next retries.
         # When the finish cannot be written (StoreError), the intent is stale and the next decision under
         # its key replaces it (Intents.begin).
+        if result.outcome == Outcome.INTERRUPTED:  # left mid-way: open, for the leader to drive again
+            self._store.intents.forget(key)
+            return result
         failed = result.outcome in NOT_DONE
         self._store.intents.finish(
             key,

@@ -17,5 +17,6 @@ class Leadership:
             action = attempt.action
             refusal = await self._gate.refusal(f"{action.kind} of {action.node}")
             if refusal is not None:
-                return ActionResult(Outcome.FAILED, refusal)
+                # a re-drive finishes what an earlier run left: not done here, it stays for the leader
+                return ActionResult(Outcome.INTERRUPTED if attempt.redrive else Outcome.FAILED, refusal)
         return await next(attempt)
