@@ -25,7 +25,6 @@ import pytest
 from tests.checks.test_slurm_checks import NODES, behave, cluster, standins  # noqa: F401 - fixtures
 from tests.daemons import Daemon, free_port
 from tests.harness.slurm import SlurmCluster
-from watchd.actions.handlers.validate import INTERRUPTED
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real]
 
@@ -137,7 +136,7 @@ def validations(daemon: Daemon) -> list[dict[str, Any]]:
 def test_kill9_at_each_step_of_a_validation_never_leaves_a_node_in_service_without_a_pass(
     step: str,
     cluster: SlurmCluster,  # noqa: F811
-    standins: Path,  # noqa: F811
+    standins: Path,
     tmp_path: Path,
 ) -> None:
     behave(standins, gpu_1="hang" if step == "while_the_checks_run" else "pass")
