@@ -174,3 +174,14 @@ def test_a_site_command_is_configuration_only() -> None:
     assert judge(spec, "n", RunOutput("completed", "all good\n", 0), []).outcome == "passed"
     failed = judge(spec, "n", RunOutput("failed", "ERROR: eth0 down\n", 3), [])
     assert (failed.outcome, failed.evidence) == ("failed", "nhc: exit status 3: ERROR: eth0 down")
+
+
+def test_docs_name_every_kind_and_figure() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "checks.md").read_text()
+    section = docs.split("## Check kinds", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("|")][2:]  # past the header
+    rows = {line.split("|")[1].strip(" `") for line in table}
+    assert rows == set(CHECK_KINDS)
+    for kind in CHECK_KINDS.values():
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{kind.name}`"))
+        assert [f for f in kind.figures if f"`{f}`" not in row] == [], kind.name
