@@ -14,6 +14,7 @@ from watchd.config import AgentConfig, EngineConfig, load_config
 from watchd.errors import UsageError
 from watchd.logs import configure_logging
 from watchd.operator_cli import DEFAULT_URL
+from watchd.reports.formats import REPORT_FORMATS
 from watchd.systemd import notify, watchdog_pinger
 
 
@@ -123,7 +124,10 @@ def _parser() -> argparse.ArgumentParser:
         "--by", default="account", help="comma list of account, user, partition (default account)"
     )
     ru.add_argument(
-        "--format", choices=["table", "csv", "json", "markdown", "html", "prometheus"], default="table"
+        "--format",
+        choices=list(REPORT_FORMATS),
+        default="table",
+        help="; ".join(f"{name}: {row.description}" for name, row in REPORT_FORMATS.items()),
     )
     ru.add_argument(
         "--source", choices=["slurm", "none", "fake"], help="accounting (default: config, else slurm)"

@@ -30,6 +30,9 @@ class FakeGpu:
     lost: bool = False
     failing: set[str] = field(default_factory=set)  # function names raising NVMLError_Unknown
     nvlink_tx_kib: int = 0
+    pcie_counters: bool = False  # fields 197/198 (PCIe bytes) answered; off: the throughput call instead
+    pcie_tx_bytes: int = 0
+    pcie_rx_bytes: int = 0
     mig_children: list[list[int]] = field(default_factory=list)  # pids per MIG device
 
 
@@ -174,6 +177,10 @@ class FakeNvml:
                 assert scope == 0xFFFFFFFF
                 value = SimpleNamespace(ullVal=self.gpus[h].nvlink_tx_kib)
                 out.append(SimpleNamespace(nvmlReturn=0, valueType=3, value=value))
+            elif fid in (197, 198) and self.gpus[h].pcie_counters:
+                gpu = self.gpus[h]
+                value = SimpleNamespace(ullVal=gpu.pcie_tx_bytes if fid == 197 else gpu.pcie_rx_bytes)
+                out.append(SimpleNamespace(nvmlReturn=0, valueType=3, value=value))
             else:
                 out.append(SimpleNamespace(nvmlReturn=pynvml.NVML_ERROR_NOT_SUPPORTED))
         return out
@@ -195,6 +202,11 @@ class FakeNvml:
         handle = 1000 + 10 * h + slot
         self.mig_handles[handle] = (h, slot)
         return handle
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h: int) -> int:
+        if h < 1000:
+            raise pynvml.NVMLError_InvalidArgument()
+        return self.mig_handles[h][0]
 
     def nvmlEventSetCreate(self) -> str:
         return "event-set"
@@ -306,6 +318,22 @@ def test_other_errors_null_one_field_and_are_counted(monkeypatch: pytest.MonkeyP
     gpus[0].failing = set()
     assert backend.sample(ids[0], T0 + 1).temp_c == 67.0  # still sampled: not "unsupported"
     assert nvml.calls["nvmlDeviceGetTemperature"] == 2 + 2
+
+
+def test_pcie_rates_from_the_byte_counters_where_supported(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = _gpus()
+    gpus[0].pcie_counters = True
+    nvml = FakeNvml(monkeypatch, gpus)
+    backend = NvmlBackend()
+    ids = backend.open()
+    assert "pcie_throughput" not in backend.supported_fields(ids[0])
+    assert "pcie_throughput" in backend.supported_fields(ids[1])  # no counters: the 20 ms call
+    assert backend.sample(ids[0], T0).pcie_tx_bytes_per_s is None  # a rate needs two samples
+    gpus[0].pcie_tx_bytes, gpus[0].pcie_rx_bytes = 4_000_000, 1_000_000
+    s = backend.sample(ids[0], T0 + 2)
+    assert (s.pcie_tx_bytes_per_s, s.pcie_rx_bytes_per_s) == (2_000_000.0, 500_000.0)
+    assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 2  # GPU 1's probe only, both directions
+    assert not backend.errors
 
 
 def test_clock_reasons_fall_back_to_throttle_reasons(monkeypatch: pytest.MonkeyPatch) -> None:

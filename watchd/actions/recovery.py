@@ -29,6 +29,8 @@ _log = get_logger("watchd.executor")
 REQUEUE_FOLLOWS = "requeue_follows"  # in a drain's intent: its decision requeues the node after it
 RETRY_MAX_S = 300.0  # the longest wait between two re-drives of an action that keeps being interrupted
 MODE = "mode"  # in the intent of an action no rule decided: the mode it runs in (an operator's: enforce)
+#: the note of a re-drive in the running engine: its finish could not be written, or it was interrupted
+STALE = "re-driven once the state database took writes again, or after an interruption"
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
@@ -95,9 +97,7 @@ class Recovery:
             self._retry_at[intent.key] = now + delay
             _log.warning("redriving_stale_action", key=intent.key, rule=intent.rule)
             self._store.intents.adopt(intent.key)
-            self._spawn(
-                self._redrive(intent, "re-driven: left unfinished (no writes, or a step interrupted)")
-            )
+            self._spawn(self._redrive(intent, STALE))
         return len(stale)
 
     def _audit_unaudited(self) -> None:

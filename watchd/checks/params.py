@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from apscheduler.triggers.cron import CronTrigger
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from watchd.checks.kinds import CHECK_KINDS
 from watchd.model.durations import Duration
 from watchd.strict import Strict
 
@@ -26,7 +27,6 @@ __all__ = [
     "command_of",
 ]
 
-CheckType = Literal["nccl", "dcgm-diag", "command"]
 Share = Annotated[float, Field(gt=0, le=1)]
 
 
@@ -62,9 +62,9 @@ class Backoff(Strict):
 
 class CheckSpec(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-    type: CheckType
-    #: the program and its arguments, run on the node (no shell). Defaults: nccl: all_reduce_perf -b 8
-    #: -e 8G -f 2 -g 8; dcgm-diag: dcgmi diag -r <level> [-j]; command: required
+    type: str  # a check kind: a row of watchd.checks.kinds.CHECK_KINDS (nccl | dcgm-diag | command)
+    #: the program and its arguments, run on the node (no shell). Default: the kind's (nccl: all_reduce_perf
+    #: -b 8 -e 8G -f 2 -g 8; dcgm-diag: dcgmi diag -r <level> [-j]); command: required
     command: list[str] | None = None
     level: Literal[1, 2, 3, 4] = 2  # dcgm-diag: dcgmi diag -r LEVEL
     json_output: bool = False  # dcgm-diag: add -j (DCGM 2.x and later print JSON then)
@@ -81,18 +81,20 @@ class CheckSpec(Strict):
     baseline_gbps: float | None = Field(default=None, gt=0)  # nccl: overrides the baselines table
     in_suite: bool = True  # part of `watchd node validate`
 
+    @field_validator("type")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        if value not in CHECK_KINDS:
+            raise ValueError(f"unknown check type {value!r} (known: {', '.join(sorted(CHECK_KINDS))})")
+        return value
+
     def argv(self) -> list[str]:
-        return command_of(self)
+        return CHECK_KINDS[self.type].argv(self)
 
 
 def command_of(spec: CheckSpec) -> list[str]:
-    if spec.command:
-        return list(spec.command)
-    if spec.type == "nccl":
-        return ["all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "8"]
-    if spec.type == "dcgm-diag":
-        return ["dcgmi", "diag", "-r", str(spec.level), *(["-j"] if spec.json_output else [])]
-    raise ValueError(f"check {spec.name}: type command needs a command")
+    """The program a check runs: its ``command``, else its kind's default (:meth:`CheckSpec.argv`)."""
+    return spec.argv()
 
 
 class Baseline(Strict):
@@ -174,8 +176,8 @@ class ChecksConfig(Strict):
         if dup:
             raise ValueError(f"items: duplicate check names {dup}")
         for i, c in enumerate(self.items):
-            if c.type == "command" and not c.command:
-                raise ValueError(f"items.{i}.command: a check of type command needs a command")
+            if CHECK_KINDS[c.type].default_argv is None and not c.command:
+                raise ValueError(f"items.{i}.command: a check of type {c.type} needs a command")
             if c.schedule is not None and not (c.partitions or c.nodes):
                 raise ValueError(f"items.{i}: a scheduled check needs partitions or nodes")
         return self

@@ -9,6 +9,8 @@ Each field is *probed* once per GPU at :meth:`NvmlBackend.open`: a field whose f
 :class:`GpuLostError`; any other error leaves that one field None for that one sample and is counted in
 :attr:`NvmlBackend.errors` (by field name).
 
+The fields, the calls reading each and their cadence are one table, :mod:`watchd.gpu.nvml_fields`.
+
 Cadence (issue 20: a 1 s round must cost <= 1 ms CPU per GPU on real NVML): :data:`CADENCE` says how often
 each field is read. ``static`` fields (rated SM clock, link maximums) are read once at the probe; ``slow``
 ones (power limit, link width/generation, PCIe replays, NVLink state/errors, aggregate ECC) every
@@ -38,6 +40,17 @@ from typing import Any
 
 from watchd.gpu.backend import XidNotice
 from watchd.gpu.model import BackendUnavailable, GpuIdentity, GpuLostError, GpuSample
+from watchd.gpu.nvml_fields import (
+    ENERGY,
+    FI_NVLINK_RX_KIB,
+    FI_NVLINK_TX_KIB,
+    FI_PCIE_RX_BYTES,
+    FI_PCIE_TX_BYTES,
+    FI_RECOVERY_ACTION,
+    NVML_FIELDS,
+    ROUND,
+    STATIC,
+)
 from watchd.logs import get_logger
 from watchd.xid.pci import normalize_pci
 
@@ -45,11 +58,6 @@ __all__ = ["CADENCE", "FIELDS", "NvmlBackend"]
 
 _log = get_logger("watchd.gpu.nvml")
 
-_FI_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-_FI_NVLINK_TX_KIB = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: cumulative KiB
-_FI_NVLINK_RX_KIB = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
-_FI_PCIE_TX_BYTES = 197  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES: cumulative bytes
-_FI_PCIE_RX_BYTES = 198  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
 _SCOPE_ALL_LINKS = 0xFFFFFFFF  # scopeId UINT_MAX: summed over all links
 _XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 _NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
@@ -57,55 +65,10 @@ _KIB = 1024
 _MAX_EVENTS_PER_WAIT = 256
 
 #: The fields probed per GPU, in sampling order (names as :meth:`NvmlBackend.supported_fields` gives them).
-FIELDS: tuple[str, ...] = (
-    "utilization",
-    "memory",
-    "temperature",
-    "power",
-    "power_limit",
-    "energy",
-    "sm_clock",
-    "sm_clock_max",
-    "clock_event_reasons",
-    "ecc_volatile_corrected",
-    "ecc_volatile_uncorrected",
-    "ecc_aggregate_corrected",
-    "ecc_aggregate_uncorrected",
-    "remapped_rows",
-    "retired_pages_pending",
-    "pcie_replay",
-    "pcie_link_gen",
-    "pcie_link_gen_max",
-    "pcie_link_width",
-    "pcie_link_width_max",
-    "nvlink_state",
-    "nvlink_errors",
-    "field_values",
-    "recovery_action",
-    "pcie_throughput",  # only where the PCIe byte-counter fields (197/198) are not supported
-    "processes",
-)
-
-STATIC, SLOW, ENERGY, ROUND = "static", "slow", "energy", "round"
+FIELDS: tuple[str, ...] = tuple(f.name for f in NVML_FIELDS)
 
 #: How often each field is read (fields not listed: every round). See the module docstring.
-CADENCE: dict[str, str] = {
-    "sm_clock_max": STATIC,
-    "pcie_link_gen_max": STATIC,
-    "pcie_link_width_max": STATIC,
-    "power_limit": SLOW,
-    "pcie_link_gen": SLOW,
-    "pcie_link_width": SLOW,
-    "pcie_replay": SLOW,
-    "pcie_throughput": SLOW,
-    "nvlink_state": SLOW,
-    "nvlink_errors": SLOW,
-    "retired_pages_pending": SLOW,
-    "recovery_action": SLOW,
-    "ecc_aggregate_corrected": SLOW,
-    "ecc_aggregate_uncorrected": SLOW,
-    "energy": ENERGY,
-}
+CADENCE: dict[str, str] = {f.name: f.cadence for f in NVML_FIELDS if f.cadence != ROUND}
 
 
 def _load_pynvml() -> Any:
@@ -365,9 +328,9 @@ class NvmlBackend:
 
     def _probe_field_values(self, dev: _Device) -> bool:
         lib = self._lib
-        recovery = int(getattr(lib, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", _FI_RECOVERY_ACTION))
-        pcie = (_FI_PCIE_TX_BYTES, _FI_PCIE_RX_BYTES)
-        wanted = (recovery, *pcie, _FI_NVLINK_TX_KIB, _FI_NVLINK_RX_KIB)
+        recovery = int(getattr(lib, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", FI_RECOVERY_ACTION))
+        pcie = (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)
+        wanted = (recovery, *pcie, FI_NVLINK_TX_KIB, FI_NVLINK_RX_KIB)
         values = lib.nvmlDeviceGetFieldValues(dev.handle, [self._field_arg(f) for f in wanted])
         not_supported = int(getattr(lib, "NVML_ERROR_NOT_SUPPORTED", 3))
         keep = []
@@ -397,7 +360,7 @@ class NvmlBackend:
 
     @staticmethod
     def _field_arg(fid: int) -> int | tuple[int, int]:
-        return (fid, _SCOPE_ALL_LINKS) if fid in (_FI_NVLINK_TX_KIB, _FI_NVLINK_RX_KIB) else fid
+        return (fid, _SCOPE_ALL_LINKS) if fid in (FI_NVLINK_TX_KIB, FI_NVLINK_RX_KIB) else fid
 
     _special_probes: dict[str, Callable[[NvmlBackend, _Device], bool]] = {
         "nvlink_state": _probe_nvlink_state,
@@ -606,7 +569,7 @@ class NvmlBackend:
             else:
                 self.errors["field_values"] += 1
         out: dict[str, Any] = {}
-        ptx, prx = got.get(_FI_PCIE_TX_BYTES), got.get(_FI_PCIE_RX_BYTES)
+        ptx, prx = got.get(FI_PCIE_TX_BYTES), got.get(FI_PCIE_RX_BYTES)
         if ptx is not None and prx is not None:
             pprev = dev.pcie_prev
             dev.pcie_prev = (now, int(ptx), int(prx))
@@ -614,7 +577,7 @@ class NvmlBackend:
                 dt = now - pprev[0]
                 out["pcie_tx_bytes_per_s"] = (ptx - pprev[1]) / dt
                 out["pcie_rx_bytes_per_s"] = (prx - pprev[2]) / dt
-        tx, rx = got.get(_FI_NVLINK_TX_KIB), got.get(_FI_NVLINK_RX_KIB)
+        tx, rx = got.get(FI_NVLINK_TX_KIB), got.get(FI_NVLINK_RX_KIB)
         if tx is not None and rx is not None:
             prev = dev.nvlink_prev
             dev.nvlink_prev = (now, int(tx), int(rx))

@@ -12,10 +12,12 @@ for real (a busy loop on the calling thread's CPU clock) and then sleeps out the
 benchmark of a real agent process sees the CPU and latency real NVML would cost. ``nvmlInit`` optionally
 allocates the resident memory that loading ``libnvidia-ml`` costs (``rss=True``).
 
-What the modelled H200 does not support raises ``NVMLError_NotSupported`` as NVML does there (NVLink state
-and error counters, retired pages, NVLink throughput fields); a GPU marked lost raises
-``NVMLError_GpuIsLost`` from every device call; ``nvmlEventSetWait`` blocks for its timeout and raises
-``NVMLError_Timeout`` unless an Xid was queued with :meth:`StandinNvml.queue_xid`.
+Its functions and field ids are those of the table the backend reads (:mod:`watchd.gpu.nvml_fields`;
+tests/gpu/test_nvml_fields.py holds it to the table). What the modelled H200 does not support raises
+``NVMLError_NotSupported`` as NVML does there (NVLink state and error counters, retired pages, NVLink
+throughput fields); a GPU marked lost raises ``NVMLError_GpuIsLost`` from every device call;
+``nvmlEventSetWait`` blocks for its timeout and raises ``NVMLError_Timeout`` unless an Xid was queued
+with :meth:`StandinNvml.queue_xid`.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ NVMLError_LibraryNotFound = _error("NVMLError_LibraryNotFound", 12, "NVML Shared
 NVMLError_FunctionNotFound = _error("NVMLError_FunctionNotFound", 13, "Function Not Found")
 NVMLError_GpuIsLost = _error("NVMLError_GpuIsLost", 15, "GPU is lost")
 NVMLError_Unknown = _error("NVMLError_Unknown", 999, "Unknown Error")
+
+
+class NVMLLibraryMismatchError(Exception):
+    """pynvml's: a versioned call the driver's library lacks (never raised: the modelled driver is new)."""
 
 
 # ----------------------------------------------------------------------------------------------- costs
@@ -183,6 +189,7 @@ class StandinNvml:
     NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
     NVMLError_Unknown = NVMLError_Unknown
+    NVMLLibraryMismatchError = NVMLLibraryMismatchError
 
     def __init__(
         self,
@@ -442,6 +449,20 @@ class StandinNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
         g = self._device("nvmlDeviceGetComputeRunningProcesses", h)
         return [SimpleNamespace(pid=p, usedGpuMemory=0) for p in g.pids]
+
+    # MIG: the modelled GPUs have it disabled (nvmlDeviceGetMigMode answers 0), so no MIG device exists
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int:
+        self._device("nvmlDeviceGetMaxMigDeviceCount", h)
+        return 0  # NVML: zero where MIG is not enabled
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, index: int) -> int:
+        self._device("nvmlDeviceGetMigDeviceHandleByIndex", h)
+        raise NVMLError_NotFound()
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h: int) -> int:
+        self._device("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", h)
+        raise NVMLError_InvalidArgument()  # not a MIG device handle
 
     # ------------------------------------------------------------------------------------------ events
 

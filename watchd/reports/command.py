@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 from watchd.errors import UsageError
 from watchd.model.durations import parse_duration
 from watchd.reports.core import build_report
+from watchd.reports.formats import REPORT_FORMATS
 from watchd.reports.model import DIMENSIONS, Observed, UsageReport
 from watchd.reports.source import AccountingSource, build_source
 
@@ -72,26 +74,18 @@ def make_report(
     )
 
 
+def renderer(fmt: str) -> Callable[..., str]:
+    """The function rendering format ``fmt`` (a row of :data:`~watchd.reports.formats.REPORT_FORMATS`)."""
+    row = REPORT_FORMATS.get(fmt)
+    if row is None:
+        raise UsageError(f"unknown format {fmt!r} (known: {', '.join(REPORT_FORMATS)})")
+    module, _, function = row.renderer.partition(":")
+    return cast(Callable[..., str], getattr(importlib.import_module(module), function))
+
+
 def render(report: UsageReport, fmt: str, max_accounts: int = 50) -> str:
-    from watchd.reports import render as r
-
-    if fmt == "table":
-        return r.to_table(report)
-    if fmt == "csv":
-        return r.to_csv(report)
-    if fmt == "json":
-        return r.to_json(report)
-    if fmt == "markdown":
-        return r.to_markdown(report)
-    if fmt == "html":
-        from watchd.reports.html import to_html
-
-        return to_html(report)
-    if fmt == "prometheus":
-        from watchd.reports.metrics import to_prometheus
-
-        return to_prometheus(report, max_accounts=max_accounts)
-    raise UsageError(f"unknown format {fmt!r}")
+    options = {"max_accounts": max_accounts}
+    return renderer(fmt)(report, **{k: options[k] for k in REPORT_FORMATS[fmt].options})
 
 
 def run_usage(

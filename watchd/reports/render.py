@@ -1,4 +1,5 @@
-"""The usage report as a table, CSV, JSON or Markdown (pure: report -> text)."""
+"""The usage report as a table, CSV, JSON or Markdown (pure: report -> text); the formats are rows of
+:data:`watchd.reports.formats.REPORT_FORMATS`."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from typing import Any
 
 from watchd.reports.core import reasons_text
 from watchd.reports.model import UsageReport, UsageRow
-
-FORMATS = ("table", "csv", "json", "markdown", "html", "prometheus")
 
 _Col = tuple[str, Callable[[UsageRow], Any]]
 

@@ -1,0 +1,44 @@
+"""A check's verdict (pure): its outcome, one readable line of evidence (the drain reason of the default
+pack) and the figures measured on the way, and the helpers every kind's judge writes its evidence with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from watchd.model.events import Scalar
+
+__all__ = ["Verdict", "gbps", "last_line", "one_line"]
+
+_MAX_EVIDENCE = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    outcome: str  # passed | failed | timeout | error
+    evidence: str
+    figures: Mapping[str, Scalar] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == "passed"
+
+    @property
+    def busbw(self) -> float | None:
+        v = self.figures.get("busbw_gbps")
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def gbps(x: float) -> str:
+    return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line, blanks collapsed, cut to the length of a drain reason."""
+    return " ".join(text.split())[:_MAX_EVIDENCE]
+
+
+def last_line(output: str) -> str:
+    """The last non-blank line of a tool's output, as :func:`one_line`."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    return one_line(lines[-1]) if lines else ""
