@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from tests.harness.slurm import SlurmCluster
 from watchd.clock import SystemClock
-from watchd.config import DrainsConfig, SparesConfig
 from watchd.engine.fleet import FleetWatch
 from watchd.fleetview.drains import unavailable_nodes
+from watchd.fleetview.settings import DrainsConfig, SparesConfig
 from watchd.integrations.base import SchedulerError
 from watchd.integrations.slurm.fleet import RESERVATION_PREFIX, SlurmFleet, parse_slurm_time
 from watchd.integrations.slurm.scheduler import SlurmScheduler
