@@ -1,7 +1,6 @@
 """Loading a config imports no integration (docs/architecture.md): each config section lives with its owner,
 in a small ``settings.py`` that imports only pydantic and watchd's vocabulary, and ``watchd.config`` composes
-them. A Slurm engine does not load the Kubernetes client, the agent does not load psycopg, and
-``watchd config check`` works where no integration's library is installed."""
+them. Reading a config loads no integration's library: a Slurm engine never loads the Kubernetes client."""
 
 from __future__ import annotations
 
