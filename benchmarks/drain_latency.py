@@ -29,16 +29,13 @@ sys.path.insert(0, str(ROOT))
 from tests.daemons import Daemon, agent_config, engine_config, free_port  # noqa: E402
 from tests.harness.slurm import SlurmCluster  # noqa: E402
 from watchd.agent.runner import Agent  # noqa: E402
-from watchd.config import (  # noqa: E402
-    AgentConfig,
-    EngineEndpoint,
-    HeartbeatConfig,
-    Listen,
-    SourcesConfig,
-    TokenSource,
-)
+from watchd.agent.settings import EngineEndpoint, HeartbeatConfig  # noqa: E402
+from watchd.config import AgentConfig  # noqa: E402
+from watchd.credentials import TokenSource  # noqa: E402
+from watchd.http_settings import Listen  # noqa: E402
 from watchd.logs import configure_logging  # noqa: E402
 from watchd.sources.base import FakeLogSource  # noqa: E402
+from watchd.sources.settings import SourcesConfig  # noqa: E402
 
 XID = "NVRM: Xid (PCI:0000:{bus:02x}:00): 79, pid={pid}, name=python3, GPU has fallen off the bus."
 

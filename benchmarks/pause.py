@@ -45,21 +45,17 @@ sys.path.insert(0, str(ROOT))
 
 from tests.harness.slurm import SlurmCluster  # noqa: E402
 from watchd.agent.runner import Agent  # noqa: E402
-from watchd.config import (  # noqa: E402
-    AgentConfig,
-    EngineConfig,
-    EngineEndpoint,
-    GpuSourceConfig,
-    HeartbeatConfig,
-    Listen,
-    SourcesConfig,
-    SparesConfig,
-)
+from watchd.agent.settings import EngineEndpoint, HeartbeatConfig  # noqa: E402
+from watchd.config import AgentConfig, EngineConfig  # noqa: E402
 from watchd.engine.runner import Engine  # noqa: E402
+from watchd.fleetview.settings import SparesConfig  # noqa: E402
+from watchd.gpu.settings import GpuSourceConfig  # noqa: E402
+from watchd.http_settings import Listen  # noqa: E402
 from watchd.integrations.slurm.fleet import parse_slurm_time  # noqa: E402
 from watchd.integrations.slurm.scheduler import SlurmScheduler  # noqa: E402
 from watchd.logs import configure_logging  # noqa: E402
 from watchd.sources.base import FakeLogSource  # noqa: E402
+from watchd.sources.settings import SourcesConfig  # noqa: E402
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python3, GPU has fallen off the bus."
 

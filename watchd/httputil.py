@@ -49,7 +49,7 @@ class HttpLimits:
 
     @classmethod
     def of(cls, config: Any) -> HttpLimits:
-        """From a config section with the same fields (``watchd.config.HttpConfig``)."""
+        """From a config section with the same fields (``watchd.http_settings.HttpConfig``)."""
         return cls(config.header_timeout_s, config.body_timeout_s, config.max_connections)
 
 

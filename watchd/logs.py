@@ -4,7 +4,7 @@ Repeated lines are rate-limited (:class:`RepeatLimiter`): per (logger, event) ke
 of an interval go through; the rest are counted, and one ``log_lines_suppressed`` line per key reports the
 count when the interval ends (seen at the next log call) and at exit. A flood of one kind of line (an action
 per event, a clock warning per event) then costs a few lines, not one per event; the audit and the
-metrics keep the full record."""
+metrics keep the full record. :class:`LogConfig` is the daemons' ``log:`` section."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, MutableMapping
-from typing import Any
+from typing import Any, Literal
 
 import structlog
+
+from watchd.strict import Strict
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -113,6 +115,11 @@ class RepeatLimiter:
             self._next_expiry = float("inf")
         for summary in pending:
             self._write(*summary)
+
+
+class LogConfig(Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
 
 
 _active: RepeatLimiter | None = None

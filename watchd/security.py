@@ -1,13 +1,15 @@
 """Credentials and TLS from the daemons' config (docs/security.md): the engine's tokens by role, the TLS
 contexts of a listener and of the agent's connection to the engine. Thin: the checks live in
-:mod:`watchd.httputil` (who may do what) and :mod:`watchd.config` (what a secret file may be)."""
+:mod:`watchd.httputil` (who may do what) and :mod:`watchd.credentials` (what a secret file may be)."""
 
 from __future__ import annotations
 
 import ssl
 
-from watchd.config import EngineAuth, EngineEndpoint, Listen
+from watchd.agent.settings import EngineEndpoint
+from watchd.credentials import EngineAuth
 from watchd.errors import ConfigError
+from watchd.http_settings import Listen
 from watchd.httputil import Credentials, client_tls, server_tls
 from watchd.logs import get_logger
 

@@ -9,8 +9,10 @@ import aiohttp
 
 from tests.harness.alertmanager import AlertmanagerProcess
 from tests.support import eventually, xid_event
-from watchd.config import AlertmanagerConfig, EngineConfig, Listen
+from watchd.config import EngineConfig
 from watchd.engine.runner import Engine
+from watchd.http_settings import Listen
+from watchd.integrations.alertmanager.settings import AlertmanagerConfig
 from watchd.model.events import INGEST_PATH, batch_to_wire
 
 RULES = """

@@ -10,19 +10,14 @@ import pytest
 
 from tests.support import XID79, eventually, scheduler_actions
 from watchd.agent.runner import Agent
-from watchd.config import (
-    AgentConfig,
-    EngineConfig,
-    EngineEndpoint,
-    HeartbeatConfig,
-    Listen,
-    ShipperConfig,
-    SourcesConfig,
-    TokenSource,
-)
+from watchd.agent.settings import EngineEndpoint, HeartbeatConfig, ShipperConfig
+from watchd.config import AgentConfig, EngineConfig
+from watchd.credentials import TokenSource
 from watchd.engine.runner import Engine
+from watchd.http_settings import Listen
 from watchd.model.events import Event, WireError, event_from_wire, fit_to_wire
 from watchd.sources.base import FakeLogSource, LogLine, NothingToAcknowledge
+from watchd.sources.settings import SourcesConfig
 
 
 def free_port() -> int:

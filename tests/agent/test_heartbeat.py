@@ -18,9 +18,9 @@ from tests.support import eventually
 from watchd.agent.heartbeat import Coalescer, ReportError, parse_report
 from watchd.agent.heartbeat_server import HeartbeatServer
 from watchd.agent.metrics import AgentMetrics
+from watchd.agent.settings import HeartbeatConfig
 from watchd.client import Heartbeat
 from watchd.clock import FakeClock, SystemClock
-from watchd.config import HeartbeatConfig
 from watchd.model.events import Event
 
 

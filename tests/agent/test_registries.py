@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from watchd.config import FileSourceConfig, GpuSourceConfig, KmsgConfig, SourcesConfig
 from watchd.errors import ConfigError
 from watchd.gpu.dcgm_backend import DcgmBackend
 from watchd.gpu.nvml import NvmlBackend
 from watchd.gpu.registry import GPU_BACKENDS, backend_from_config
+from watchd.gpu.settings import GpuSourceConfig
 from watchd.sources.base import FakeLogSource
 from watchd.sources.filefollow import FileFollowSource
 from watchd.sources.kmsg import KmsgSource
 from watchd.sources.registry import SOURCES, SourceContext, sources_from_config
+from watchd.sources.settings import FileSourceConfig, KmsgConfig, SourcesConfig
 
 SCENARIO = Path(__file__).parent.parent / "gpu_scenarios" / "healthy_training.yaml"
 
@@ -111,7 +112,8 @@ def test_the_agent_imports_no_gpu_library_nor_simulation_code_unless_configured(
     code = (
         "import sys\n"
         "from watchd.agent.runner import Agent\n"
-        "from watchd.config import AgentConfig, GpuSourceConfig\n"
+        "from watchd.config import AgentConfig\n"
+        "from watchd.gpu.settings import GpuSourceConfig\n"
         "from watchd.gpu.registry import backend_from_config\n"
         "backend_from_config(GpuSourceConfig(backend='dcgm'), print)\n"
         "print(sorted(m for m in sys.modules if m.startswith(('watchd.sim', 'watchd.gpu.nvml', 'pynvml'))))\n"

@@ -16,9 +16,11 @@ import aiohttp
 import pytest
 
 from tests.support import eventually, xid_event
-from watchd.config import DrainsConfig, EngineConfig, Listen, SparesConfig
+from watchd.config import EngineConfig
 from watchd.drains_cli import run_drains
 from watchd.engine.runner import Engine
+from watchd.fleetview.settings import DrainsConfig, SparesConfig
+from watchd.http_settings import Listen
 from watchd.integrations.fake.fleet import FakeFleet, fleet_of
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.model.unavailable import NodeUnavailable

@@ -13,9 +13,11 @@ import pytest
 
 from tests.harness.slurm import SlurmCluster
 from tests.support import eventually, xid_event
-from watchd.config import EngineConfig, Listen, SparesConfig
+from watchd.config import EngineConfig
 from watchd.engine.runner import Engine
 from watchd.fleetview.drains import unavailable_nodes
+from watchd.fleetview.settings import SparesConfig
+from watchd.http_settings import Listen
 from watchd.integrations.base import SchedulerError
 from watchd.integrations.slurm.fleet import RESERVATION_PREFIX, SlurmFleet, parse_slurm_time
 from watchd.integrations.slurm.scheduler import SlurmScheduler

@@ -16,8 +16,10 @@ import pytest
 from tests.harness.alertmanager import AlertmanagerProcess
 from tests.harness.slurm import SlurmCluster
 from tests.support import eventually
-from watchd.config import AlertmanagerConfig, EngineConfig, Listen
+from watchd.config import EngineConfig
 from watchd.engine.runner import Engine
+from watchd.http_settings import Listen
+from watchd.integrations.alertmanager.settings import AlertmanagerConfig
 from watchd.model.events import INGEST_PATH, batch_to_wire
 from watchd.sim.jobs import JobRun, simulate
 

@@ -15,9 +15,12 @@ import pytest
 from tests.daemons import watchd_command
 from tests.support import eventually
 from watchd.cli import main
-from watchd.config import EngineConfig, Listen, SlurmConfig, TokenSource
+from watchd.config import EngineConfig
+from watchd.credentials import TokenSource
 from watchd.engine.runner import Engine
 from watchd.errors import ConfigError
+from watchd.http_settings import Listen
+from watchd.integrations.slurm.settings import SlurmConfig
 from watchd.model.events import Event
 from watchd.sim.fleet import Simulator, expand_hostlist, parse_fleet
 

@@ -12,14 +12,16 @@ import pytest
 import yaml
 
 from tests.harness.kube_api import KubeApiServer
-from watchd.config import EngineConfig, ReloadConfig, StateConfig
+from watchd.config import EngineConfig
 from watchd.engine.runner import Engine
+from watchd.engine.settings import ReloadConfig
 from watchd.errors import ConfigError
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.integrations.kubernetes.lease import LeaseElector
 from watchd.integrations.leadership import AlwaysLeader
 from watchd.model.events import Event, Scalar
 from watchd.periodic import Periodic
+from watchd.store.settings import StateConfig
 
 
 def config(tmp_path: Path, **more: object) -> EngineConfig:

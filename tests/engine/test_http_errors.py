@@ -13,8 +13,11 @@ import aiohttp
 import pytest
 
 from tests.support import xid_event
-from watchd.config import EngineConfig, HttpConfig, IngestConfig, Listen, TokenSource
+from watchd.config import EngineConfig
+from watchd.credentials import TokenSource
 from watchd.engine.runner import Engine
+from watchd.engine.settings import IngestConfig
+from watchd.http_settings import HttpConfig, Listen
 from watchd.httputil import strict_dumps
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.model.events import INGEST_PATH, batch_to_wire

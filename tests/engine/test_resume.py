@@ -14,9 +14,11 @@ import pytest
 import yaml
 
 from tests.daemons import free_port
-from watchd.config import EngineConfig, Listen, TokenSource
+from watchd.config import EngineConfig
+from watchd.credentials import TokenSource
 from watchd.engine.runner import Engine
 from watchd.errors import UsageError
+from watchd.http_settings import Listen
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.model.nodes import WATCHD_REASON_PREFIX
 from watchd.operator_cli import engine_address, run_resume

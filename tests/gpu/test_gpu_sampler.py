@@ -11,22 +11,19 @@ import pytest
 
 from tests.support import eventually
 from watchd.agent.runner import Agent
+from watchd.agent.settings import EngineEndpoint, HeartbeatConfig
 from watchd.agent.xid_dedup import XidDeduplicator
 from watchd.clock import FakeClock
-from watchd.config import (
-    AgentConfig,
-    EngineEndpoint,
-    GpuSourceConfig,
-    HeartbeatConfig,
-    Listen,
-    SourcesConfig,
-)
+from watchd.config import AgentConfig
 from watchd.gpu.metrics import GpuCollector, dcgm_mapping_markdown
 from watchd.gpu.model import BackendUnavailable, GpuIdentity
 from watchd.gpu.sampler import GpuSampler
+from watchd.gpu.settings import GpuSourceConfig
+from watchd.http_settings import Listen
 from watchd.model.events import Event
 from watchd.sim.gpu import FakeGpuBackend
 from watchd.sim.scenario import EccDbe, FallOffBus, Scenario, XidFault
+from watchd.sources.settings import SourcesConfig
 
 START = 1_800_000_000.0
 SCENARIOS = Path(__file__).parent.parent / "gpu_scenarios"
@@ -154,7 +151,8 @@ async def test_nvml_xids_become_events_once_with_the_kernel_log_deduplicated() -
 
 async def test_agent_with_a_fake_gpu_ships_health_events_and_serves_gpu_metrics(tmp_path: Path) -> None:
     from tests.agent.test_agent import engine_config, free_port
-    from watchd.config import ShipperConfig, TokenSource
+    from watchd.agent.settings import ShipperConfig
+    from watchd.credentials import TokenSource
     from watchd.engine.runner import Engine
 
     config = AgentConfig(
@@ -185,7 +183,8 @@ async def test_agent_with_a_fake_gpu_ships_health_events_and_serves_gpu_metrics(
 
 async def test_an_xid_seen_by_the_kernel_log_and_nvml_reaches_the_engine_once(tmp_path: Path) -> None:
     from tests.agent.test_agent import engine_config, free_port
-    from watchd.config import ShipperConfig, TokenSource
+    from watchd.agent.settings import ShipperConfig
+    from watchd.credentials import TokenSource
     from watchd.engine.runner import Engine
 
     scenario = tmp_path / "xid.yaml"

@@ -14,7 +14,7 @@ import yaml
 
 from tests.harness.postgres import PostgresServer
 from watchd.actions.audit import AuditRecord
-from watchd.config import EngineConfig, PostgresConfig, load_config
+from watchd.config import EngineConfig, load_config
 from watchd.errors import ConfigError
 from watchd.store import dialect
 from watchd.store.connection import StoreError
@@ -22,6 +22,7 @@ from watchd.store.database import Store
 from watchd.store.held import HeldAction
 from watchd.store.reliability import IntervalRow, NodeRow
 from watchd.store.schema import MIGRATIONS, SCHEMA_VERSION
+from watchd.store.settings import PostgresConfig
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.real)]

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from watchd.config import EngineConfig, SchedulerSettings, load_config, scheduler_names
+from watchd.config import EngineConfig, load_config, scheduler_names
 from watchd.engine.runner import Engine
 from watchd.errors import ConfigError
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.integrations.registry import SCHEDULERS, build_leadership, build_scheduler, builder
 from watchd.integrations.routing.scheduler import RoutedScheduler
+from watchd.integrations.settings import SchedulerSettings
 from watchd.integrations.slurm.scheduler import SlurmScheduler
 
 

@@ -18,9 +18,11 @@ from tests.security.certs import Certs
 from tests.support import eventually, xid_event
 from watchd.agent.metrics import AgentMetrics
 from watchd.agent.shipper import Shipper
-from watchd.config import AgentConfig, EngineAuth, EngineConfig, Listen, NamedToken
+from watchd.config import AgentConfig, EngineConfig
+from watchd.credentials import EngineAuth, NamedToken
 from watchd.engine.runner import Engine
 from watchd.errors import ConfigError, UsageError
+from watchd.http_settings import Listen
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.operator_cli import run_status
 from watchd.security import engine_client_tls

@@ -16,23 +16,16 @@ import pytest
 
 from tests.support import eventually, real_components_required, scheduler_actions
 from watchd.agent.runner import Agent
-from watchd.config import (
-    AgentConfig,
-    EngineConfig,
-    EngineEndpoint,
-    FileSourceConfig,
-    HeartbeatConfig,
-    KmsgConfig,
-    Listen,
-    ShipperConfig,
-    SourcesConfig,
-    TokenSource,
-)
+from watchd.agent.settings import EngineEndpoint, HeartbeatConfig, ShipperConfig
+from watchd.config import AgentConfig, EngineConfig
+from watchd.credentials import TokenSource
 from watchd.engine.runner import Engine
+from watchd.http_settings import Listen
 from watchd.sources.base import LogLine
 from watchd.sources.journald import JournaldSource, line_of_entry
 from watchd.sources.kmsg import KmsgSource
 from watchd.sources.kmsg_record import parse_kmsg_record
+from watchd.sources.settings import FileSourceConfig, KmsgConfig, SourcesConfig
 
 FORGED = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 GENUINE = "NVRM: Xid (PCI:0000:5e:00): 79, pid=1234, name=python3, GPU has fallen off the bus."

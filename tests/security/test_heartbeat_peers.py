@@ -26,8 +26,8 @@ from tests.support import real_components_required
 from watchd.agent.heartbeat_auth import ProcJobIdentity, identity_from_cgroup
 from watchd.agent.heartbeat_server import HeartbeatServer
 from watchd.agent.metrics import AgentMetrics
+from watchd.agent.settings import HeartbeatConfig
 from watchd.clock import SystemClock
-from watchd.config import HeartbeatConfig
 from watchd.model.events import Event
 from watchd.model.jobs import JobRef
 

@@ -22,9 +22,10 @@ from watchd.agent.heartbeat_auth import (
 )
 from watchd.agent.heartbeat_server import HeartbeatServer
 from watchd.agent.metrics import AgentMetrics
+from watchd.agent.settings import HeartbeatConfig
 from watchd.client import Heartbeat
 from watchd.clock import FakeClock, SystemClock
-from watchd.config import HeartbeatConfig, TokenSource
+from watchd.credentials import TokenSource
 from watchd.errors import ConfigError
 from watchd.model.events import Event
 from watchd.model.jobs import JobRef

@@ -11,8 +11,8 @@ from tests.harness.slurm import SlurmCluster
 from tests.support import eventually
 from tests.trainlog.wire import real_lines
 from watchd.agent.runner import Agent
-from watchd.config import KmsgConfig, SourcesConfig, TrainingLogsConfig
 from watchd.engine.runner import Engine
+from watchd.sources.settings import KmsgConfig, SourcesConfig, TrainingLogsConfig
 from watchd.sources.slurm_jobs import SlurmJobOutputs
 
 pytestmark = pytest.mark.slurm

@@ -18,12 +18,12 @@ from tests.agent.test_agent import agent_config, engine_config
 from tests.support import eventually
 from tests.trainlog.wire import DATA, real_lines
 from watchd.agent.runner import Agent
-from watchd.config import SourcesConfig, TrainingLogsConfig
 from watchd.engine.runner import Engine
 from watchd.sources.base import FakeLogSource, LogLine
 from watchd.sources.flight_recorder import FlightRecorderSource
 from watchd.sources.journald_units import JournaldUnitsSource, journal_entry
 from watchd.sources.pod_logs import PodLogSource, pod_files, strip_cri
+from watchd.sources.settings import SourcesConfig, TrainingLogsConfig
 from watchd.sources.slurm_jobs import (
     FakeJobOutputs,
     JobOutput,

@@ -28,8 +28,8 @@ from watchd.agent.heartbeat_auth import (
     peer_credentials,
 )
 from watchd.agent.metrics import AgentMetrics
+from watchd.agent.settings import HeartbeatConfig
 from watchd.clock import Clock
-from watchd.config import HeartbeatConfig
 from watchd.httputil import (
     BodyError,
     GuardedRunner,

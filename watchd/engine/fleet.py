@@ -27,8 +27,8 @@ from watchd.actions.handlers.spare_release import HANDLER as SPARE_RELEASE
 from watchd.actions.leader_gate import LeaderGate
 from watchd.actions.outcome import TOOK_OUT, ActionResult, Outcome
 from watchd.clock import Clock
-from watchd.config import DrainsConfig, SparesConfig
 from watchd.fleetview.drains import FleetNode, Unavailable, availability, unavailable_nodes
+from watchd.fleetview.settings import DrainsConfig, SparesConfig
 from watchd.fleetview.spares import SparePlan, pick_release, plan
 from watchd.integrations.base import SchedulerError
 from watchd.integrations.fleet import FleetBackend

@@ -19,7 +19,6 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from watchd.clock import Clock
-from watchd.config import ReliabilityConfig
 from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.model.action import KIND as FEEDBACK_KIND
@@ -34,6 +33,7 @@ from watchd.reliability.evidence import FAILURE_OUTCOMES, gpu_of, hardware_evide
 from watchd.reliability.jobs import JobTracker
 from watchd.reliability.report import Advice, Failure, NodeInfo, Report, advise, build_report
 from watchd.reliability.service import Interval, NodeService, ServiceTracker
+from watchd.reliability.settings import ReliabilityConfig
 from watchd.rules.decision import Decision
 from watchd.store.connection import StoreError
 from watchd.store.database import Store

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from watchd.config import GpuSourceConfig
 from watchd.errors import ConfigError
 from watchd.gpu.backend import GpuBackend
+from watchd.gpu.settings import GpuSourceConfig
 
 KernelLog = Callable[[str], None]  # where a simulated driver writes its kernel-log lines (thread-safe)
 BackendFactory = Callable[[GpuSourceConfig, KernelLog], GpuBackend]

@@ -1,8 +1,9 @@
 """Integrations built from the engine's config by name.
 
 A scheduler is a package under ``watchd/integrations/`` with a function ``scheduler_from_settings(section)``,
-one entry here, and its config section: a :class:`~watchd.config.SchedulerSettings` field of
-:class:`~watchd.config.EngineConfig` named like the entry (``slurm:``, ``kubernetes:``, ``fake:``).
+one entry here, and its config section: a :class:`~watchd.integrations.settings.SchedulerSettings` in the
+package's ``settings.py`` (pydantic only: the config loads without the integration), and a field of that
+type in :class:`~watchd.config.EngineConfig` named like the entry (``slurm:``, ``kubernetes:``, ``fake:``).
 Every enabled section is built; several are composed by the routing scheduler
 (:mod:`watchd.integrations.routing`) along the config's ``schedulers:`` routes. A package is imported only
 when its scheduler is enabled (the Kubernetes client is not loaded for a Slurm engine).
@@ -16,10 +17,11 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Protocol, cast
 
-from watchd.config import EngineConfig, SchedulerSettings
+from watchd.config import EngineConfig
 from watchd.errors import ConfigError
 from watchd.integrations.base import Scheduler
 from watchd.integrations.leadership import Leadership
+from watchd.integrations.settings import SchedulerSettings
 
 #: scheduler name (its config section) -> "module:function" building it from that section
 SCHEDULERS: Mapping[str, str] = {

@@ -1,11 +1,12 @@
-"""Durations in rule files: ``30s``, ``5m``, ``24h``, ``28d``, ``1h30m``, or a number of seconds."""
+"""Durations in rule files: ``30s``, ``5m``, ``24h``, ``28d``, ``1h30m``, or a number of seconds; and the
+plain positive number of seconds of the daemons' config sections (:data:`Seconds`)."""
 
 from __future__ import annotations
 
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, WithJsonSchema
+from pydantic import BeforeValidator, Field, WithJsonSchema
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -43,3 +44,6 @@ DURATION_JSON_SCHEMA: dict[str, Any] = {
 }
 
 Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(DURATION_JSON_SCHEMA)]
+
+#: A config section's duration: a positive number of seconds (no units).
+Seconds = Annotated[float, Field(gt=0)]

@@ -12,12 +12,12 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from watchd.clock import Clock
-from watchd.config import ReportsConfig
 from watchd.model.events import Event
 from watchd.reports.core import build_report
 from watchd.reports.ledger import UsageLedger
 from watchd.reports.metrics import UsageCollector
 from watchd.reports.model import Observed, UsageReport
+from watchd.reports.settings import ReportsConfig
 from watchd.reports.source import AccountingSource, build_source
 from watchd.store.connection import StoreError
 from watchd.store.database import Store

@@ -15,8 +15,10 @@ from typing import Any, TextIO
 
 import aiohttp
 
-from watchd.config import EngineAuth, EngineConfig, Listen
+from watchd.config import EngineConfig
+from watchd.credentials import EngineAuth
 from watchd.engine.runner import Engine
+from watchd.http_settings import Listen
 from watchd.logs import configure_logging
 from watchd.model.events import Event
 from watchd.sim.fleet import Simulator, parse_fleet

@@ -19,10 +19,13 @@ from typing import Any
 import aiohttp
 
 from watchd import data
-from watchd.config import DrainsConfig, EngineConfig, Listen, SafetyConfig, SparesConfig
+from watchd.actions.settings import SafetyConfig
+from watchd.config import EngineConfig
 from watchd.detect.params import DetectorsConfig
 from watchd.drains_cli import render
 from watchd.engine.runner import Engine
+from watchd.fleetview.settings import DrainsConfig, SparesConfig
+from watchd.http_settings import Listen
 from watchd.integrations.fake.fleet import fleet_of
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.model.events import INGEST_PATH, batch_to_wire

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from watchd.config import SourcesConfig
 from watchd.errors import ConfigError
 from watchd.sources.base import FakeLogSource, LogSource
 from watchd.sources.filefollow import FileFollowSource
@@ -23,6 +22,7 @@ from watchd.sources.journald import JournaldSource
 from watchd.sources.journald_units import JournaldUnitsSource
 from watchd.sources.kmsg import KmsgSource
 from watchd.sources.pod_logs import PodLogSource
+from watchd.sources.settings import SourcesConfig
 from watchd.sources.slurm_jobs import JobOutputSource, SlurmJobOutputs
 
 

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from watchd.config import FakeSchedulerConfig
 from watchd.integrations.base import RequeueResult, SchedulerError, job_selected
+from watchd.integrations.fake.settings import FakeSchedulerConfig
 from watchd.model.nodes import (
     WATCHD_REASON_PREFIX,
     DrainResult,

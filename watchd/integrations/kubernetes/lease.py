@@ -29,8 +29,8 @@ from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 
-from watchd.config import KubernetesConfig
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, status_code
+from watchd.integrations.kubernetes.settings import KubernetesConfig
 from watchd.integrations.leadership import ElectionLoop
 from watchd.logs import get_logger
 

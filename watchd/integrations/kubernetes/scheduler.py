@@ -36,10 +36,10 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod, PodEviction
 from lightkube.types import PatchType
 
-from watchd.config import KubernetesConfig
 from watchd.integrations.base import RequeueResult, SchedulerError, job_selected
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, label_selector, status_code
 from watchd.integrations.kubernetes.jobs import JobRef, KubernetesJobProvider, job_of_pod, owned_by
+from watchd.integrations.kubernetes.settings import KubernetesConfig
 from watchd.jobs.model import JobProvider
 from watchd.logs import get_logger
 from watchd.model.nodes import (

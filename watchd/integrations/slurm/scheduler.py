@@ -43,7 +43,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from watchd.config import SlurmConfig
 from watchd.integrations.base import RequeueResult, SchedulerError, job_selected
 from watchd.integrations.slurm.scontrol_session import (
     ScontrolSession,
@@ -52,6 +51,7 @@ from watchd.integrations.slurm.scontrol_session import (
     SessionTimeout,
     interactive_line,
 )
+from watchd.integrations.slurm.settings import SlurmConfig
 from watchd.jobs.model import JobInfo, JobProviderError
 from watchd.model.nodes import (
     WATCHD_REASON_PREFIX,

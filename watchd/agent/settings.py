@@ -1,0 +1,76 @@
+"""The agent's own config sections: the engine it ships to (``engine:``), the shipper's batching and
+back-off (``shipper:``), and the local heartbeat endpoint (``heartbeat:``; docs/heartbeats.md). Pydantic
+and watchd's vocabulary only: aiohttp is not imported to load a config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from watchd.credentials import TokenSource
+from watchd.http_settings import HttpConfig, Port
+from watchd.model.durations import Seconds
+from watchd.strict import Strict
+
+
+class EngineEndpoint(Strict):
+    url: Annotated[str, Field(pattern=r"^https?://[^\s/]+")] = "http://127.0.0.1:9120"
+    auth: TokenSource = TokenSource()
+    timeout_s: Seconds = 5.0
+    ca_file: Path | None = None  # https: trust this CA (default: the system's)
+    client_cert: Path | None = None  # mutual TLS: the agent's certificate ...
+    client_key: Path | None = None  # ... and its key
+
+    @model_validator(mode="after")
+    def _tls(self) -> EngineEndpoint:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("engine: give client_cert and client_key together")
+        tls = self.ca_file is not None or self.client_cert is not None
+        if tls and not self.url.startswith("https://"):
+            raise ValueError("engine: ca_file/client_cert need an https:// url")
+        return self
+
+
+class ShipperConfig(Strict):
+    max_batch: Annotated[int, Field(ge=1)] = 1000
+    queue_size: Annotated[int, Field(ge=1)] = 100_000
+    backoff_initial_s: Seconds = 0.2
+    backoff_max_s: Seconds = 30.0
+    shutdown_flush_s: Annotated[float, Field(ge=0)] = 5.0
+
+
+class HeartbeatConfig(Strict):
+    """The local endpoint where training ranks report their progress (docs/heartbeats.md). On by default: it
+    costs nothing until a rank reports, and an endpoint that cannot be opened is logged and counted, never
+    fatal."""
+
+    enabled: bool = True
+    socket: Path | None = Path("/run/watchd/heartbeat.sock")  # None: no Unix socket
+    # who may report: "0660" the agent's user and group, "0666" every local user (loopback HTTP already is)
+    socket_mode: Annotated[str, Field(pattern=r"^0?[0-7]{3}$")] = "0660"
+    # on 127.0.0.1 only; 0: off. With verify, each job needs its token (token_secret; docs/security.md)
+    http_port: Port = 0
+    # reports count only from the job they name (the socket peer's cgroup, or the job's token over TCP);
+    # false: any local process may report for any job (before issue 22; not for production)
+    verify: bool = True
+    token_secret: TokenSource = TokenSource()  # the node secret the per-job TCP tokens derive from
+    identity: Literal["proc", "fake"] = "proc"  # who a socket peer is: /proc/<pid>/cgroup (fake: tests)
+    proc_root: Path = Path("/proc")
+    max_ranks_per_job: Annotated[int, Field(ge=1)] = 512  # per verified job or pod
+    forward_interval_s: Seconds = 2.0
+    max_ranks: Annotated[int, Field(ge=1)] = 1024
+    forget_after_s: Seconds = 600.0
+    http: HttpConfig = HttpConfig(max_connections=256)  # both endpoints (socket and 127.0.0.1)
+
+    @model_validator(mode="after")
+    def _tcp_needs_tokens(self) -> HeartbeatConfig:
+        secret = self.token_secret
+        given = secret.token_file or secret.token_env or secret.token
+        if self.verify and self.http_port and not given:
+            raise ValueError(
+                "heartbeat.http_port with verify needs heartbeat.token_secret (per-job tokens, "
+                "docs/security.md); or use the Unix socket (http_port: 0)"
+            )
+        return self

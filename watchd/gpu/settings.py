@@ -1,0 +1,33 @@
+"""The agent's ``sources.gpu`` section: which GPU backend is read, how often, and the NVML cadences.
+Pydantic and watchd's vocabulary only: pynvml is not imported to load a config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from watchd.model.durations import Seconds
+from watchd.strict import Strict
+
+
+class GpuSourceConfig(Strict):
+    backend: Literal["nvml", "dcgm", "fake", "none"] = "nvml"
+    interval_s: Seconds = 2.0
+    summary_window_s: Seconds = 5.0
+    health_report_interval_s: Seconds = 30.0
+    scenario: Path | None = None  # backend fake: a GPU scenario file (tests, demos, the simulator)
+    dcgm_url: Annotated[str, Field(pattern=r"^https?://")] = "http://127.0.0.1:9400/metrics"
+    xid_dedup_window_s: Seconds = 10.0
+    proc_root: Path = Path("/proc")
+    # nvml backend cadences (issue 20, docs/gpu-nvml-cost.md): slow-changing fields, and the energy counter
+    # (4 ms CPU a read on an H200; the power integral in between)
+    nvml_slow_interval_s: Seconds = 10.0
+    nvml_energy_interval_s: Annotated[float, Field(ge=1.0, le=300.0)] = 30.0
+
+    @model_validator(mode="after")
+    def _scenario_for_fake(self) -> GpuSourceConfig:
+        if self.backend == "fake" and self.scenario is None:
+            raise ValueError("backend fake needs a scenario file")
+        return self
