@@ -28,10 +28,10 @@ from benchmarks.common import best_of, table  # noqa: E402
 from watchd.clock import FakeClock  # noqa: E402
 from watchd.detect.correlator import Correlator  # noqa: E402
 from watchd.detect.params import DetectorsConfig  # noqa: E402
-from watchd.engine.reliability import Reliability  # noqa: E402
 from watchd.jobs.topology import JobTopology  # noqa: E402
 from watchd.model.events import Event  # noqa: E402
 from watchd.reliability.settings import ReliabilityConfig  # noqa: E402
+from watchd.reliability.subsystem import Reliability  # noqa: E402
 from watchd.store.database import Store  # noqa: E402
 
 NODES, GPUS, ROUNDS = 12_500, 8, 10

@@ -193,13 +193,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             sys.stdout,
         )
     if args.command == "node" and args.node_command == "validate":
-        from watchd.checks.commands import run_validate
+        from watchd.checks_cli import run_validate
 
         return run_validate(
             args.name, args.url, args.token_file, args.config, args.by, args.timeout, sys.stdout
         )
     if args.command == "checks":
-        from watchd.checks.commands import run_checks
+        from watchd.checks_cli import run_checks
 
         return run_checks(
             args.verb,
@@ -246,6 +246,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "report":
         from watchd.reports.command import run_usage
 
+        engine = load_config(EngineConfig, args.config) if args.config is not None else None
         return run_usage(
             since=args.since,
             until=args.until,
@@ -253,8 +254,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             fmt=args.format,
             source=args.source,
             fixture=args.fixture,
-            state=args.state,
-            config=args.config,
+            state=args.state or (engine.state.path if engine is not None else None),
+            cfg=engine.reports if engine is not None else None,
             idle_util_pct=args.idle_threshold,
             output=args.output,
             out=sys.stdout,

@@ -11,21 +11,18 @@ Every section is re-exported here under its old name.
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from watchd.actions.settings import ActionsConfig, SafetyConfig
-from watchd.agent.settings import EngineEndpoint, HeartbeatConfig, ShipperConfig
+from watchd.agent.settings import AgentConfig, EngineEndpoint, HeartbeatConfig, ShipperConfig
 from watchd.checks.params import ChecksConfig
 from watchd.credentials import EngineAuth, NamedToken, TokenSource, check_secret_file
 from watchd.detect.params import DetectorsConfig
-from watchd.engine.settings import IngestConfig, ReloadConfig
 from watchd.errors import ConfigError
 from watchd.fleetview.settings import DrainsConfig, SparesConfig
 from watchd.gpu.settings import GpuSourceConfig
@@ -101,6 +98,21 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------------------------- engine
+
+
+# the engine shell's own sections
+class IngestConfig(_Strict):
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    max_events_per_batch: Annotated[int, Field(ge=1)] = 10_000
+    dedup_window_s: Seconds = 3600.0
+    dedup_max_ids: Annotated[int, Field(ge=1000)] = 1_000_000
+    queue_size: Annotated[int, Field(ge=1)] = 100_000
+    ack_timeout_s: Seconds = 5.0  # a reply waits at most this long for its batch to be evaluated
+
+
+class ReloadConfig(_Strict):
+    watch_files: bool = True
+    poll_interval_s: Seconds = 2.0
 
 
 class EngineConfig(_Strict):
@@ -184,19 +196,6 @@ def scheduler_names() -> tuple[str, ...]:
 
 
 # ----------------------------------------------------------------------------------------------- agent
-
-
-class AgentConfig(_Strict):
-    # NODE_NAME: the Kubernetes node name from the downward API (the DaemonSet sets it)
-    node: str = Field(
-        default_factory=lambda: os.environ.get("NODE_NAME") or socket.gethostname().split(".")[0]
-    )
-    engine: EngineEndpoint = EngineEndpoint()
-    listen: Listen = Listen(port=9121)
-    sources: SourcesConfig = SourcesConfig()
-    heartbeat: HeartbeatConfig = HeartbeatConfig()
-    shipper: ShipperConfig = ShipperConfig()
-    log: LogConfig = LogConfig()
 
 
 # ----------------------------------------------------------------------------------------------- loading

@@ -5,8 +5,8 @@ contexts of a listener and of the agent's connection to the engine. Thin: the ch
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 
-from watchd.agent.settings import EngineEndpoint
 from watchd.credentials import EngineAuth
 from watchd.errors import ConfigError
 from watchd.http_settings import Listen
@@ -53,11 +53,13 @@ def listener_tls(listen: Listen, where: str) -> ssl.SSLContext | None:
         raise ConfigError(f"{where}.tls_cert/tls_key/client_ca: cannot load: {exc}") from None
 
 
-def engine_client_tls(engine: EngineEndpoint) -> ssl.SSLContext | None:
-    """The agent's TLS context for an https:// engine; None for http://."""
-    if not engine.url.startswith("https://"):
+def engine_client_tls(
+    url: str, ca_file: Path | None, client_cert: Path | None, client_key: Path | None
+) -> ssl.SSLContext | None:
+    """The agent's TLS context for an https:// engine (its ``engine:`` section); None for http://."""
+    if not url.startswith("https://"):
         return None
     try:
-        return client_tls(engine.ca_file, engine.client_cert, engine.client_key)
+        return client_tls(ca_file, client_cert, client_key)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"engine.ca_file/client_cert/client_key: cannot load: {exc}") from None

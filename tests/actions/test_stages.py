@@ -11,10 +11,10 @@ import pytest
 
 from tests.support import xid_event
 from watchd.actions.alerting import AlertKeeper
-from watchd.actions.attempt import Attempt, Mode
 from watchd.actions.audit import MemoryAudit
 from watchd.actions.executor import ActionExecutor, Pools
 from watchd.actions.gates import Safety
+from watchd.actions.handler import Attempt, Mode
 from watchd.actions.handlers import HANDLERS, handler_for
 from watchd.actions.held import Hold
 from watchd.actions.leader_gate import LeaderGate

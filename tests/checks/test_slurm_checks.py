@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.harness.slurm import SlurmCluster
-from watchd.checks.commands import run_checks, run_validate
+from watchd.checks_cli import run_checks, run_validate
 from watchd.config import EngineConfig
 from watchd.engine.runner import Engine
 from watchd.integrations.slurm.checks import SlurmCheckRunner

@@ -177,7 +177,7 @@ async def test_a_failing_listing_keeps_the_last_one_and_is_counted() -> None:
             "sinfo: exit status 1: slurm_load_node: Unable to contact slurm controller"
         )
         await engine.fleet.poll()
-        doc = await engine.drains()
+        doc = engine.fleet.document()
         assert [r["node"] for r in doc["unavailable"]] == ["gpu-3"]
         assert "Unable to contact" in doc["errors"]["fake"]
         fake.error = None
@@ -235,8 +235,8 @@ async def test_a_follower_or_a_deposed_leader_never_changes_spares(who: str, lea
     from watchd.actions.audit import MemoryAudit
     from watchd.actions.executor import ActionExecutor
     from watchd.clock import SystemClock
-    from watchd.engine.fleet import FleetWatch, GatedFleet
     from watchd.engine.metrics import EngineMetrics
+    from watchd.fleetview.watch import FleetWatch, GatedFleet
 
     fake, fl = fleet()
     clock = SystemClock()

@@ -11,9 +11,8 @@ import pytest
 
 from tests.daemons import Daemon, free_port
 from tests.support import eventually
-from watchd.config import EngineConfig
+from watchd.config import EngineConfig, ReloadConfig
 from watchd.engine.runner import Engine
-from watchd.engine.settings import ReloadConfig
 from watchd.http_settings import Listen
 
 GOOD = "rules:\n  - {name: first, match: {kind: xid}, actions: [log]}\n"

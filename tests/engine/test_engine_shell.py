@@ -12,9 +12,8 @@ import pytest
 import yaml
 
 from tests.harness.kube_api import KubeApiServer
-from watchd.config import EngineConfig
+from watchd.config import EngineConfig, ReloadConfig
 from watchd.engine.runner import Engine
-from watchd.engine.settings import ReloadConfig
 from watchd.errors import ConfigError
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.integrations.kubernetes.lease import LeaseElector
@@ -248,7 +247,7 @@ async def test_rule_state_snapshots_stretch_to_ten_times_a_slow_save(tmp_path: P
             store_save(*args)  # type: ignore[arg-type]
 
         engine.store.rule_state.save = slow_save  # type: ignore[method-assign]
-        engine._rule_state_saved = True  # a saved state must be replaced even when empty: every run saves
+        engine.rule_keeper.saved = True  # a saved state must be replaced even when empty: every run saves
         await asyncio.sleep(1.3)
     gaps = [b - a for a, b in itertools.pairwise(saves)]
     assert saves and all(g >= 0.45 for g in gaps), gaps  # ~10 x 0.05 s between saves, not 0.05 s
@@ -261,8 +260,8 @@ async def test_fleet_evictions_are_counted_in_a_metric(tmp_path: Path) -> None:
         for i in range(5):
             fleet.observe(_summary_event(f"n{i}", 0, 100.0 + i))
         fleet.observe(_summary_event("n4", 999, 110.0))  # a GPU index past the bound: refused
-        engine._count_evictions()
-        engine._count_evictions()  # counted once
+        engine.detectors.count_evictions()
+        engine.detectors.count_evictions()  # counted once
         value = engine.metrics.registry.get_sample_value
         assert value("watchd_fleet_evicted_total", {"what": "node"}) == 3
         assert value("watchd_fleet_evicted_total", {"what": "gpu"}) == 1

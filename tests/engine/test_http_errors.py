@@ -13,10 +13,9 @@ import aiohttp
 import pytest
 
 from tests.support import xid_event
-from watchd.config import EngineConfig
+from watchd.config import EngineConfig, IngestConfig
 from watchd.credentials import TokenSource
 from watchd.engine.runner import Engine
-from watchd.engine.settings import IngestConfig
 from watchd.http_settings import HttpConfig, Listen
 from watchd.httputil import strict_dumps
 from watchd.integrations.fake.scheduler import FakeScheduler

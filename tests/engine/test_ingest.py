@@ -8,10 +8,9 @@ import aiohttp
 import pytest
 
 from tests.support import eventually, scheduler_actions, xid_event
-from watchd.config import EngineConfig
+from watchd.config import EngineConfig, IngestConfig
 from watchd.credentials import TokenSource
 from watchd.engine.runner import Engine
-from watchd.engine.settings import IngestConfig
 from watchd.http_settings import Listen
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.model.events import INGEST_PATH, batch_to_wire

@@ -28,14 +28,13 @@ from watchd.model.conditions import (
     SLOWDOWN_CONDITIONS,
     XID_BUCKETS,
     Evidence,
-    buckets_markdown,
-    conditions_markdown,
 )
 from watchd.model.conditions import BY_NAME as BY_CONDITION
 from watchd.model.events import TOP_LEVEL_FIELDS
 from watchd.model.registry import ALL_KINDS, fields_of
 from watchd.rules.template import Template
 from watchd.xid.catalog import BUCKETS, known_xids, lookup
+from watchd.xid.tables import buckets_markdown, conditions_markdown
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PACK = ROOT / "watchd" / "data" / "rules"
@@ -283,9 +282,7 @@ def test_the_detectors_conditions_are_the_ones_they_had() -> None:
 
 
 def test_the_docs_hold_the_table() -> None:
-    """After a change of the table, paste ``python -m watchd.model.conditions`` into docs/rules.md."""
+    """After a change of the table, paste ``python -m watchd.xid.tables`` into docs/rules.md."""
     docs = (ROOT / "docs" / "rules.md").read_text()
-    assert conditions_markdown() in docs, (
-        "docs/rules.md: paste the output of python -m watchd.model.conditions"
-    )
-    assert buckets_markdown() in docs, "docs/rules.md: paste the output of python -m watchd.model.conditions"
+    assert conditions_markdown() in docs, "docs/rules.md: paste the output of python -m watchd.xid.tables"
+    assert buckets_markdown() in docs, "docs/rules.md: paste the output of python -m watchd.xid.tables"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 from watchd.clock import FakeClock
-from watchd.engine.reliability import Reliability
 from watchd.jobs.topology import JobTopology
 from watchd.model.action import ActionFeedback
 from watchd.model.events import Event
 from watchd.reliability.settings import ReliabilityConfig
+from watchd.reliability.subsystem import Reliability
 from watchd.rules.decision import Decision, PlannedAction
 from watchd.store.database import Store
 from watchd.store.reliability import PAGE

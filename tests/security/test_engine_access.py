@@ -167,7 +167,14 @@ async def test_agent_to_engine_over_mutual_tls(certs: Certs) -> None:
                 }
             }
         )
-        shipper = Shipper("gpu-2", url, AGENT, AgentMetrics(), tls=engine_client_tls(agent.engine))
+        e = agent.engine
+        shipper = Shipper(
+            "gpu-2",
+            url,
+            AGENT,
+            AgentMetrics(),
+            tls=engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
+        )
         shipper.offer(xid_event("gpu-2", 13, event_id="tls-1"))
         task = asyncio.create_task(shipper.run())
         try:

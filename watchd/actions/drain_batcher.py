@@ -8,9 +8,8 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from watchd.actions.gates import Gate
 from watchd.actions.outcome import ActionResult, Outcome
-from watchd.actions.safety import Verdict
+from watchd.actions.safety import Gate, Verdict
 from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.logs import get_logger
 from watchd.model.nodes import DrainResult, drain_reason, drained_by_watchd, plan_drain

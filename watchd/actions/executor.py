@@ -25,10 +25,10 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from watchd.actions.alerting import AlertKeeper
-from watchd.actions.attempt import Attempt, Mode
 from watchd.actions.audit import AuditSink
 from watchd.actions.drain_batcher import DrainBatcher
 from watchd.actions.gates import Safety
+from watchd.actions.handler import Attempt, Mode
 from watchd.actions.handlers import handler_for
 from watchd.actions.handlers.resume import HANDLER as RESUME
 from watchd.actions.held import HeldActions, Hold

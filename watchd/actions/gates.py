@@ -4,30 +4,21 @@ last moment, with the disruption counted in the durable window as soon as it is 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from watchd.actions.pools import Pools
-from watchd.actions.safety import BreakerLimits, Verdict, breaker_verdict, rate_verdict_counted
+from watchd.actions.safety import (
+    BreakerLimits,
+    SafetyGate,
+    Verdict,
+    breaker_verdict,
+    rate_verdict_counted,
+)
 from watchd.store import keys
 
 if TYPE_CHECKING:
-    from watchd.actions.attempt import Attempt, Mode
+    from watchd.actions.handler import Attempt, Mode
     from watchd.store.database import Store
-
-Gate = Callable[[], Verdict]
-
-
-class SafetyGate:
-    """A safety check to run at the last moment; remembers its verdict (the pool that held the action)."""
-
-    def __init__(self, check: Gate) -> None:
-        self._check = check
-        self.verdict: Verdict | None = None
-
-    def __call__(self) -> Verdict:
-        self.verdict = self._check()
-        return self.verdict
 
 
 def held_pool(gate: SafetyGate | None) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from watchd.actions.alerting import AlertKeeper
-from watchd.actions.attempt import Attempt, Mode
+from watchd.actions.handler import Attempt, Mode
 from watchd.actions.handlers import handler_for
 from watchd.actions.handlers.requeue import HANDLER as REQUEUE
 from watchd.actions.outcome import DRAINED_BY_US, ActionResult, Outcome

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from watchd.actions.attempt import Attempt, Mode
 from watchd.actions.audit import AuditRecord
+from watchd.actions.handler import Attempt, Mode
 from watchd.actions.handlers import handler_for
 from watchd.actions.handlers.drain import HANDLER as DRAIN
 from watchd.actions.handlers.requeue import HANDLER as REQUEUE

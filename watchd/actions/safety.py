@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -78,3 +78,18 @@ def rate_verdict_counted(rule: str, within: int, max_actions: int, per_s: float)
             f"rate limit of rule {rule}: {within} disruptive actions within {per_s:g} s (max {max_actions})",
         )
     return Verdict(True)
+
+
+Gate = Callable[[], Verdict]
+
+
+class SafetyGate:
+    """A safety check to run at the last moment; remembers its verdict (the pool that held the action)."""
+
+    def __init__(self, check: Gate) -> None:
+        self._check = check
+        self.verdict: Verdict | None = None
+
+    def __call__(self) -> Verdict:
+        self.verdict = self._check()
+        return self.verdict

@@ -13,10 +13,10 @@ from aiohttp import web
 
 from watchd.agent.heartbeat_server import HeartbeatServer
 from watchd.agent.metrics import AgentMetrics
+from watchd.agent.settings import AgentConfig
 from watchd.agent.shipper import Shipper
 from watchd.agent.xid_dedup import XidDeduplicator
 from watchd.clock import SystemClock
-from watchd.config import AgentConfig
 from watchd.gpu.jobs import JobResolver
 from watchd.gpu.metrics import GpuCollector
 from watchd.gpu.registry import backend_from_config
@@ -85,6 +85,7 @@ class Agent:
             self.sources = sources_from_config(config.sources, context)
         else:
             self.sources = [*sources, *sources_from_config(config.sources, context, names=["fake"])]
+        e = config.engine
         self.shipper = Shipper(
             config.node,
             config.engine.url,
@@ -95,7 +96,7 @@ class Agent:
             backoff_initial=config.shipper.backoff_initial_s,
             backoff_max=config.shipper.backoff_max_s,
             timeout=config.engine.timeout_s,
-            tls=engine_client_tls(config.engine),
+            tls=engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
         )
         # issue 19: training-stack lines (any source) and Flight Recorder dumps, bounded per job and kind
         training = config.sources.training

@@ -4,14 +4,18 @@ and watchd's vocabulary only: aiohttp is not imported to load a config."""
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from watchd.credentials import TokenSource
-from watchd.http_settings import HttpConfig, Port
+from watchd.http_settings import HttpConfig, Listen, Port
+from watchd.logs import LogConfig
 from watchd.model.durations import Seconds
+from watchd.sources.settings import SourcesConfig
 from watchd.strict import Strict
 
 
@@ -74,3 +78,16 @@ class HeartbeatConfig(Strict):
                 "docs/security.md); or use the Unix socket (http_port: 0)"
             )
         return self
+
+
+class AgentConfig(Strict):
+    # NODE_NAME: the Kubernetes node name from the downward API (the DaemonSet sets it)
+    node: str = Field(
+        default_factory=lambda: os.environ.get("NODE_NAME") or socket.gethostname().split(".")[0]
+    )
+    engine: EngineEndpoint = EngineEndpoint()
+    listen: Listen = Listen(port=9121)
+    sources: SourcesConfig = SourcesConfig()
+    heartbeat: HeartbeatConfig = HeartbeatConfig()
+    shipper: ShipperConfig = ShipperConfig()
+    log: LogConfig = LogConfig()

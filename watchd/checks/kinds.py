@@ -24,7 +24,7 @@ from watchd.checks.verdict import Verdict
 from watchd.model.events import Scalar
 
 if TYPE_CHECKING:  # params validates ``type:`` against this table
-    from watchd.checks.params import Baseline, CheckSpec
+    from watchd.checks.spec import BaselineView, SpecView
 
 __all__ = [
     "ALL_FIGURES",
@@ -38,9 +38,9 @@ __all__ = [
 ]
 
 #: (the check, the node, what the run gave, the configured baselines) -> the verdict
-Judge = Callable[["CheckSpec", str, RunOutput, Sequence["Baseline"]], Verdict]
+Judge = Callable[["SpecView", str, RunOutput, Sequence["BaselineView"]], Verdict]
 #: the program and its arguments from the check's parameters
-DefaultArgv = Callable[["CheckSpec"], list[str]]
+DefaultArgv = Callable[["SpecView"], list[str]]
 
 #: every kind's verdict carries what the run cost (:func:`watchd.checks.judge.judge` adds them)
 COMMON_FIGURES: tuple[str, ...] = ("exit_status", "duration_s")
@@ -60,7 +60,7 @@ class CheckKind:
         """The figures a ``check_result`` of this kind carries (the common ones first)."""
         return tuple(dict.fromkeys((*COMMON_FIGURES, *self.figures)))
 
-    def argv(self, spec: CheckSpec) -> list[str]:
+    def argv(self, spec: SpecView) -> list[str]:
         """The check's own ``command``, else this kind's default; ValueError when there is neither."""
         if spec.command:
             return list(spec.command)

@@ -11,7 +11,7 @@ from watchd.checks.verdict import Verdict
 from watchd.model import check as check_kind
 from watchd.model.events import Event, Scalar, stable_id
 
-__all__ = ["check_result"]
+__all__ = ["RunResult", "check_result", "run_result"]
 
 
 def check_result(
@@ -44,3 +44,21 @@ def check_result(
 
 def _scalar(value: Any) -> Scalar:
     return value if value is None or isinstance(value, str | int | float | bool) else str(value)
+
+
+class RunResult(dict[str, Any]):
+    """One run as the API answers it: node, check, outcome, passed, evidence, job, figures."""
+
+
+def run_result(event: Event) -> RunResult:
+    """A ``check_result`` event as the API answers it."""
+    a = event.attrs
+    return RunResult(
+        node=event.node,
+        check=a.get("check"),
+        outcome=a.get("outcome"),
+        passed=a.get("passed"),
+        evidence=a.get("evidence"),
+        job=a.get("job"),
+        busbw_gbps=a.get("busbw_gbps"),
+    )

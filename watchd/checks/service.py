@@ -31,7 +31,7 @@ from watchd.checks.judge import Verdict, judge, judge_peers
 from watchd.checks.kinds import CHECK_KINDS, undeclared_figures
 from watchd.checks.metrics import CheckMetrics
 from watchd.checks.params import ChecksConfig, CheckSpec
-from watchd.checks.result_event import check_result
+from watchd.checks.result_event import RunResult, check_result, run_result
 from watchd.checks.runner import (
     Availability,
     CheckJob,
@@ -50,14 +50,10 @@ from watchd.store.checks import CheckRun
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
 
-__all__ = ["CheckService", "RunResult"]
+__all__ = ["CheckService"]
 
 _log = get_logger("watchd.checks")
 Emit = Callable[[Event], Awaitable[None]]
-
-
-class RunResult(dict[str, Any]):
-    """One run as the API answers it: node, check, outcome, passed, evidence, job, figures."""
 
 
 class CheckService:
@@ -438,7 +434,7 @@ class CheckService:
                     spec, node, rid, (a.partitions or (None,))[0]
                 )
                 event = await self._settle(spec, node, rid, run_id, verdict, output, count_round=False)
-                out.append(_result(event))
+                out.append(run_result(event))
             return out
 
         results = await asyncio.gather(*(on(n) for n in dict.fromkeys(nodes)))
@@ -469,7 +465,7 @@ class CheckService:
                     event = await self._settle(
                         spec, node, round_id, run_id, verdict, output, validation=True, count_round=False
                     )
-                    results.append(_result(event))
+                    results.append(run_result(event))
                     if not verdict.passed:
                         evidence.append(verdict.evidence)
             except BaseException:
@@ -591,16 +587,3 @@ class CheckService:
                 for n in sorted(nodes, key=lambda n: (n.check, n.node))[:500]
             ],
         }
-
-
-def _result(event: Event) -> RunResult:
-    a = event.attrs
-    return RunResult(
-        node=event.node,
-        check=a.get("check"),
-        outcome=a.get("outcome"),
-        passed=a.get("passed"),
-        evidence=a.get("evidence"),
-        job=a.get("job"),
-        busbw_gbps=a.get("busbw_gbps"),
-    )

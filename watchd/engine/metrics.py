@@ -44,19 +44,6 @@ class EngineMetrics:
             ["reason"],
             registry=r,
         )
-        self.fleet_evicted = Counter(
-            "watchd_fleet_evicted",
-            "Fleet state the detectors keep, evicted to stay within its bounds (node: past "
-            "detectors.max_nodes or detectors.max_state_mib) or refused (gpu: an index past "
-            "detect.fleet.MAX_GPUS_PER_NODE).",
-            ["what"],
-            registry=r,
-        )
-        self.fleet_state_bytes = Gauge(
-            "watchd_fleet_state_bytes",
-            "Memory the detectors' fleet state takes, as estimated against detectors.max_state_mib.",
-            registry=r,
-        )
         self.rule_groups_evicted = Counter(
             "watchd_rule_groups_evicted",
             "Rule groups forgotten (least recently inserted first) to keep a rule's tables within their "
@@ -115,28 +102,9 @@ class EngineMetrics:
             "1 when the engine acts (enforce), 0 in dry-run.",
             registry=r,
         )
-        self.findings = Counter(
-            "watchd_findings",
-            "Findings of the correlation detectors, by kind and hardware attribution.",
-            ["kind", "hardware"],
-            registry=r,
-        )
-        self.detector_cycle = Histogram(
-            "watchd_detector_cycle_seconds",
-            "Time one cycle of the detectors takes over every running job.",
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
-            registry=r,
-        )
         self.leader = Gauge(
             "watchd_leader",
             "1 while this engine may act (it holds the leader lease, or runs without election); 0 following.",
-            registry=r,
-        )
-        self.jobs_tracked = Gauge("watchd_jobs_tracked", "Running jobs the detectors watch.", registry=r)
-        self.job_provider_up = Gauge(
-            "watchd_job_provider_up",
-            "1 when the job provider's last listing succeeded, by provider.",
-            ["provider"],
             registry=r,
         )
         self.store_errors = Counter(

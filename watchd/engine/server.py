@@ -4,7 +4,7 @@ actions, and the operator's calls (release or discard a held action, resume a no
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ from watchd.httputil import (
 from watchd.logs import get_logger
 from watchd.model.events import INGEST_PATH, Event, WireError, batch_from_wire
 from watchd.model.registry import ALL_KINDS
+from watchd.subsystem import Subsystem
 
 _log = get_logger("watchd.ingest")
 
@@ -102,16 +103,8 @@ class EngineApi(Protocol):
         """An operator's resume of ``node`` through the action executor (audited)."""
         ...
 
-    async def drains(self, refresh: bool = False) -> dict[str, Any]:
-        """Every node out of service in the fleet (issue 17)."""
-        ...
-
     def evaluated(self, event: Event) -> asyncio.Future[None]:
         """Done once ``event`` (queued) has been evaluated and its decisions handed to the executor."""
-        ...
-
-    def reliability_document(self, query: Mapping[str, str]) -> dict[str, Any]:
-        """The reliability accounting and checkpoint advice (issue 17)."""
         ...
 
 
@@ -151,6 +144,7 @@ def make_app(
     ack_timeout_s: float = 5.0,
     limits: HttpLimits | None = None,
     credentials: Credentials | None = None,
+    subsystems: Sequence[Subsystem] = (),
 ) -> web.Application:
     """``credentials``: who may do what (docs/security.md); by default ``token`` does everything."""
     body_timeout_s = (limits or HttpLimits()).body_timeout_s
@@ -263,17 +257,6 @@ def make_app(
             return error_response(400, str(exc))
         return json_response(document)
 
-    async def reliability_handler(request: web.Request) -> web.Response:  # issue 17
-        try:
-            return json_response(engine.reliability_document(request.query))
-        except ValueError as exc:
-            return error_response(400, str(exc))
-        except LookupError as exc:
-            return error_response(404, str(exc).strip("'\""))
-
-    async def drains_handler(request: web.Request) -> web.Response:  # issue 17
-        return json_response(await engine.drains(request.query.get("refresh") in ("1", "true")))
-
     async def held_handler(_: web.Request) -> web.Response:
         return json_response({"held": engine.held()})
 
@@ -307,12 +290,8 @@ def make_app(
     app.router.add_get("/api/v1/actions", actions)
     app.router.add_get("/api/v1/status", status_handler)
     app.router.add_get("/api/v1/held", held_handler)
-    app.router.add_get("/api/v1/reliability", reliability_handler)
-    app.router.add_get("/api/v1/drains", drains_handler)
     app.router.add_post(r"/api/v1/held/{id}/{verb:release|discard}", resolve_held)
     app.router.add_post("/api/v1/nodes/{node}/resume", resume_node)
-    if getattr(engine, "checks", None) is not None:  # issue 21: /api/v1/checks, /api/v1/nodes/{node}/validate
-        from watchd.engine import checks_api
-
-        checks_api.add_routes(app, engine, _operator)  # type: ignore[arg-type]
+    for subsystem in subsystems:  # the detectors', reliability's, the fleet view's, the checks' routes
+        subsystem.routes(app, _operator)
     return app

@@ -48,7 +48,6 @@ class EngineStatus:
     scheduler: str | None
     alerts: AlertmanagerNotifier | None
     breaker_window_s: float
-    reliability: Callable[[], dict[str, Any]] | None = None  # issue 17: the accounting's summary
 
     def document(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The status document. Bounded whatever the fleet's size: at most ``limit`` nodes (troubled ones
@@ -105,7 +104,6 @@ class EngineStatus:
                 "state_bytes": self.correlator.fleet.bytes,
                 "max_state_bytes": self.correlator.fleet.max_bytes,
             },
-            "reliability": self.reliability() if self.reliability is not None else None,
         }
 
     def breaker(self, now: float) -> list[dict[str, Any]]:

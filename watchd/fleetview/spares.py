@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from watchd.fleetview.drains import FleetNode
+from watchd.model.fleet import FleetNode
 
 __all__ = ["SparePlan", "pick_release", "plan", "plan_replenish", "plan_trim"]
 

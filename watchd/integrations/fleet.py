@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
-from watchd.fleetview.drains import FleetNode
+from watchd.model.fleet import FleetNode
 
 __all__ = ["FLEETS", "FleetBackend", "fleet_backends"]
 

@@ -17,11 +17,12 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Protocol, cast
 
-from watchd.config import EngineConfig
 from watchd.errors import ConfigError
 from watchd.integrations.base import Scheduler
+from watchd.integrations.kubernetes.settings import KubernetesConfig
 from watchd.integrations.leadership import Leadership
-from watchd.integrations.settings import SchedulerSettings
+from watchd.integrations.settings import SchedulerRoute, SchedulerSettings
+from watchd.store.settings import StateConfig
 
 #: scheduler name (its config section) -> "module:function" building it from that section
 SCHEDULERS: Mapping[str, str] = {
@@ -29,6 +30,19 @@ SCHEDULERS: Mapping[str, str] = {
     "kubernetes": "watchd.integrations.kubernetes.scheduler:scheduler_from_settings",
     "fake": "watchd.integrations.fake.scheduler:scheduler_from_settings",
 }
+
+
+class IntegrationsConfig(Protocol):
+    """What the registry reads of the engine's config (:class:`watchd.config.EngineConfig`, which composes
+    the sections above this module)."""
+
+    @property
+    def schedulers(self) -> list[SchedulerRoute]: ...
+    @property
+    def state(self) -> StateConfig: ...
+    @property
+    def kubernetes(self) -> KubernetesConfig: ...
+    def scheduler_settings(self) -> dict[str, SchedulerSettings]: ...
 
 
 class ElectedLeadership(Leadership, Protocol):
@@ -51,7 +65,7 @@ def builder(name: str) -> Callable[[SchedulerSettings], Scheduler]:
     return cast(Callable[[SchedulerSettings], Scheduler], getattr(importlib.import_module(module), function))
 
 
-def build_scheduler(config: EngineConfig) -> Scheduler | None:
+def build_scheduler(config: IntegrationsConfig) -> Scheduler | None:
     """The configured schedulers: none, one, or several routed by node name."""
     built: dict[str, Scheduler] = {
         name: builder(name)(settings)
@@ -68,7 +82,7 @@ def build_scheduler(config: EngineConfig) -> Scheduler | None:
     return RoutedScheduler(routes)
 
 
-def build_leadership(config: EngineConfig) -> ElectedLeadership | None:
+def build_leadership(config: IntegrationsConfig) -> ElectedLeadership | None:
     """The elector when engine replicas elect a leader: the database lease with a shared PostgreSQL store
     (``state.postgres.leader_election``, issue 22), the Kubernetes Lease (``kubernetes.leader_election``);
     None for a lone engine (it always leads)."""

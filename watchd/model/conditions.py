@@ -14,7 +14,7 @@ hang's culprit) and ``none`` (not evidence either way).
 
 To add a GPU condition: the :class:`~watchd.gpu.model.GpuSample` field, the backends that read it, and one
 row here (a ``flag`` row needs nothing else: the deriver reports it while the field is true), then paste
-``python -m watchd.model.conditions`` into docs/rules.md. A row whose ``response`` is not :data:`NO_RULE`
+``python -m watchd.xid.tables`` into docs/rules.md. A row whose ``response`` is not :data:`NO_RULE`
 promises a rule in the shipped pack (gpu-health.yaml) that acts on it; the tests hold both to it.
 """
 
@@ -41,8 +41,6 @@ __all__ = [
     "Evidence",
     "GpuCondition",
     "XidBucket",
-    "buckets_markdown",
-    "conditions_markdown",
 ]
 
 
@@ -324,29 +322,3 @@ ATTENTION_XID_BUCKETS = frozenset(b.name for b in XID_BUCKETS if b.response == "
 LEGACY_APPLICATION_XIDS: tuple[int, ...] = (13, 31, 32, 43, 68, 69, 94)
 #: The application Xids rule app-xid-repeated counts whatever their bucket (43 included).
 REPEATED_APPLICATION_XIDS: tuple[int, ...] = (13, 31, 43)
-
-
-def conditions_markdown() -> str:
-    """The condition table of docs/rules.md."""
-    rows = ["| condition | `value` | detectors | shipped rule |", "|---|---|---|---|"]
-    for c in GPU_CONDITIONS:
-        rows.append(f"| `{c.name}` | {c.value} | {c.evidence} | {c.response} |")
-    return "\n".join(rows)
-
-
-def buckets_markdown() -> str:
-    """The Xid bucket table of docs/rules.md, with the catalog's Xids of each bucket."""
-    from watchd.xid.catalog import known_xids, lookup  # the catalog reads this module: import it late
-
-    xids: dict[str, list[int]] = {}
-    for xid in sorted(known_xids()):
-        xids.setdefault(lookup(xid).bucket, []).append(xid)
-    rows = ["| bucket | Xids | detectors | shipped rule |", "|---|---|---|---|"]
-    for b in XID_BUCKETS:
-        listed = ", ".join(str(x) for x in xids.get(b.name, [])) or "any other"
-        rows.append(f"| `{b.name}` | {listed} | {b.evidence} | {b.response} |")
-    return "\n".join(rows)
-
-
-if __name__ == "__main__":  # the tables of docs/rules.md
-    print(conditions_markdown(), buckets_markdown(), sep="\n\n")

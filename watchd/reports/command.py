@@ -13,6 +13,7 @@ from watchd.model.durations import parse_duration
 from watchd.reports.core import build_report
 from watchd.reports.formats import REPORT_FORMATS
 from watchd.reports.model import DIMENSIONS, Observed, UsageReport
+from watchd.reports.settings import ReportsConfig
 from watchd.reports.source import AccountingSource, build_source
 
 
@@ -88,7 +89,7 @@ def render(report: UsageReport, fmt: str, max_accounts: int = 50) -> str:
     return renderer(fmt)(report, **{k: options[k] for k in REPORT_FORMATS[fmt].options})
 
 
-def run_usage(
+def run_usage(  # cfg, state: the engine config's reports section and state database, when it was given
     *,
     since: str,
     until: str | None,
@@ -97,17 +98,12 @@ def run_usage(
     source: str | None,
     fixture: Path | None,
     state: Path | None,
-    config: Path | None,
+    cfg: ReportsConfig | None,
     idle_util_pct: float | None,
     output: Path | None,
     out: TextIO,
     err: TextIO,
 ) -> int:
-    from watchd.config import EngineConfig, load_config
-
-    cfg = load_config(EngineConfig, config).reports if config is not None else None
-    if state is None and config is not None:
-        state = load_config(EngineConfig, config).state.path
     now = time.time()
     start, end = window(since, until, now)
     dims = parse_by(by)

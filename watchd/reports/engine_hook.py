@@ -1,11 +1,13 @@
-"""The usage report's part of the engine (issue 18): every event goes through :meth:`UsageHook.observe` (the
-ledger keeps energy and idle time per job GPU, and checkpoints); a periodic job writes it to the state
-database; another, when ``reports.metrics`` is on, builds the report by account and partition in a worker
-thread (``sacct``, ``sshare``, ``squeue`` and a read of the state) and serves it as ``watchd_usage_*``."""
+"""The usage report's part of the engine, one subsystem (:mod:`watchd.subsystem`): every event goes through
+:meth:`UsageHook.observe` (the ledger keeps energy and idle time per job GPU, and checkpoints); a periodic job
+writes it to the state database; another, when ``reports.metrics`` is on, builds the report by account and
+partition in a worker thread (``sacct``, ``sshare``, ``squeue`` and a read of the state) and serves it as
+``watchd_usage_*``."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
@@ -21,12 +23,15 @@ from watchd.reports.settings import ReportsConfig
 from watchd.reports.source import AccountingSource, build_source
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
+from watchd.subsystem import Component, Job
 
 _log = structlog.get_logger("watchd.reports")
 FLUSH_S = 30.0
 
 
-class UsageHook:
+class UsageHook(Component):
+    name = "usage"
+
     def __init__(
         self,
         config: ReportsConfig,
@@ -51,6 +56,15 @@ class UsageHook:
     def attach(self, store: Store, state_path: Path | None) -> None:
         self._store = store
         self._state_path = state_path
+
+    def jobs(self) -> Sequence[Job]:
+        jobs = [Job("usage-flush", FLUSH_S, self.flush), Job("usage-prune", 3600.0, self.prune)]
+        if self.config.metrics:
+            jobs.append(Job("usage-metrics", self.config.metrics_interval_s, self.refresh_metrics))
+        return jobs
+
+    async def stop(self) -> None:
+        await self.flush()
 
     async def flush(self) -> None:
         """Write what the ledger holds to the state database (a failed write keeps nothing: counted by the

@@ -4,8 +4,9 @@ fast path (compiled/, held to the specification by tests/rules/test_compiled_con
 ``watchd rules test``, commands the ``watchd rules`` command line."""
 
 from watchd.rules.decision import Decision, PlannedAction
+from watchd.rules.limits import Mode
 from watchd.rules.loader import Problem, check_rules, default_rules, load_rules, parse_rule_file
-from watchd.rules.model import DISRUPTIVE, ActionKind, Mode, RuleSpec, json_schema
+from watchd.rules.model import DISRUPTIVE, ActionKind, RuleSpec, json_schema
 from watchd.rules.rule import Rule, plan
 from watchd.rules.rule_engine import RuleEngine, decisions_for
 from watchd.rules.rule_set import RuleSet

@@ -10,7 +10,7 @@ from watchd.model.events import TOP_LEVEL_FIELDS, Event, Scalar
 from watchd.rules.template import Template
 
 if TYPE_CHECKING:
-    from watchd.rules.rule import Rule
+    from watchd.rules.rule_view import RuleView
 
 
 class Context(Mapping[str, Any]):
@@ -19,7 +19,7 @@ class Context(Mapping[str, Any]):
 
     __slots__ = ("_count", "_event", "_fields", "_group", "_rule")
 
-    def __init__(self, rule: Rule, event: Event, group: Mapping[str, Scalar], count: int) -> None:
+    def __init__(self, rule: RuleView, event: Event, group: Mapping[str, Scalar], count: int) -> None:
         self._rule, self._event, self._group, self._count = rule, event, group, count
         self._fields: dict[str, Any] | None = None
 

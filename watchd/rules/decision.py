@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from watchd.model.events import Event, Scalar
-from watchd.rules.model import ActionKind, Mode, RateLimit
+from watchd.rules.limits import Mode, RateLimit
 
 
 # Decisions and their actions are NamedTuples, immutable like a frozen dataclass but built ~4x faster: a rule
@@ -14,7 +14,7 @@ from watchd.rules.model import ActionKind, Mode, RateLimit
 class PlannedAction(NamedTuple):
     """One action a rule asks for, with its templates rendered for one event."""
 
-    kind: ActionKind
+    kind: str  # an action kind of the handler table (watchd.actions.handlers)
     node: str
     params: Mapping[str, Any]
 

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from watchd.actions.handlers import HANDLERS
 from watchd.rules.durations import Duration
+from watchd.rules.limits import Mode, RateLimit
 from watchd.strict import Strict as _Strict
 
 #: The action kinds, in the order of the handler table (watchd.actions.handlers): rules derive from it.
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
     ActionKind = str
 else:
     ActionKind = Literal[ACTION_NAMES]  # validated (and listed in the schema) as the table's names
-Mode = Literal["dry-run", "enforce"]
 
 
 class _OneAction(_Strict):
@@ -63,13 +63,6 @@ class UnlessSpec(_Strict):
 
     match: dict[str, Any]
     within: Duration
-
-
-class RateLimit(_Strict):
-    """At most ``max`` disruptive actions by this rule within ``per``; beyond it they are held."""
-
-    max: Annotated[int, Field(ge=1)]
-    per: Duration
 
 
 class RuleSpec(_Strict):

@@ -28,7 +28,7 @@ from watchd.rules.decision import Decision, PlannedAction
 from watchd.rules.rule_state import MAX_GROUP_BYTES, MAX_GROUPS, GroupBound, GroupKey, RuleState
 
 if TYPE_CHECKING:
-    from watchd.rules.rule import Rule
+    from watchd.rules.rule_view import RuleView
 
 # ------------------------------------------------------------------------------------------------ Match
 
@@ -158,7 +158,7 @@ class Interpreter:
     (``groups_evicted`` counts them)."""
 
     def __init__(
-        self, rules: tuple[Rule, ...], max_groups: int = MAX_GROUPS, max_bytes: int = MAX_GROUP_BYTES
+        self, rules: tuple[RuleView, ...], max_groups: int = MAX_GROUPS, max_bytes: int = MAX_GROUP_BYTES
     ) -> None:
         self.rules = tuple(sorted(rules, key=lambda r: r.order))  # decisions come in rule-file order
         self.state = {r.name: RuleState() for r in self.rules}
@@ -193,7 +193,7 @@ class Interpreter:
                 state.fired_hold.discard(key)
         return decisions
 
-    def _steps(self, rule: Rule, event: Event) -> Decision | None:
+    def _steps(self, rule: RuleView, event: Event) -> Decision | None:
         """A stateful rule's steps for a matching event, in its group: quiet after an ``unless`` sighting;
         then ``for`` (held long enough, once per hold) or ``count``/``distinct`` within ``window``; then
         ``cooldown``. None: the rule does not fire."""
@@ -237,7 +237,7 @@ class Interpreter:
         return True
 
     def _counted(
-        self, rule: Rule, state: RuleState, key: GroupKey, event: Event
+        self, rule: RuleView, state: RuleState, key: GroupKey, event: Event
     ) -> deque[tuple[float, tuple[Any, ...]]] | None:
         """``count`` within ``window`` (an event exactly ``window`` old still counts) with ``distinct``
         non-null values: the group's window once it holds enough, else None."""
@@ -267,28 +267,28 @@ class Interpreter:
             self._bound.added(table, key)
 
 
-def stateful(rule: Rule) -> bool:
+def stateful(rule: RuleView) -> bool:
     """Whether the rule keeps state per group (any of count/distinct, for, unless, cooldown)."""
     s = rule.spec
     return counted(rule) or s.for_ is not None or s.unless is not None or s.cooldown > 0
 
 
-def counted(rule: Rule) -> bool:
+def counted(rule: RuleView) -> bool:
     """Whether the rule counts events within a window (``count`` > 1, or ``distinct``)."""
     return rule.spec.count > 1 or bool(rule.spec.distinct)
 
 
-def group_key(rule: Rule, event: Event) -> GroupKey:
+def group_key(rule: RuleView, event: Event) -> GroupKey:
     """The event's group for the rule: the values of its ``group_by`` fields."""
     return tuple(field(event, name) for name in rule.spec.group_by)
 
 
-def _of_its_kinds(rule: Rule, event: Event) -> bool:
+def _of_its_kinds(rule: RuleView, event: Event) -> bool:
     kinds = match_kinds(rule.spec.match)
     return kinds is None or event.kind in kinds
 
 
-def decide(rule: Rule, event: Event, group: Mapping[str, Any] | None = None, count: int = 1) -> Decision:
+def decide(rule: RuleView, event: Event, group: Mapping[str, Any] | None = None, count: int = 1) -> Decision:
     """The rule's decision: its actions, their parameters rendered for the event (a rule without state
     groups by ``node`` alone), with the rule's constants."""
     spec = rule.spec

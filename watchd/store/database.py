@@ -23,7 +23,7 @@ update or select) that commits without an fsync, tens of microseconds, less than
 Handing each to a thread would cost more than the call and would reorder writes. The one wait is the lock:
 a second process writing the same file (the CLI releasing a held action) holds it for a millisecond or so;
 ``busy_timeout`` bounds the wait and a call that still cannot get the lock raises :class:`StoreError`. The
-engine opens it with 0.1 s (``watchd.engine.runner.BUSY_TIMEOUT_S``): a lock held longer by someone else
+engine opens it with 0.1 s (``watchd.store.opening.BUSY_TIMEOUT_S``): a lock held longer by someone else
 fails the write (the batch is answered 503 and sent again) rather than stalling the event loop.
 
 Times are float seconds since the epoch, always passed in by the caller: nothing here reads a clock.

@@ -14,8 +14,8 @@ from watchd.integrations.base import RequeueResult, Scheduler
 from watchd.store import keys
 
 if TYPE_CHECKING:
-    from watchd.actions.attempt import Attempt
     from watchd.actions.drain_batcher import DrainBatcher
+    from watchd.actions.handler import Attempt
     from watchd.actions.runtime import Runtime
     from watchd.rules.decision import PlannedAction
 

@@ -13,7 +13,7 @@ from watchd.integrations.base import SchedulerError
 from watchd.store import keys
 
 if TYPE_CHECKING:
-    from watchd.actions.attempt import Attempt
+    from watchd.actions.handler import Attempt
     from watchd.actions.runtime import Runtime
     from watchd.rules.decision import PlannedAction
 

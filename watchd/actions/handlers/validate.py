@@ -23,7 +23,7 @@ from watchd.model.validation import Validation
 from watchd.store import keys
 
 if TYPE_CHECKING:
-    from watchd.actions.attempt import Attempt
+    from watchd.actions.handler import Attempt
     from watchd.actions.runtime import Runtime
     from watchd.rules.decision import PlannedAction
 

@@ -10,7 +10,7 @@ from watchd.actions.handler import ActionParams, Handler
 from watchd.actions.outcome import ActionResult, Outcome
 
 if TYPE_CHECKING:
-    from watchd.actions.attempt import Attempt
+    from watchd.actions.handler import Attempt
     from watchd.actions.runtime import Runtime
 
 

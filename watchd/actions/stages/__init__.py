@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from watchd.actions.attempt import Attempt
+from watchd.actions.handler import Attempt
 from watchd.actions.outcome import ActionResult
 
 Next = Callable[[Attempt], Awaitable[ActionResult]]

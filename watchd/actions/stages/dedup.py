@@ -3,7 +3,7 @@ and finished after, so a restart neither repeats nor forgets it."""
 
 from __future__ import annotations
 
-from watchd.actions.attempt import Attempt
+from watchd.actions.handler import Attempt
 from watchd.actions.outcome import NOT_DONE, TOOK_OUT, ActionResult, Outcome
 from watchd.actions.stages import Next
 from watchd.clock import Clock

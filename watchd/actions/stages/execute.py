@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from watchd.actions.attempt import Attempt
+from watchd.actions.handler import Attempt
 from watchd.actions.outcome import ActionResult
 from watchd.actions.runtime import Runtime
 from watchd.actions.stages import Next

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from watchd.actions.attempt import Attempt
+from watchd.actions.handler import Attempt
 from watchd.actions.outcome import DRAINED_BY_US, ActionResult, Outcome
 from watchd.actions.stages import Next
 

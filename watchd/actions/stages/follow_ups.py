@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from watchd.actions.attempt import Attempt
+from watchd.actions.handler import Attempt
 from watchd.actions.handlers import handler_for
 from watchd.actions.outcome import ActionResult
 from watchd.actions.runtime import Runtime

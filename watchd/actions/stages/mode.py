@@ -3,8 +3,8 @@ included (counted in a window of its own). Actions that touch no node (alerts, w
 
 from __future__ import annotations
 
-from watchd.actions.attempt import Attempt
 from watchd.actions.gates import Safety
+from watchd.actions.handler import Attempt
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.actions.safety import Verdict
 from watchd.actions.stages import Next

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from watchd.actions.attempt import Attempt
 from watchd.actions.audit import AuditRecord
+from watchd.actions.handler import Attempt
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.actions.stages import Next
 from watchd.actions.trail import AuditTrail, scalars

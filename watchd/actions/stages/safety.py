@@ -3,8 +3,8 @@ the action is held for an operator, an alert fires, and everything else goes on.
 
 from __future__ import annotations
 
-from watchd.actions.attempt import Attempt
 from watchd.actions.gates import Safety, held_pool
+from watchd.actions.handler import Attempt
 from watchd.actions.held import Hold
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.actions.stages import Next

@@ -11,12 +11,14 @@ from watchd.checks.runner import RunOutput
 from watchd.checks.verdict import Verdict, last_line, one_line
 
 if TYPE_CHECKING:  # params imports the kinds table, which imports this module
-    from watchd.checks.params import Baseline, CheckSpec
+    from watchd.checks.spec import BaselineView, SpecView
 
 __all__ = ["judge_exit_status"]
 
 
-def judge_exit_status(spec: CheckSpec, node: str, run: RunOutput, baselines: Sequence[Baseline]) -> Verdict:
+def judge_exit_status(
+    spec: SpecView, node: str, run: RunOutput, baselines: Sequence[BaselineView]
+) -> Verdict:
     if run.exit_code == 0:
         return Verdict("passed", f"{spec.name}: exit status 0")
     last = last_line(run.output)

@@ -12,16 +12,16 @@ from watchd.checks.verdict import Verdict, last_line, one_line
 from watchd.model.events import Scalar
 
 if TYPE_CHECKING:  # params imports the kinds table, which imports this module
-    from watchd.checks.params import Baseline, CheckSpec
+    from watchd.checks.spec import BaselineView, SpecView
 
 __all__ = ["dcgm_argv", "judge_dcgm"]
 
 
-def dcgm_argv(spec: CheckSpec) -> list[str]:
+def dcgm_argv(spec: SpecView) -> list[str]:
     return ["dcgmi", "diag", "-r", str(spec.level), *(["-j"] if spec.json_output else [])]
 
 
-def judge_dcgm(spec: CheckSpec, node: str, run: RunOutput, baselines: Sequence[Baseline]) -> Verdict:
+def judge_dcgm(spec: SpecView, node: str, run: RunOutput, baselines: Sequence[BaselineView]) -> Verdict:
     report = parse_dcgm(run.output)
     failed = [t for t in report.tests if t.status == "fail"]
     warned = [t for t in report.tests if t.status == "warn"]

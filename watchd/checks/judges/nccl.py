@@ -14,7 +14,7 @@ from watchd.checks.verdict import Verdict, gbps, last_line, one_line
 from watchd.model.events import Scalar
 
 if TYPE_CHECKING:  # params imports the kinds table, which imports this module
-    from watchd.checks.params import Baseline, CheckSpec
+    from watchd.checks.spec import BaselineView, SpecView
 
 __all__ = ["NCCL_ARGV", "baseline_for", "judge_nccl", "nccl_argv"]
 
@@ -22,12 +22,12 @@ __all__ = ["NCCL_ARGV", "baseline_for", "judge_nccl", "nccl_argv"]
 NCCL_ARGV = ("all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "8")
 
 
-def nccl_argv(spec: CheckSpec) -> list[str]:
+def nccl_argv(spec: SpecView) -> list[str]:
     return list(NCCL_ARGV)
 
 
 def baseline_for(
-    spec: CheckSpec, node: str, gpu_model: str | None, baselines: Sequence[Baseline]
+    spec: SpecView, node: str, gpu_model: str | None, baselines: Sequence[BaselineView]
 ) -> tuple[float, str] | None:
     if spec.baseline_gbps is not None:
         return spec.baseline_gbps, f"check {spec.name}"
@@ -39,7 +39,7 @@ def baseline_for(
     return None
 
 
-def judge_nccl(spec: CheckSpec, node: str, run: RunOutput, baselines: Sequence[Baseline]) -> Verdict:
+def judge_nccl(spec: SpecView, node: str, run: RunOutput, baselines: Sequence[BaselineView]) -> Verdict:
     report = parse_nccl(run.output)
     busbw = report.busbw
     figures: dict[str, Scalar] = {

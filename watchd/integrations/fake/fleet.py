@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from watchd.fleetview.drains import FleetNode
 from watchd.integrations.base import SchedulerError
 from watchd.integrations.fake.scheduler import FakeScheduler
+from watchd.model.fleet import FleetNode
 
 _FLEETS: dict[int, FakeFleet] = {}
 

@@ -18,7 +18,6 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
-from watchd.fleetview.drains import KUBERNETES_OWN_TAINTS, FleetNode
 from watchd.integrations.base import SchedulerError
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, label_selector
 from watchd.integrations.kubernetes.scheduler import (
@@ -27,6 +26,7 @@ from watchd.integrations.kubernetes.scheduler import (
     KubernetesScheduler,
     node_ready,
 )
+from watchd.model.fleet import KUBERNETES_OWN_TAINTS, FleetNode
 
 SPARE_TAINT = "watchd.io/spare"
 

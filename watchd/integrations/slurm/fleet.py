@@ -22,7 +22,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from watchd.fleetview.drains import FleetNode
 from watchd.integrations.base import SchedulerError
 from watchd.integrations.slurm.scheduler import (
     SlurmScheduler,
@@ -30,6 +29,7 @@ from watchd.integrations.slurm.scheduler import (
     expand_hostlist,
     parse_state,
 )
+from watchd.model.fleet import FleetNode
 
 RESERVATION_PREFIX = "watchd_spares_"
 SINFO_FORMAT = "%N|%R|%T|%u|%H|%E"

@@ -16,7 +16,7 @@ from watchd.rules.model import ActionKind, RuleSpec
 from watchd.rules.template import Template
 
 if TYPE_CHECKING:
-    from watchd.rules.rule import Rule
+    from watchd.rules.rule_view import RuleView
 
 #: ``(event, group, count) -> PlannedAction``: one action of one rule, its templates compiled.
 Planner = Callable[[Event, Mapping[str, Scalar], int], PlannedAction]
@@ -25,7 +25,7 @@ Decider = Callable[[Event, Mapping[str, Scalar], int], Decision]
 
 
 def planner(
-    rule: Rule, kind: ActionKind, templates: Mapping[str, Any], group_keys: frozenset[str]
+    rule: RuleView, kind: ActionKind, templates: Mapping[str, Any], group_keys: frozenset[str]
 ) -> Planner:
     """One action of the rule as one generated function ``(e, g, c) -> PlannedAction``: its parameters a
     dict display (a fresh dict, nested mappings too, as ``render_params`` makes) of rendered templates,
@@ -46,7 +46,7 @@ def planner(
     return ns.define(source, "planned", f"<planner {rule.name}>")  # type: ignore[no-any-return]
 
 
-def actions_source(rule: Rule, ns: Namespace) -> str:
+def actions_source(rule: RuleView, ns: Namespace) -> str:
     """The rule's actions for one event as one expression over ``e``, ``g`` and ``c`` for a caller's
     generated code (``new`` and ``PlannedAction`` bound in ``ns``), every simple template an f-string in
     it: it raises KeyError where an attribute a template names is absent, and the caller then asks

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from watchd.clock import Clock
+from watchd.httputil import error_response, json_response
 from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.model.action import KIND as FEEDBACK_KIND
@@ -38,6 +40,7 @@ from watchd.rules.decision import Decision
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
 from watchd.store.reliability import PAGE, FailureRow, IntervalRow, NodeRow
+from watchd.subsystem import Component, Job, Operator
 
 _log = get_logger("watchd.reliability")
 _PENDING_MAX = 10_000  # drains decided on hardware evidence, awaiting their outcome
@@ -57,7 +60,14 @@ async def _collect(pages: Iterator[list[_T]]) -> list[_T]:
     return out
 
 
-class Reliability:
+class Reliability(Component):
+    """Reliability accounting and checkpoint advice, as one subsystem of the engine (:mod:`watchd.subsystem`):
+    every event is exposure or a heartbeat, decisions and their outcomes are failures, the intervals are
+    flushed to the state database every ``flush_s``, and every ``interval_s`` the report is built and a job
+    checkpointing far off the advice becomes a finding (``emit``)."""
+
+    name = "reliability"
+
     def __init__(
         self,
         config: ReliabilityConfig,
@@ -65,14 +75,16 @@ class Reliability:
         clock: Clock,
         topology: JobTopology,
         partitions_of: Callable[[str], list[str]],
+        emit: Callable[[Event], Awaitable[None]] | None = None,
     ) -> None:
+        self.emit = emit
         self.config = config
         self.store = store
         self.clock = clock
         self.topology = topology
         self.partitions_of = partitions_of
         self.service = ServiceTracker(config.gap_s, config.max_nodes)
-        self.jobs = JobTracker()
+        self.job_tracker = JobTracker()
         self._pending: dict[tuple[str, str], tuple[Event, str]] = {}
         self._partitions: dict[str, tuple[str, ...]] = {}
         self._advice: dict[str, Advice] = {}
@@ -83,6 +95,41 @@ class Reliability:
         for row in store.reliability.nodes():
             self.service.restore(row.node, out_since=row.out_since, model=row.gpu_model, gpus=row.gpus)
             self._partitions[row.node] = row.partitions
+
+    # ------------------------------------------------------------------------------------ the subsystem
+
+    def jobs(self) -> Sequence[Job]:
+        return (
+            Job("reliability-flush", self.config.flush_s, self.flush),
+            Job("reliability", self.config.interval_s, self._advise_cycle),
+        )
+
+    async def stop(self) -> None:
+        self.flush_now()
+
+    def collectors(self) -> Sequence[Collector]:
+        return (self.metrics_collector,)
+
+    def status(self) -> dict[str, Any]:
+        return self.summary()
+
+    def routes(self, app: web.Application, operator: Operator) -> None:
+        async def document(request: web.Request) -> web.Response:
+            try:
+                return json_response(self.document(request.query))
+            except ValueError as exc:
+                return error_response(400, str(exc))
+            except LookupError as exc:
+                return error_response(404, str(exc).strip("'\""))
+
+        app.router.add_get("/api/v1/reliability", document)
+
+    async def _advise_cycle(self) -> None:
+        """The report and checkpoint advice; a job far off the advice becomes a finding."""
+        for event in await self.cycle():
+            _log.info("checkpoint_interval", job=event.attrs.get("job"), summary=event.attrs.get("summary"))
+            if self.emit is not None:
+                await self.emit(event)  # waits, never drops
 
     # ------------------------------------------------------------------------------------- the stream
 
@@ -106,7 +153,7 @@ class Reliability:
             job, rank, phase = attrs.get("job"), attrs.get("rank"), attrs.get("phase") or "train"
             if isinstance(job, str) and isinstance(rank, int) and isinstance(phase, str):
                 label = self.topology.canonical(job)
-                self.jobs.heartbeat(label, rank, phase, event.time, event.node)
+                self.job_tracker.heartbeat(label, rank, phase, event.time, event.node)
                 if self.service.seen(event.node, event.time, job=label):
                     self._close_failures(event.node, event.time)
             else:
@@ -231,7 +278,7 @@ class Reliability:
             state = self.service.nodes.get(node)
             if state is not None:
                 state.dirty = True
-        self.jobs.prune(now, max(3600.0, 10 * self.config.gap_s))
+        self.job_tracker.prune(now, max(3600.0, 10 * self.config.gap_s))
 
     async def cycle(self) -> list[Event]:
         """:meth:`cycle_now` without holding the event loop: saved and read in pages, built in a thread."""
@@ -258,7 +305,7 @@ class Reliability:
         running = self.topology.jobs(now)
         advice: dict[str, Advice] = {}
         findings: list[Event] = []
-        for label, state in self.jobs.jobs.items():
+        for label, state in self.job_tracker.jobs.items():
             if state.done:
                 continue
             view = running.get(label)
@@ -275,14 +322,14 @@ class Reliability:
                 self._last_finding[label] = now
                 findings.append(self._finding(a, sorted(state.nodes)[0], now))
         self._advice = advice
-        for label in [j for j in self._last_finding if j not in self.jobs.jobs]:
+        for label in [j for j in self._last_finding if j not in self.job_tracker.jobs]:
             del self._last_finding[label]
         return findings
 
     def _advise(
         self, label: str, nodes: int, partition: str | None, report: Report, now: float
     ) -> Advice | None:
-        state = self.jobs.jobs.get(label)
+        state = self.job_tracker.jobs.get(label)
         if state is None:
             return None
         assumed = self.config.assumed_node_mtbf_hours
@@ -379,7 +426,7 @@ class Reliability:
         doc["advice_model"] = ADVICE_DOC
         if job is not None:
             label = self.topology.canonical(job)
-            state = self.jobs.jobs.get(label)
+            state = self.job_tracker.jobs.get(label)
             if state is None:
                 raise LookupError(f"job {job}: no heartbeats from it (is it running with watchd.client?)")
             view = self.topology.jobs(now).get(label)

@@ -1,4 +1,4 @@
-"""The engine's view of the whole fleet (issue 17): ``watchd drains`` and the hot spares.
+"""The engine's view of the whole fleet: ``watchd drains`` and the hot spares.
 
 Every ``drains.poll_s`` (a periodic job) it lists every node of every scheduler
 (:mod:`watchd.integrations.fleet`), classifies the ones out of service (:mod:`watchd.fleetview.drains`),
@@ -20,8 +20,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from watchd.actions.executor import ActionExecutor
 from watchd.actions.handlers.spare import HANDLER as SPARE
 from watchd.actions.handlers.spare_release import HANDLER as SPARE_RELEASE
 from watchd.actions.leader_gate import LeaderGate
@@ -30,14 +32,16 @@ from watchd.clock import Clock
 from watchd.fleetview.drains import FleetNode, Unavailable, availability, unavailable_nodes
 from watchd.fleetview.settings import DrainsConfig, SparesConfig
 from watchd.fleetview.spares import SparePlan, pick_release, plan
+from watchd.httputil import json_response
 from watchd.integrations.base import SchedulerError
-from watchd.integrations.fleet import FleetBackend
+from watchd.integrations.fleet import FleetBackend, fleet_backends
 from watchd.logs import get_logger
 from watchd.model.events import Event, stable_id
 from watchd.model.nodes import WATCHD_REASON_PREFIX
 from watchd.model.unavailable import SOURCE, NodeUnavailable
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
+from watchd.subsystem import Component, Job, Operator
 
 _log = get_logger("watchd.fleet")
 
@@ -103,9 +107,12 @@ class FleetMetrics:
         )
 
 
-class FleetWatch:
-    """Polls the fleet, serves ``/api/v1/drains``, keeps the spares. ``emit`` puts an event on the
-    engine's queue; ``act`` runs a spare change through the executor (None: the spares are never changed)."""
+class FleetWatch(Component):
+    """Polls the fleet, serves ``/api/v1/drains``, keeps the spares: one subsystem of the engine
+    (:mod:`watchd.subsystem`). ``emit`` puts an event on the engine's queue; ``act`` runs a spare change
+    through the executor (None: the spares are never changed)."""
+
+    name = "drains"
 
     def __init__(
         self,
@@ -136,6 +143,69 @@ class FleetWatch:
         self.errors: dict[str, str] = {}
         self._reported: dict[str, tuple[tuple[object, ...], float | None]] = {}  # node -> (key, overdue sent)
         self._lock = asyncio.Lock()
+
+    @classmethod
+    def of_engine(
+        cls,
+        scheduler: object,
+        executor: ActionExecutor,
+        *,
+        drains: DrainsConfig,
+        spares: SparesConfig,
+        clock: Clock,
+        registry: CollectorRegistry,
+        emit: Callable[[Event], None],
+        leading: Callable[[], bool],
+    ) -> FleetWatch:
+        """The engine's: the fleet backends of its scheduler, each change to the spares asked through its
+        leadership gate and made as an action by its executor (audited under rule ``spares``)."""
+        backends: list[FleetBackend] = []
+        for backend in fleet_backends(scheduler):
+            if hasattr(backend, "reservation_users"):  # Slurm: the Users= of the spares' reservation
+                backend.reservation_users = spares.slurm_users
+            backends.append(GatedFleet(backend, executor.leader_gate))
+
+        async def act(kind: str, node: str, params: Mapping[str, Any]) -> ActionResult:
+            return await executor.act(kind, node, params, rule="spares")
+
+        return cls(
+            backends,
+            drains=drains,
+            spares=spares,
+            clock=clock,
+            registry=registry,
+            store=executor.store,
+            emit=emit,
+            act=act,
+            leading=leading,
+        )
+
+    # ------------------------------------------------------------------------------------ the subsystem
+    @property
+    def polling(self) -> bool:
+        return self.drains_config.enabled and bool(self.backends)
+
+    def jobs(self) -> Sequence[Job]:
+        return (Job("drains", self.drains_config.poll_s, self.poll),) if self.polling else ()
+
+    async def start(self) -> None:
+        if not self.polling:
+            return
+        try:
+            await self.poll()
+        except Exception:  # the periodic job tries again; the engine starts either way
+            _log.exception("fleet_poll_failed")
+
+    def status(self) -> dict[str, Any]:
+        return self.summary()
+
+    def routes(self, app: web.Application, operator: Operator) -> None:
+        async def drains(request: web.Request) -> web.Response:
+            if request.query.get("refresh") in ("1", "true"):  # list now
+                await self.poll()
+            return json_response(self.document())
+
+        app.router.add_get("/api/v1/drains", drains)
 
     # ------------------------------------------------------------------------------------ polling
     async def poll(self) -> None:

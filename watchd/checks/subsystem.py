@@ -1,0 +1,122 @@
+"""The checks in the engine, as one subsystem (:mod:`watchd.subsystem`): the service (rounds on the engine's
+APScheduler, runs followed across restarts), its HTTP routes (``/api/v1/checks``, ``/api/v1/checks/run``,
+``/api/v1/checks/history/{node}``, ``/api/v1/nodes/{node}/validate``: the ``validate`` action, through the
+executor), and ``checks.auto_validate``: an event of such a kind (a repair system's ``node_repaired``)
+validates its node, in the background."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from watchd.checks.service import CheckService
+from watchd.httputil import error_response, json_response
+from watchd.logs import get_logger
+from watchd.model.events import Event
+from watchd.subsystem import Component, Operator
+
+__all__ = ["Checks", "Validate"]
+
+_log = get_logger("watchd.engine.checks")
+_MAX_NODES = 1000
+_BAD_RUN = f"nodes: 1 to {_MAX_NODES} node names; checks: a list of check names"
+
+#: (node, who asked as the audit says it, "enforce" for an operator or None for the engine's mode) -> the
+#: ``validate`` action's outcome, detail and result data
+Validate = Callable[[str, str, str | None], Awaitable[dict[str, Any]]]
+
+_VALIDATE_STATUS = {
+    "refused": 409,
+    "deduplicated": 409,  # a validation of the node is in progress
+    "failed": 502,
+    "interrupted": 502,
+    "no_scheduler": 503,
+    "no_checks": 503,
+}
+
+
+class Checks(Component):
+    name = "checks"
+
+    def __init__(self, service: CheckService, validate: Validate, auto_validate: frozenset[str]) -> None:
+        self.service = service
+        self.validate = validate
+        self.auto_validate = auto_validate
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def observe(self, event: Event) -> None:
+        if event.kind in self.auto_validate:
+            task = asyncio.ensure_future(self._auto(event))
+            self._background.add(task)  # referenced until done (the loop keeps only weak references)
+            task.add_done_callback(self._background.discard)
+
+    async def _auto(self, event: Event) -> None:
+        result = await self.validate(event.node, f"auto: {event.kind} {event.id}", None)
+        _log.info("auto_validation", node=event.node, kind=event.kind, outcome=result["outcome"])
+
+    async def start(self) -> None:
+        await self.service.start()
+
+    async def stop(self) -> None:
+        for task in list(self._background):
+            task.cancel()  # the action's intent stays open: the next start finishes it or puts the drain back
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.service.stop()
+
+    def status(self) -> Mapping[str, Any]:
+        return self.service.status()
+
+    def routes(self, app: web.Application, operator: Operator) -> None:
+        """Who may call them is the server's auth middleware's to say (reads: a viewer, POSTs: an operator);
+        ``operator`` names the caller as the audit records it."""
+        s = self.service
+
+        async def listing(_: web.Request) -> web.Response:
+            return json_response({"checks": s.listing()})
+
+        async def history(request: web.Request) -> web.Response:
+            try:
+                limit = min(1000, max(1, int(request.query.get("limit", "20"))))
+            except ValueError:
+                return error_response(400, "limit: expected an integer")
+            node = request.match_info["node"]
+            return json_response({"node": node, "runs": s.history(node, limit)})
+
+        async def run(request: web.Request) -> web.Response:
+            try:
+                body = await request.json()
+            except ValueError:
+                return error_response(400, 'expected a JSON body {"nodes": [...], "checks": [...]}')
+            nodes = body.get("nodes") if isinstance(body, dict) else None
+            names = body.get("checks", []) if isinstance(body, dict) else None
+            if (
+                not isinstance(nodes, list)
+                or not nodes
+                or len(nodes) > _MAX_NODES
+                or not all(isinstance(n, str) and n.isprintable() and n for n in nodes)
+                or not isinstance(names, list)
+                or not all(isinstance(n, str) for n in names)
+            ):
+                return error_response(
+                    400, f"nodes: 1 to {_MAX_NODES} node names; checks: a list of check names"
+                )
+            try:
+                results = await s.run_now(nodes, names)
+            except KeyError as exc:
+                return error_response(400, str(exc.args[0]))
+            return json_response({"results": results})
+
+        async def validate_node(request: web.Request) -> web.Response:
+            node = request.match_info["node"]
+            if not node.isprintable():
+                return error_response(400, "node: expected a printable name")
+            result = await asyncio.shield(self.validate(node, f"by {operator(request)}", "enforce"))
+            return json_response(result, status=_VALIDATE_STATUS.get(result["outcome"], 200))
+
+        app.router.add_get("/api/v1/checks", listing)
+        app.router.add_post("/api/v1/checks/run", run)
+        app.router.add_get("/api/v1/checks/history/{node}", history)
+        app.router.add_post("/api/v1/nodes/{node}/validate", validate_node)

@@ -1,0 +1,34 @@
+"""The tables of docs/rules.md, made from the tables they describe: the GPU conditions and the Xid buckets
+(:mod:`watchd.model.conditions`) with the catalog's Xids of each bucket (:mod:`watchd.xid.catalog`).
+``python -m watchd.xid.tables`` prints them; a test holds the docs to them."""
+
+from __future__ import annotations
+
+from watchd.model.conditions import GPU_CONDITIONS, XID_BUCKETS
+from watchd.xid.catalog import known_xids, lookup
+
+__all__ = ["buckets_markdown", "conditions_markdown"]
+
+
+def conditions_markdown() -> str:
+    """The condition table of docs/rules.md."""
+    rows = ["| condition | `value` | detectors | shipped rule |", "|---|---|---|---|"]
+    for c in GPU_CONDITIONS:
+        rows.append(f"| `{c.name}` | {c.value} | {c.evidence} | {c.response} |")
+    return "\n".join(rows)
+
+
+def buckets_markdown() -> str:
+    """The Xid bucket table of docs/rules.md, with the catalog's Xids of each bucket."""
+    xids: dict[str, list[int]] = {}
+    for xid in sorted(known_xids()):
+        xids.setdefault(lookup(xid).bucket, []).append(xid)
+    rows = ["| bucket | Xids | detectors | shipped rule |", "|---|---|---|---|"]
+    for b in XID_BUCKETS:
+        listed = ", ".join(str(x) for x in xids.get(b.name, [])) or "any other"
+        rows.append(f"| `{b.name}` | {listed} | {b.evidence} | {b.response} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # the tables of docs/rules.md: python -m watchd.xid.tables
+    print(conditions_markdown(), buckets_markdown(), sep="\n\n")
