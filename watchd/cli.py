@@ -269,11 +269,11 @@ def _run_engine(path: Path | None, check: bool) -> int:
     from watchd.rules import load_rules
 
     config = load_config(EngineConfig, path)
-    if check:  # validate everything that can be validated without starting anything
+    if check:  # validate everything that can be validated without changing anything
         rules = load_rules(config.rules)
         config.auth.resolve()
         print(f"ok: mode {config.mode}, {len(rules.rules)} rules ({', '.join(rules.names)})")
-        return 0
+        return asyncio.run(_check_scheduler(config))
     configure_logging(config.log.level, config.log.format)
     engine = Engine(config)
 
@@ -283,6 +283,26 @@ def _run_engine(path: Path | None, check: bool) -> int:
 
     asyncio.run(run())
     return 0
+
+
+async def _check_scheduler(config: EngineConfig) -> int:
+    """Whether the configured scheduler lets the engine act: 1 when it refuses and the engine enforces."""
+    from watchd.engine.privileges import privileges
+    from watchd.integrations.registry import build_scheduler
+
+    scheduler = build_scheduler(config)
+    if scheduler is None:
+        print("no scheduler: the engine decides and alerts, and changes no node")
+        return 0
+    try:
+        answer = await privileges(scheduler)
+    finally:
+        aclose = getattr(scheduler, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    verdict = {True: "may act", False: "REFUSED", None: "unknown"}[answer.allowed]
+    print(f"{scheduler.name}: {verdict}: {answer.detail}")
+    return 1 if answer.allowed is False and config.mode == "enforce" else 0
 
 
 def _run_agent(path: Path | None, check: bool) -> int:

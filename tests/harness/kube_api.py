@@ -291,6 +291,7 @@ class KubeApiServer:
         r.add_post(jobs, self._create_job)
         r.add_get(jobs + "/{name}", self._get_job)
         r.add_delete(jobs + "/{name}", self._delete_job)
+        r.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", self._access_review)
         lease = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
         r.add_post(lease, self._create_lease)
         r.add_get(lease + "/{name}", self._get_lease)
@@ -452,6 +453,24 @@ class KubeApiServer:
         self.state.bump(patched)
         self.state.pods[(ns, name)] = patched
         return _json(patched)
+
+    async def _access_review(self, request: web.Request) -> web.Response:
+        """SelfSubjectAccessReview, answered from the same RBAC the other routes enforce (``deny``): never
+        forbidden itself (every authenticated user may ask about themselves), created but not stored."""
+        body = await _body(request)
+        attrs = (body.get("spec") or {}).get("resourceAttributes") if isinstance(body, dict) else None
+        if body.get("kind") != "SelfSubjectAccessReview" or not isinstance(attrs, dict):
+            raise ApiFailure(400, "BadRequest", "spec.resourceAttributes: required")
+        user = self.calls[-1].user
+        verb = str(attrs.get("verb", ""))
+        resource = str(attrs.get("resource", "")) + (
+            f"/{attrs['subresource']}" if attrs.get("subresource") else ""
+        )
+        denied = (user, verb, resource) in self.deny or ("*", verb, resource) in self.deny
+        status = {"allowed": not denied}
+        if denied:
+            status["reason"] = f'RBAC: no rule lets "{user or "anonymous"}" {verb} {resource}'
+        return _json({**body, "status": status}, status=201)
 
     async def _evict(self, request: web.Request) -> web.Response:
         ns, name = request.match_info["ns"], request.match_info["name"]

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from watchd.integrations.base import DrainResult, NodeState, RequeueResult, ResumeResult, Scheduler
+from watchd.integrations.base import (
+    DrainResult,
+    NodeState,
+    Privileges,
+    RequeueResult,
+    ResumeResult,
+    Scheduler,
+)
 from watchd.integrations.leadership import AlwaysLeader, Leadership
 
 
@@ -51,6 +58,9 @@ class GatedScheduler:
 
     async def pools(self) -> dict[str, list[str]]:
         return await self.inner.pools()
+
+    async def privileges(self) -> Privileges:
+        return await self.inner.privileges()
 
     async def drain(
         self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None

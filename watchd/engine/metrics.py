@@ -107,6 +107,12 @@ class EngineMetrics:
             "1 while this engine may act (it holds the leader lease, or runs without election); 0 following.",
             registry=r,
         )
+        self.scheduler_privileged = Gauge(
+            "watchd_scheduler_privileged",
+            "1 when the scheduler lets this engine drain, resume, requeue and reserve (asked at start, "
+            "changing nothing); 0 when it refuses: every such action would fail; NaN: it could not tell.",
+            registry=r,
+        )
         self.store_errors = Counter(
             "watchd_store_errors",
             "Failures of the state database (disk full, read-only, locked past the busy timeout, text it "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -34,6 +35,7 @@ from watchd.detect.correlator import Correlator
 from watchd.detect.service import Detectors
 from watchd.engine.dedup import SeenIds
 from watchd.engine.metrics import EngineMetrics
+from watchd.engine.privileges import privileges
 from watchd.engine.rule_keeper import RuleKeeper
 from watchd.engine.server import Accepted, make_app
 from watchd.engine.status import EngineStatus
@@ -66,9 +68,8 @@ INLINE_PROBE_S = 0.25
 
 
 class Engine:
-    """The engine. The parts that exist once started (``store``, ``executor``, ``alerts``, ``webhooks``,
-    ``status_model``, ``token``, ``reliability``, ``fleet``, ``subsystems``; ``scheduler`` when it comes from
-    the config) are set by :meth:`start`."""
+    """The engine. What exists once started (``store``, ``executor``, ``alerts``, ``webhooks``, ``token``...;
+    ``scheduler`` when it comes from the config) is set by :meth:`start`."""
 
     store: Store
     executor: ActionExecutor
@@ -333,6 +334,9 @@ class Engine:
         self.rule_keeper.attach(self.store)
         stack.callback(self.rule_keeper.save_now)  # after the processor stopped, before the close
         self._lead(stack)
+        if self.scheduler is not None:
+            may = (await privileges(self.scheduler)).allowed
+            self.metrics.scheduler_privileged.set(math.nan if may is None else float(may))
         self._build_executor()
         self.subsystems = self._build_subsystems()
         for subsystem in self.subsystems:

@@ -35,6 +35,15 @@ class SchedulerError(Exception):
     """A scheduler call failed: the command, its exit status and stderr are in the message."""
 
 
+@dataclass(frozen=True, slots=True)
+class Privileges:
+    """``allowed``: True, False, or None when it could not be told; ``detail``: who the engine is to the
+    scheduler, and what to do about a refusal."""
+
+    allowed: bool | None
+    detail: str
+
+
 class Scheduler(Protocol):
     """What watchd asks of a workload manager. Every method is safe to call twice (idempotent)."""
 
@@ -63,4 +72,9 @@ class Scheduler(Protocol):
 
     async def resume(self, node: str) -> ResumeResult:
         """Return a node to service, only if watchd drained it (its reason carries watchd's prefix)."""
+        ...
+
+    async def privileges(self) -> Privileges:
+        """Whether the scheduler would let this engine change the cluster (drain, resume, requeue anyone's
+        job, reservations or taints), found out without changing anything."""
         ...

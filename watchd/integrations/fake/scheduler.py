@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from watchd.integrations.base import RequeueResult, SchedulerError, job_selected
+from watchd.integrations.base import Privileges, RequeueResult, SchedulerError, job_selected
 from watchd.integrations.fake.settings import FakeSchedulerConfig
 from watchd.model.nodes import (
     WATCHD_REASON_PREFIX,
@@ -44,6 +44,7 @@ class FakeScheduler:
     fail_drain: set[str] = field(default_factory=set)
     fail_requeue: set[str] = field(default_factory=set)
     error: SchedulerError | None = None
+    privileged: bool | None = True  # what privileges() answers
     partitions: dict[str, list[str]] = field(default_factory=dict)  # empty: one pool "all" of every node
     name: str = "fake"
 
@@ -155,6 +156,11 @@ class FakeScheduler:
         assert st is not None
         self.nodes[node] = replace(st, flags=st.flags - {"DRAIN"}, reason=None)
         return ResumeResult(node, "resumed", st.reason or "")
+
+    async def privileges(self) -> Privileges:
+        self.calls.append(("privileges", None))
+        what = {True: "may act", False: "refused", None: "unknown"}[self.privileged]
+        return Privileges(self.privileged, f"the fake scheduler: {what}")
 
 
 def scheduler_from_settings(cfg: FakeSchedulerConfig) -> FakeScheduler:

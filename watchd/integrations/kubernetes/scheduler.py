@@ -32,11 +32,13 @@ from typing import Any, Literal
 
 from httpx2 import HTTPStatusError
 from lightkube import AsyncClient
+from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.core_v1 import Node, Pod, PodEviction
 from lightkube.types import PatchType
 
-from watchd.integrations.base import RequeueResult, SchedulerError, job_selected
+from watchd.integrations.base import Privileges, RequeueResult, SchedulerError, job_selected
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, label_selector, status_code
 from watchd.integrations.kubernetes.jobs import JobRef, KubernetesJobProvider, job_of_pod, owned_by
 from watchd.integrations.kubernetes.settings import KubernetesConfig
@@ -60,6 +62,10 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 FOREIGN_CORDON = "cordoned, not by watchd"
 _CONFLICT_RETRIES = 5
 RequeueMode = Literal["delete", "annotate"]
+
+
+#: what watchd changes on Kubernetes, as RBAC names it: (verb, resource, subresource)
+_CHANGES = (("patch", "nodes", None), ("create", "pods", "eviction"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,6 +492,29 @@ class KubernetesScheduler:
             except API_ERRORS as exc:
                 errors.append(describe_error(f"DELETE pods/{ref.namespace}/{name}", exc))
         return "; ".join(errors) or None
+
+    # ------------------------------------------------------------------------------------- privileges
+    async def privileges(self) -> Privileges:
+        """SelfSubjectAccessReview for each change watchd makes: cordon and taint a node (patch nodes),
+        evict a pod (create pods/eviction); the API server answers from RBAC and changes nothing."""
+        refused = []
+        for verb, resource, sub in _CHANGES:
+            review = SelfSubjectAccessReview(
+                spec=SelfSubjectAccessReviewSpec(
+                    resourceAttributes=ResourceAttributes(verb=verb, resource=resource, subresource=sub)
+                )
+            )
+            try:
+                answer = await self.client.create(review)
+            except API_ERRORS as exc:
+                return Privileges(None, describe_error("could not ask (POST selfsubjectaccessreviews)", exc))
+            status = answer.status
+            if status is None or not status.allowed:
+                what = f"{verb} {resource}{'/' + sub if sub else ''}"
+                refused.append(what + (f" ({status.reason})" if status is not None and status.reason else ""))
+        if refused:
+            return Privileges(False, "RBAC refuses watchd's service account: " + "; ".join(refused))
+        return Privileges(True, "RBAC lets watchd cordon, taint and evict")
 
     # ------------------------------------------------------------------------------------------ resume
     async def resume(self, node: str) -> ResumeResult:

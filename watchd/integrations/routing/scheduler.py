@@ -14,7 +14,7 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from watchd.integrations.base import RequeueResult, Scheduler, SchedulerError
+from watchd.integrations.base import Privileges, RequeueResult, Scheduler, SchedulerError
 from watchd.jobs.model import JobProvider, job_providers_of
 from watchd.model.nodes import (
     WATCHD_REASON_PREFIX,
@@ -81,6 +81,18 @@ class RoutedScheduler:
             if not st.drained:
                 return st  # still to drain somewhere
         return states[0]
+
+    async def privileges(self) -> Privileges:
+        """Refused if any route's scheduler refuses; unknown if any cannot tell."""
+        answers = await asyncio.gather(*(r.scheduler.privileges() for r in self.routes))
+        details = "; ".join(
+            f"{r.scheduler.name}: {a.detail}" for r, a in zip(self.routes, answers, strict=True)
+        )
+        if any(a.allowed is False for a in answers):
+            return Privileges(False, details)
+        if any(a.allowed is None for a in answers):
+            return Privileges(None, details)
+        return Privileges(True, details)
 
     async def pools(self) -> dict[str, list[str]]:
         answers = await asyncio.gather(*(r.scheduler.pools() for r in self.routes))

@@ -43,7 +43,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from watchd.integrations.base import RequeueResult, SchedulerError, job_selected
+from watchd.integrations.base import Privileges, RequeueResult, SchedulerError, job_selected
+from watchd.integrations.slurm.privileges import probe
 from watchd.integrations.slurm.scontrol_session import (
     ScontrolSession,
     SessionError,
@@ -474,6 +475,9 @@ class SlurmScheduler:
                 return ResumeResult(node, "resumed", f"{st.reason or ''} (scontrol: {exc})")
             return ResumeResult(node, "failed", str(exc))
         return ResumeResult(node, "resumed", st.reason or "")
+
+    async def privileges(self) -> Privileges:
+        return await probe(self.scontrol, self._exec)
 
 
 def _one_shot_args(args: Sequence[str]) -> list[str]:
