@@ -51,3 +51,23 @@ def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+class ScriptedLease:
+    """A leadership as the database lease answers it: ``leading`` is what the engine believes between
+    renewals; the authority confirms the first ``confirms`` questions (the pipeline's leadership stage asks
+    once, each fenced call once more), then says no: the lease was taken meanwhile."""
+
+    holder = "engine-b"
+    takeover_wait_s = 0.0
+
+    def __init__(self, leading: bool, confirms: int) -> None:
+        self.leading = leading
+        self.confirms = confirms
+
+    async def wait_leader(self, timeout: float) -> bool:
+        return self.leading
+
+    async def confirm(self) -> bool:
+        self.confirms -= 1
+        return self.confirms >= 0

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
+from tests.support import ScriptedLease
 from watchd.actions.audit import MemoryAudit
 from watchd.actions.executor import ActionExecutor
 from watchd.checks.metrics import CheckMetrics
@@ -26,25 +27,6 @@ from watchd.store.database import Store
 
 NODE = "gpu-1"
 EVIDENCE = "nccl busbw 312 GB/s < 80% of 450 GB/s"
-
-
-class Lease:
-    """The authority's answers, one per question (the pipeline's leadership stage, then every fenced call);
-    then "no"."""
-
-    holder = "engine-b"
-    takeover_wait_s = 0.0
-
-    def __init__(self, leading: bool, confirms: int) -> None:
-        self.leading = leading
-        self.confirms = confirms
-
-    async def wait_leader(self, timeout: float) -> bool:
-        return self.leading
-
-    async def confirm(self) -> bool:
-        self.confirms -= 1
-        return self.confirms >= 0
 
 
 class Cluster(FakeCheckRunner):
@@ -127,7 +109,7 @@ async def validate(executor: ActionExecutor, round_id: str = "validate:t1") -> t
 
 async def test_a_follower_changes_nothing() -> None:
     scheduler, runner = drained_cluster()
-    executor, audit, _ = engine(Store.open(":memory:"), scheduler, runner, Lease(False, 0))
+    executor, audit, _ = engine(Store.open(":memory:"), scheduler, runner, ScriptedLease(False, 0))
     async with executor:
         outcome, detail = await validate(executor)
     assert outcome == "failed" and "not the leader" in detail
@@ -140,7 +122,7 @@ async def test_a_leader_deposed_mid_check_leaves_it_to_the_next_leader() -> None
     store = Store.open(":memory:")
     scheduler, runner = drained_cluster()
     # the stage, the reservation and the first check's job are confirmed; then the lease is taken
-    executor, _, _ = engine(store, scheduler, runner, Lease(True, 3))
+    executor, _, _ = engine(store, scheduler, runner, ScriptedLease(True, 3))
     async with executor:
         outcome, detail = await validate(executor)
     assert outcome == "interrupted" and "not the leader" in detail
@@ -168,7 +150,7 @@ async def test_a_restart_after_every_check_passed_finishes_it() -> None:
     store = Store.open(":memory:")
     scheduler, runner = drained_cluster()
     # everything confirmed up to the end, which is refused: the checks all passed
-    executor, _, _ = engine(store, scheduler, runner, Lease(True, 4))
+    executor, _, _ = engine(store, scheduler, runner, ScriptedLease(True, 4))
     async with executor:
         outcome, _ = await validate(executor)
     assert outcome == "interrupted" and runner.changes == ["begin", "submit nhc", "submit burn"]
@@ -186,7 +168,7 @@ async def test_a_restart_after_every_check_passed_finishes_it() -> None:
 async def test_a_restart_before_the_drain_was_lifted_leaves_it_drained_as_it_was() -> None:
     store = Store.open(":memory:")
     scheduler, runner = drained_cluster()
-    executor, _, _ = engine(store, scheduler, runner, Lease(True, 1))  # the stage only: begin refused
+    executor, _, _ = engine(store, scheduler, runner, ScriptedLease(True, 1))  # the stage only: begin refused
     async with executor:
         outcome, _ = await validate(executor)
     assert outcome == "failed" and runner.changes == [] and store.intents.unfinished() == []

@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support import eventually, xid_event
+from tests.support import ScriptedLease, eventually, xid_event
 from watchd.config import EngineConfig
 from watchd.drains_cli import run_drains
 from watchd.engine.runner import Engine
@@ -207,29 +207,14 @@ async def test_fleet_metrics_pass_promtool(
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-class Lease:
-    """A leadership as the database lease answers it: ``confirms`` are the answers of the authority, one per
-    question (the pipeline's leadership stage asks once, the fenced call once more); then "no"."""
-
-    holder = "engine-b"
-    takeover_wait_s = 0.0
-
-    def __init__(self, leading: bool, confirms: list[bool]) -> None:
-        self.leading = leading
-        self.confirms = confirms
-
-    async def wait_leader(self, timeout: float) -> bool:
-        return self.leading
-
-    async def confirm(self) -> bool:
-        return self.confirms.pop(0) if self.confirms else False
-
-
 @pytest.mark.parametrize(
     ("who", "lease"),
-    [("follower", Lease(False, [])), ("deposed between the stage and the call", Lease(True, [True]))],
+    [
+        ("follower", ScriptedLease(False, 0)),
+        ("deposed between the stage and the call", ScriptedLease(True, 1)),
+    ],
 )
-async def test_a_follower_or_a_deposed_leader_never_changes_spares(who: str, lease: Lease) -> None:
+async def test_a_follower_or_a_deposed_leader_never_changes_spares(who: str, lease: ScriptedLease) -> None:
     from prometheus_client import CollectorRegistry
 
     from watchd.actions.audit import MemoryAudit
