@@ -46,7 +46,7 @@ from watchd.xid import XidParser
 
 __all__ = ["Simulator", "raise_nofile_limit"]
 
-_log = get_logger("watchd.sim.simulator")
+_log = get_logger("watchd.sim.fleet")  # the logger name the fleet simulator has always logged under
 
 
 class _FixedJob(JobResolver):
