@@ -38,7 +38,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from tests.daemons import Daemon, engine_config, free_port  # noqa: E402
 from watchd.logs import configure_logging  # noqa: E402
-from watchd.sim.fleet import Fleet, Simulator, parse_fleet  # noqa: E402
+from watchd.sim.fleet import Fleet, parse_fleet  # noqa: E402
+from watchd.sim.simulator import Simulator  # noqa: E402
 
 TOKEN = "fleet-bench-token"
 _TICKS = os.sysconf("SC_CLK_TCK")

@@ -180,7 +180,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise UsageError("--nodes must be between 1 and 1000")
         return asyncio.run(run_demo(args.nodes, sys.stdout))
     if args.command == "sim":
-        from watchd.sim.fleet import run_sim
+        from watchd.sim.command import run_sim
 
         return run_sim(
             args.fleet,

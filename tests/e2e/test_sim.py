@@ -22,7 +22,9 @@ from watchd.errors import ConfigError
 from watchd.http_settings import Listen
 from watchd.integrations.slurm.settings import SlurmConfig
 from watchd.model.events import Event
-from watchd.sim.fleet import Simulator, expand_hostlist, parse_fleet
+from watchd.sim.fleet import parse_fleet
+from watchd.sim.hostlist import expand_hostlist
+from watchd.sim.simulator import Simulator
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TOKEN = "sim-test-token"

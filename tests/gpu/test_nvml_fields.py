@@ -15,6 +15,7 @@ import pynvml  # type: ignore[import-untyped]
 import pytest
 
 import watchd.gpu.nvml as nvml_module
+import watchd.gpu.nvml_reads as nvml_reads_module
 from tests.gpu.test_gpu_nvml import FakeGpu, FakeNvml
 from watchd.gpu.nvml import CADENCE, FIELDS, NvmlBackend
 from watchd.gpu.nvml_fields import LIBRARY_CALLS, NVML_FIELDS, OLDER_NAMES, ROUND
@@ -44,7 +45,10 @@ def _bindings_names(source: str) -> Iterator[str]:
             yield node.args[1].value
 
 
-BACKEND = set(_bindings_names(Path(nvml_module.__file__).read_text()))
+#: the backend: lifecycle, cadence, Xid events (nvml.py) and each field's reads and probes (nvml_reads.py)
+BACKEND = {
+    name for m in (nvml_module, nvml_reads_module) for name in _bindings_names(Path(m.__file__).read_text())
+}
 BACKEND_CALLS = {n for n in BACKEND if n.startswith("nvml") and not n.startswith("nvmlEventType")}
 
 

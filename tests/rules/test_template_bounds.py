@@ -1,4 +1,4 @@
-"""Issue 16 item 5: the bounds of a template render (watchd/rules/bounds.py, docs/rules.md *Templates*):
+"""Issue 16 item 5: the bounds of a template render (watchd/rules/bounds/, docs/rules.md *Templates*):
 what is refused at load, what renders ``<template error: ...>`` quickly and without building a large value,
 what still works, and the fast path rendering exactly what the interpreter renders."""
 

@@ -19,7 +19,18 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from watchd.model.events import TOP_LEVEL_FIELDS
 from watchd.model.gpu import GPU_IDENTITY_FIELDS
 from watchd.model.registry import KINDS, fields_of
-from watchd.rules import bounds
+from watchd.rules.bounds.budget import MAX_TEMPLATE_OUTPUT, end_budget, start_budget, step
+from watchd.rules.bounds.filters import bound_filter
+from watchd.rules.bounds.instrument import INTERNAL_FILTERS, Instrument
+from watchd.rules.bounds.operations import (
+    BoundedEscapeFormatter,
+    BoundedFormatter,
+    binop,
+    check_call,
+    is_markup,
+)
+from watchd.rules.bounds.sizes import check_size
+from watchd.rules.bounds.static_check import StaticCheck
 from watchd.rules.compiled.codegen import Namespace
 
 #: Fields any event may carry, and what every template may name besides them.
@@ -41,19 +52,19 @@ class _Undefined(Undefined):
 
 
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
-    """The sandbox, plus the bounds of watchd/rules/bounds.py: the operators, calls, filters and
+    """The sandbox, plus the bounds of watchd/rules/bounds/: the operators, calls, filters and
     ``str.format`` that can build huge values from small ones are checked before they build, and each is a
     step of the render's budget."""
 
     intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        return bounds.binop(operator, left, right, self.binop_table)
+        return binop(operator, left, right, self.binop_table)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        bounds.step(heavy=True)
-        args = bounds.check_call(__obj, args, kwargs)
-        return bounds.check_size(super().call(__context, __obj, *args, **kwargs))
+        step(heavy=True)
+        args = check_call(__obj, args, kwargs)
+        return check_size(super().call(__context, __obj, *args, **kwargs))
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         """Jinja's sandboxed ``str.format``/``format_map``, through a formatter that bounds widths,
@@ -70,11 +81,11 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         is_format_map = value.__name__ == "format_map"
 
         def wrapper(*args: Any, **kwargs: Any) -> str:
-            formatter: bounds.BoundedFormatter | bounds.BoundedEscapeFormatter
-            if bounds.is_markup(f_self):
-                formatter = bounds.BoundedEscapeFormatter(self, escape=f_self.escape)  # type: ignore[attr-defined]
+            formatter: BoundedFormatter | BoundedEscapeFormatter
+            if is_markup(f_self):
+                formatter = BoundedEscapeFormatter(self, escape=f_self.escape)  # type: ignore[attr-defined]
             else:
-                formatter = bounds.BoundedFormatter(self)
+                formatter = BoundedFormatter(self)
             if is_format_map:
                 if kwargs:
                     raise TypeError("format_map() takes no keyword arguments")
@@ -89,10 +100,8 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
 
 _ENV = _BoundedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=False)
 _ENV.globals.clear()  # no range(), lipsum(), cycler(): a template formats fields, nothing more
-_ENV.filters = {name: bounds.bound_filter(name, f) for name, f in _ENV.filters.items()}
-_ENV.filters.update(bounds.INTERNAL_FILTERS)
-#: Kept for callers of the old name: the most a template may build (characters or items).
-MAX_TEMPLATE_OUTPUT = bounds.MAX_TEMPLATE_OUTPUT
+_ENV.filters = {name: bound_filter(name, f) for name, f in _ENV.filters.items()}
+_ENV.filters.update(INTERNAL_FILTERS)
 
 
 class TemplateError(ValueError):
@@ -130,11 +139,11 @@ class Template:
         try:  # an unknown filter or test is found by the compiler, not the parser: both inside
             tree = _ENV.parse(source)
             self.names = frozenset(meta.find_undeclared_variables(tree))
-            refused = bounds.StaticCheck().check(tree)
+            refused = StaticCheck().check(tree)
             if refused is not None:
                 raise TemplateError(f"template {source!r}: {refused}")
             # every loop, ``~`` and piece of output through the bounds' filters, then compiled
-            code = _ENV.compile(bounds.Instrument().visit(tree))
+            code = _ENV.compile(Instrument().visit(tree))
             self._compiled = _ENV.template_class.from_code(_ENV, code, _ENV.make_globals(None), None)
         except TemplateError:
             raise
@@ -164,15 +173,15 @@ class Template:
                     value = value.get(part[1], _MISSING) if isinstance(value, Mapping) else _MISSING
                 out.append("?" if value is _MISSING else str(value))
             return "".join(out)
-        token = bounds.start_budget()
+        token = start_budget()
         try:
             text = self._compiled.render(context)
         except Exception as exc:  # a sandbox refusal, a bound, a type error in a filter: say so, never crash
             return f"<template error: {exc}>"
         finally:
-            bounds.end_budget(token)
-        if len(text) > bounds.MAX_TEMPLATE_OUTPUT:
-            over = f"rendered {len(text):,} characters, over the bound of {bounds.MAX_TEMPLATE_OUTPUT:,}"
+            end_budget(token)
+        if len(text) > MAX_TEMPLATE_OUTPUT:
+            over = f"rendered {len(text):,} characters, over the bound of {MAX_TEMPLATE_OUTPUT:,}"
             return f"<template error: {over}>"
         return text
 

@@ -21,7 +21,8 @@ from watchd.engine.runner import Engine
 from watchd.http_settings import Listen
 from watchd.logs import configure_logging
 from watchd.model.events import Event
-from watchd.sim.fleet import Simulator, parse_fleet
+from watchd.sim.fleet import parse_fleet
+from watchd.sim.simulator import Simulator
 
 SICK_GPU = 3
 FALL_AT_S = 2.0
