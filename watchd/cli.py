@@ -84,7 +84,23 @@ def _parser() -> argparse.ArgumentParser:
     rl = sub.add_parser("rules", help="check, test and describe rule files")
     rsub = rl.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
     rc = rsub.add_parser("check", help="report every problem with file:line:column; exit 1 on any")
-    rc.add_argument("paths", nargs="*", type=Path, help="rule files or folders (none: the embedded defaults)")
+    rli = rsub.add_parser("list", help="the rules the engine would run, and where each one came from")
+    for parser in (rc, rli):
+        parser.add_argument(
+            "paths", nargs="*", type=Path, help="site rule files or folders (none: the embedded defaults)"
+        )
+        parser.add_argument(
+            "-c",
+            "--config",
+            type=Path,
+            help="engine YAML config: its rules and default_rules (not with PATHS)",
+        )
+        parser.add_argument(
+            "--no-defaults",
+            action="store_true",
+            help="without the embedded default rules (default_rules: false)",
+        )
+    rli.add_argument("--json", action="store_true", help="one JSON document")
     rt = rsub.add_parser("test", help="run rule unit tests (timelines of events and expected actions)")
     rt.add_argument("files", nargs="+", type=Path, help="test files")
     rsub.add_parser("schema", help="print the JSON Schema of rule files (for editors)")
@@ -220,8 +236,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "rules":
         from watchd.rules import commands
 
-        if args.rules_command == "check":
-            return commands.run_check(args.paths, sys.stdout)
+        if args.rules_command in ("check", "list"):
+            paths, defaults = _rule_paths(args.paths, args.config, args.no_defaults)
+            if args.rules_command == "check":
+                return commands.run_check(paths, sys.stdout, defaults=defaults)
+            return commands.run_list(paths, sys.stdout, defaults=defaults, as_json=args.json)
         if args.rules_command == "test":
             return commands.run_test(args.files, sys.stdout)
         return commands.run_schema(sys.stdout)
@@ -264,13 +283,24 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
+def _rule_paths(paths: list[Path], config: Path | None, no_defaults: bool) -> tuple[list[Path], bool]:
+    """The rule files and whether the defaults load with them: from the command line, or the engine's
+    config (its ``rules`` and ``default_rules``)."""
+    if config is None:
+        return paths, not no_defaults
+    if paths:
+        raise UsageError("give rule paths or --config, not both")
+    engine = load_config(EngineConfig, config)
+    return list(engine.rules), engine.default_rules and not no_defaults
+
+
 def _run_engine(path: Path | None, check: bool) -> int:
     from watchd.engine.runner import Engine
     from watchd.rules import load_rules
 
     config = load_config(EngineConfig, path)
     if check:  # validate everything that can be validated without starting anything
-        rules = load_rules(config.rules)
+        rules = load_rules(config.rules, defaults=config.default_rules)
         config.auth.resolve()
         print(f"ok: mode {config.mode}, {len(rules.rules)} rules ({', '.join(rules.names)})")
         return 0

@@ -107,6 +107,7 @@ class Engine:
         reload = config.reload
         self.rule_keeper = RuleKeeper(
             config.rules,
+            defaults=config.default_rules,
             snapshot_s=config.state.rules_snapshot_s,
             watch_s=reload.poll_interval_s if reload.watch_files else None,
             clock=self.clock,
