@@ -17,6 +17,8 @@ from watchd.operator_cli import DEFAULT_URL
 from watchd.reports.formats import REPORT_FORMATS
 from watchd.systemd import notify, watchdog_pinger
 
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="watchd", description="Keeps GPU clusters healthy.")
@@ -25,10 +27,16 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("engine", help="run the central engine (ingest, rules, actions)")
     e.add_argument("-c", "--config", type=Path, help="engine YAML config (default: embedded defaults)")
     e.add_argument("--check", action="store_true", help="validate the config and rules, then exit")
+    e.add_argument(
+        "--log-level", choices=LOG_LEVELS, help="log this level and above (default: the config's log.level)"
+    )
 
     a = sub.add_parser("agent", help="run the node agent (kernel log -> events -> engine)")
     a.add_argument("-c", "--config", type=Path, help="agent YAML config (default: embedded defaults)")
     a.add_argument("--check", action="store_true", help="validate the config, then exit")
+    a.add_argument(
+        "--log-level", choices=LOG_LEVELS, help="log this level and above (default: the config's log.level)"
+    )
 
     # issue 22: the per-job heartbeat token a Slurm prolog or a pod spec hands to a job (docs/security.md)
     ht = sub.add_parser("heartbeat-token", help="print a job's heartbeat token (WATCHD_HEARTBEAT_TOKEN)")
@@ -50,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         "--duration", type=float, help="seconds to run (default: the fleet's, else until stopped)"
     )
     sm.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines (0: none)")
-    sm.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning")
+    sm.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
     sm.add_argument("--check", action="store_true", help="validate the fleet file, then exit")
 
     n = sub.add_parser("node", help="act on one node through the running engine (audited)")
@@ -186,9 +194,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(job_token(secret.encode(), args.job))
         return 0
     if args.command == "engine":
-        return _run_engine(args.config, args.check)
+        return _run_engine(args.config, args.check, args.log_level)
     if args.command == "agent":
-        return _run_agent(args.config, args.check)
+        return _run_agent(args.config, args.check, args.log_level)
     if args.command == "demo":
         from watchd.sim.demo import run_demo
 
@@ -294,7 +302,7 @@ def _rule_paths(paths: list[Path], config: Path | None, no_defaults: bool) -> tu
     return list(engine.rules), engine.default_rules and not no_defaults
 
 
-def _run_engine(path: Path | None, check: bool) -> int:
+def _run_engine(path: Path | None, check: bool, log_level: str | None = None) -> int:
     from watchd.engine.runner import Engine
     from watchd.rules import load_rules
 
@@ -304,7 +312,8 @@ def _run_engine(path: Path | None, check: bool) -> int:
         config.auth.resolve()
         print(f"ok: mode {config.mode}, {len(rules.rules)} rules ({', '.join(rules.names)})")
         return 0
-    configure_logging(config.log.level, config.log.format)
+    log = config.log
+    configure_logging(log_level or log.level, log.format, syslog_priority=log.syslog_priority)
     engine = Engine(config)
 
     async def run() -> None:
@@ -315,7 +324,7 @@ def _run_engine(path: Path | None, check: bool) -> int:
     return 0
 
 
-def _run_agent(path: Path | None, check: bool) -> int:
+def _run_agent(path: Path | None, check: bool, log_level: str | None = None) -> int:
     from watchd.agent.runner import Agent
 
     config = load_config(AgentConfig, path)
@@ -323,7 +332,8 @@ def _run_agent(path: Path | None, check: bool) -> int:
     if check:
         print(f"ok: node {config.node}, engine {config.engine.url}")
         return 0
-    configure_logging(config.log.level, config.log.format)
+    log = config.log
+    configure_logging(log_level or log.level, log.format, syslog_priority=log.syslog_priority)
 
     async def run() -> None:
         async with Agent(config):
