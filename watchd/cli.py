@@ -11,7 +11,7 @@ from pathlib import Path
 
 from watchd import __version__
 from watchd.config import AgentConfig, EngineConfig, load_config
-from watchd.errors import UsageError
+from watchd.errors import ConfigError, UsageError
 from watchd.logs import configure_logging
 from watchd.operator_cli import DEFAULT_URL
 from watchd.reports.formats import REPORT_FORMATS
@@ -329,6 +329,13 @@ def _run_agent(path: Path | None, check: bool, log_level: str | None = None) -> 
 
     config = load_config(AgentConfig, path)
     config.engine.auth.resolve()
+    if config.heartbeat.socket_group is not None:
+        from watchd.agent.heartbeat_server import socket_group_id
+
+        try:
+            socket_group_id(config.heartbeat.socket_group)
+        except OSError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     if check:
         print(f"ok: node {config.node}, engine {config.engine.url}")
         return 0

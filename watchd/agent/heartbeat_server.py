@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import os
 import socket
 import stat
@@ -142,10 +143,13 @@ class HeartbeatServer:
             up.set(1)
 
     async def _open_socket(self, path: Path) -> None:
-        mode = int(self.config.socket_mode, 8)
-        _prepare_socket_path(path, mode)
+        mode = self.config.socket_permissions
+        group = socket_group_id(self.config.socket_group) if self.config.socket_group is not None else None
+        _prepare_socket_path(path, mode, group)
         assert self._runner is not None
         await web.UnixSite(self._runner, str(path)).start()
+        if group is not None:
+            os.chown(path, -1, group)
         os.chmod(path, mode)
 
     async def _handle(self, request: web.Request) -> web.Response:
@@ -229,11 +233,22 @@ class HeartbeatServer:
             self._metrics.heartbeat_ranks.set(len(self.coalescer))
 
 
-def _prepare_socket_path(path: Path, mode: int) -> None:
+def socket_group_id(group: str | int) -> int:
+    """The gid of ``heartbeat.socket_group`` (a name, or a gid that must exist on this host); an OSError
+    naming the key and the group when there is none."""
+    try:
+        return grp.getgrgid(group).gr_gid if isinstance(group, int) else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise OSError(f"heartbeat.socket_group: no group {group!r} on this host") from None
+
+
+def _prepare_socket_path(path: Path, mode: int, group: int | None = None) -> None:
     # A folder the agent creates is searchable by whoever may write to the socket (docs/heartbeats.md).
     folder_mode = 0o700 | (0o050 if mode & 0o060 else 0) | (0o001 if mode & 0o006 else 0)
     if not path.parent.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
+        if group is not None:
+            os.chown(path.parent, -1, group)
         os.chmod(path.parent, folder_mode)  # mkdir's mode is cut by the umask
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
