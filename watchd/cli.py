@@ -11,11 +11,13 @@ from pathlib import Path
 
 from watchd import __version__
 from watchd.config import AgentConfig, EngineConfig, load_config
-from watchd.errors import UsageError
+from watchd.errors import ConfigError, UsageError
 from watchd.logs import configure_logging
 from watchd.operator_cli import DEFAULT_URL
 from watchd.reports.formats import REPORT_FORMATS
 from watchd.systemd import notify, watchdog_pinger
+
+LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,10 +27,16 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("engine", help="run the central engine (ingest, rules, actions)")
     e.add_argument("-c", "--config", type=Path, help="engine YAML config (default: embedded defaults)")
     e.add_argument("--check", action="store_true", help="validate the config and rules, then exit")
+    e.add_argument(
+        "--log-level", choices=LOG_LEVELS, help="log this level and above (default: the config's log.level)"
+    )
 
     a = sub.add_parser("agent", help="run the node agent (kernel log -> events -> engine)")
     a.add_argument("-c", "--config", type=Path, help="agent YAML config (default: embedded defaults)")
     a.add_argument("--check", action="store_true", help="validate the config, then exit")
+    a.add_argument(
+        "--log-level", choices=LOG_LEVELS, help="log this level and above (default: the config's log.level)"
+    )
 
     # issue 22: the per-job heartbeat token a Slurm prolog or a pod spec hands to a job (docs/security.md)
     ht = sub.add_parser("heartbeat-token", help="print a job's heartbeat token (WATCHD_HEARTBEAT_TOKEN)")
@@ -50,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         "--duration", type=float, help="seconds to run (default: the fleet's, else until stopped)"
     )
     sm.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines (0: none)")
-    sm.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning")
+    sm.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
     sm.add_argument("--check", action="store_true", help="validate the fleet file, then exit")
 
     n = sub.add_parser("node", help="act on one node through the running engine (audited)")
@@ -84,7 +92,23 @@ def _parser() -> argparse.ArgumentParser:
     rl = sub.add_parser("rules", help="check, test and describe rule files")
     rsub = rl.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
     rc = rsub.add_parser("check", help="report every problem with file:line:column; exit 1 on any")
-    rc.add_argument("paths", nargs="*", type=Path, help="rule files or folders (none: the embedded defaults)")
+    rli = rsub.add_parser("list", help="the rules the engine would run, and where each one came from")
+    for parser in (rc, rli):
+        parser.add_argument(
+            "paths", nargs="*", type=Path, help="site rule files or folders (none: the embedded defaults)"
+        )
+        parser.add_argument(
+            "-c",
+            "--config",
+            type=Path,
+            help="engine YAML config: its rules and default_rules (not with PATHS)",
+        )
+        parser.add_argument(
+            "--no-defaults",
+            action="store_true",
+            help="without the embedded default rules (default_rules: false)",
+        )
+    rli.add_argument("--json", action="store_true", help="one JSON document")
     rt = rsub.add_parser("test", help="run rule unit tests (timelines of events and expected actions)")
     rt.add_argument("files", nargs="+", type=Path, help="test files")
     rsub.add_parser("schema", help="print the JSON Schema of rule files (for editors)")
@@ -170,9 +194,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(job_token(secret.encode(), args.job))
         return 0
     if args.command == "engine":
-        return _run_engine(args.config, args.check)
+        return _run_engine(args.config, args.check, args.log_level)
     if args.command == "agent":
-        return _run_agent(args.config, args.check)
+        return _run_agent(args.config, args.check, args.log_level)
     if args.command == "demo":
         from watchd.sim.demo import run_demo
 
@@ -220,8 +244,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "rules":
         from watchd.rules import commands
 
-        if args.rules_command == "check":
-            return commands.run_check(args.paths, sys.stdout)
+        if args.rules_command in ("check", "list"):
+            paths, defaults = _rule_paths(args.paths, args.config, args.no_defaults)
+            if args.rules_command == "check":
+                return commands.run_check(paths, sys.stdout, defaults=defaults)
+            return commands.run_list(paths, sys.stdout, defaults=defaults, as_json=args.json)
         if args.rules_command == "test":
             return commands.run_test(args.files, sys.stdout)
         return commands.run_schema(sys.stdout)
@@ -264,17 +291,29 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
-def _run_engine(path: Path | None, check: bool) -> int:
+def _rule_paths(paths: list[Path], config: Path | None, no_defaults: bool) -> tuple[list[Path], bool]:
+    """The rule files and whether the defaults load with them: from the command line, or the engine's
+    config (its ``rules`` and ``default_rules``)."""
+    if config is None:
+        return paths, not no_defaults
+    if paths:
+        raise UsageError("give rule paths or --config, not both")
+    engine = load_config(EngineConfig, config)
+    return list(engine.rules), engine.default_rules and not no_defaults
+
+
+def _run_engine(path: Path | None, check: bool, log_level: str | None = None) -> int:
     from watchd.engine.runner import Engine
     from watchd.rules import load_rules
 
     config = load_config(EngineConfig, path)
     if check:  # validate everything that can be validated without changing anything
-        rules = load_rules(config.rules)
+        rules = load_rules(config.rules, defaults=config.default_rules)
         config.auth.resolve()
         print(f"ok: mode {config.mode}, {len(rules.rules)} rules ({', '.join(rules.names)})")
         return asyncio.run(_check_scheduler(config))
-    configure_logging(config.log.level, config.log.format)
+    log = config.log
+    configure_logging(log_level or log.level, log.format, syslog_priority=log.syslog_priority)
     engine = Engine(config)
 
     async def run() -> None:
@@ -305,15 +344,23 @@ async def _check_scheduler(config: EngineConfig) -> int:
     return 1 if answer.allowed is False and config.mode == "enforce" else 0
 
 
-def _run_agent(path: Path | None, check: bool) -> int:
+def _run_agent(path: Path | None, check: bool, log_level: str | None = None) -> int:
     from watchd.agent.runner import Agent
 
     config = load_config(AgentConfig, path)
     config.engine.auth.resolve()
+    if config.heartbeat.socket_group is not None:
+        from watchd.agent.heartbeat_server import socket_group_id
+
+        try:
+            socket_group_id(config.heartbeat.socket_group)
+        except OSError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     if check:
         print(f"ok: node {config.node}, engine {config.engine.url}")
         return 0
-    configure_logging(config.log.level, config.log.format)
+    log = config.log
+    configure_logging(log_level or log.level, log.format, syslog_priority=log.syslog_priority)
 
     async def run() -> None:
         async with Agent(config):

@@ -15,10 +15,14 @@ No agent: reports wait in the queue (the oldest dropped when it is full, and cou
 tries again with a back-off. At interpreter exit a ``done`` report says the rank finished (not hung).
 See docs/heartbeats.md.
 
-The engine's checkpoint advice for the job (docs/reliability.md), for a loop that adapts its interval:
+The engine's checkpoint advice for the job (docs/reliability.md), asked of the local agent, for a loop that
+adapts its interval:
 
-    from watchd.client import advised_checkpoint_interval
-    every_s = advised_checkpoint_interval() or every_s   # None: no advice (yet), or no engine reachable
+    from watchd.client import AdviceUnavailable, advised_checkpoint_interval
+    try:
+        every_s = advised_checkpoint_interval()
+    except AdviceUnavailable as exc:      # exc.reason: no_job, no_agent, unknown_job, no_advice, ...
+        print(f"no checkpoint advice ({exc}); keeping {every_s} s")
 """
 
 from __future__ import annotations
@@ -33,17 +37,18 @@ import os
 import socket
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Heartbeat", "advised_checkpoint_interval", "checkpoint_advice"]
+__all__ = ["AdviceUnavailable", "Heartbeat", "advised_checkpoint_interval", "checkpoint_advice"]
 
 DEFAULT_SOCKET = "/run/watchd/heartbeat.sock"
 DEFAULT_PORT = 9123
-DEFAULT_ENGINE_URL = "http://127.0.0.1:9120"
-ADVICE_PATH = "/api/v1/reliability"
+ENGINE_ADVICE_PATH = "/api/v1/reliability/job"  # the engine's (JOB_ADVICE_PATH in watchd.model.reliability)
+ADVICE_PATH = "/v1/checkpoint-advice"  # the agent's, beside PATH
 PATH = "/v1/heartbeat"
 _JOB_VARS = ("WATCHD_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 _RANK_VARS = ("RANK", "SLURM_PROCID")
@@ -290,44 +295,123 @@ class Heartbeat:
             self.sent += len(batch)
 
 
-# ------------------------------------------------------------------------------ checkpoint advice (issue 17)
+# ------------------------------------------------------------------------------------- checkpoint advice
 
 
-def checkpoint_advice(
-    job: str | None = None, *, url: str | None = None, timeout: float = 2.0, token: str | None = None
-) -> dict[str, Any] | None:
-    """The engine's checkpoint advice for ``job`` (default: from the environment, as :class:`Heartbeat`):
-    a dict with ``advised_interval_s`` (Daly's interval, compute seconds between checkpoints),
-    ``young_interval_s``, ``checkpoint_cost_s``, ``job_mtbf_hours``, ``current_interval_s``,
-    ``waste_current`` and ``waste_advised`` (expected shares of compute lost), ``far_too_long``. The engine is
-    ``url``, else ``WATCHD_ENGINE_URL``, else http://127.0.0.1:9120; reads need a viewer's credential where
-    the engine has any (docs/security.md): ``token``, else ``WATCHD_VIEWER_TOKEN``. None when there is no
-    advice (no job id, the engine does not know the job yet, no checkpoint cost measured or configured) or
-    the engine cannot be reached: it never raises into the training loop, and waits at most ``timeout``
-    seconds."""
-    try:
-        job = job if job is not None else _env_job()
-        if not job:
-            return None
-        base = (url or os.environ.get("WATCHD_ENGINE_URL") or DEFAULT_ENGINE_URL).rstrip("/")
-        query = urllib.parse.urlencode({"job": job})
-        request = urllib.request.Request(f"{base}{ADVICE_PATH}?{query}")
+class AdviceUnavailable(Exception):
+    """Why there is no checkpoint advice. ``reason`` is one of:
+
+    - ``no_job``: no job id (none given, none in the environment);
+    - ``no_agent``: the local agent cannot be reached (no socket, nothing listening);
+    - ``refused``: the agent or the engine refused the caller (not in the job it names, a missing token);
+    - ``unknown_job``: the engine has no heartbeats from the job (yet);
+    - ``no_advice``: the engine knows the job but has no advice (no checkpoint cost measured or configured,
+      no MTBF yet);
+    - ``engine_unreachable``: the agent (or this process) could not ask the engine;
+    - ``bad_answer``: an answer that is not the advice (a proxy's page, another service on the port).
+
+    ``detail`` is the text of the answer or error."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def _advice_request(
+    job: str, url: str | None, socket_path: str | None, timeout: float, token: str | None
+) -> tuple[int, Any]:
+    """(status, decoded JSON) of asking the agent (default) or the engine at ``url``."""
+    query = urllib.parse.urlencode({"job": job})
+    if url is not None:
+        request = urllib.request.Request(f"{url.rstrip('/')}{ENGINE_ADVICE_PATH}?{query}")
         token = token if token is not None else os.environ.get("WATCHD_VIEWER_TOKEN")
         if token:
             request.add_header("Authorization", f"Bearer {token}")
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            doc = json.loads(resp.read())
-        advice = doc.get("job") if isinstance(doc, dict) else None
-        if isinstance(advice, dict) and isinstance(advice.get("advised_interval_s"), int | float):
-            return advice
-        return None
-    except Exception:  # unreachable, 404 (unknown job), a proxy's HTML: no advice
-        return None
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+        except OSError as exc:
+            raise AdviceUnavailable("engine_unreachable", f"{url}: {exc}") from None
+    path = socket_path or os.environ.get("WATCHD_HEARTBEAT_SOCKET") or DEFAULT_SOCKET
+    conn: http.client.HTTPConnection
+    headers: dict[str, str] = {}
+    if os.path.exists(path):
+        conn = _UnixHTTPConnection(path, timeout)
+        where = path
+    else:
+        port = _env_int(("WATCHD_HEARTBEAT_PORT",)) or DEFAULT_PORT
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        where = f"127.0.0.1:{port}"
+        token = token if token is not None else os.environ.get("WATCHD_HEARTBEAT_TOKEN")
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+    try:
+        conn.request("GET", f"{ADVICE_PATH}?{query}", headers=headers)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null")
+    except OSError as exc:
+        raise AdviceUnavailable("no_agent", f"the watchd agent at {where}: {exc}") from None
+    finally:
+        conn.close()
+
+
+def checkpoint_advice(
+    job: str | None = None,
+    *,
+    url: str | None = None,
+    socket_path: str | None = None,
+    timeout: float = 2.0,
+    token: str | None = None,
+) -> dict[str, Any]:
+    """The engine's checkpoint advice for ``job`` (default: from the environment, as :class:`Heartbeat`):
+    a dict with ``advised_interval_s`` (Daly's interval, compute seconds between checkpoints),
+    ``young_interval_s``, ``checkpoint_cost_s``, ``job_mtbf_hours``, ``current_interval_s``,
+    ``waste_current`` and ``waste_advised`` (expected shares of compute lost), ``far_too_long``.
+
+    By default it asks the local watchd agent, as heartbeats go (``socket_path``, else
+    ``WATCHD_HEARTBEAT_SOCKET``, else /run/watchd/heartbeat.sock; with no socket 127.0.0.1:
+    ``WATCHD_HEARTBEAT_PORT`` with ``WATCHD_HEARTBEAT_TOKEN``); the agent checks that the caller runs in the
+    job and asks the engine with its own credential, so the job needs no engine address and no token.
+    ``url`` (or ``WATCHD_ENGINE_URL``) asks that engine directly instead, with a viewer's ``token`` (else
+    ``WATCHD_VIEWER_TOKEN``). Waits at most ``timeout`` seconds per request. Raises
+    :class:`AdviceUnavailable` with the reason when there is no advice (never anything else)."""
+    try:
+        job = job if job is not None else _env_job()
+        if not job:
+            raise AdviceUnavailable("no_job", "no job id: pass job= or set WATCHD_JOB_ID or SLURM_JOB_ID")
+        url = url if url is not None else (os.environ.get("WATCHD_ENGINE_URL") or None)
+        status, doc = _advice_request(job, url, socket_path, timeout, token)
+    except AdviceUnavailable:
+        raise
+    except Exception as exc:  # a proxy's HTML, a half-closed connection: reported, never a crash
+        raise AdviceUnavailable("bad_answer", f"{type(exc).__name__}: {exc}") from None
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if status == 200 and isinstance(doc, dict) and isinstance(doc.get("job"), dict):
+        advice = doc["job"]
+        if isinstance(advice.get("advised_interval_s"), int | float):
+            return dict(advice)
+        raise AdviceUnavailable("no_advice", str(advice.get("why") or "the engine has no advice for the job"))
+    if status == 404 and error:
+        raise AdviceUnavailable("unknown_job", str(error))
+    if status in (401, 403):
+        raise AdviceUnavailable("refused", str(error or f"answered {status}"))
+    if status in (502, 503, 504):
+        raise AdviceUnavailable("engine_unreachable", str(error or f"answered {status}"))
+    raise AdviceUnavailable("bad_answer", f"answered {status}: {str(error or doc)[:200]}")
 
 
 def advised_checkpoint_interval(
-    job: str | None = None, *, url: str | None = None, timeout: float = 2.0, token: str | None = None
-) -> float | None:
-    """Daly's advised compute time between checkpoints for ``job``, in seconds; None without advice."""
-    advice = checkpoint_advice(job, url=url, timeout=timeout, token=token)
-    return None if advice is None else float(advice["advised_interval_s"])
+    job: str | None = None,
+    *,
+    url: str | None = None,
+    socket_path: str | None = None,
+    timeout: float = 2.0,
+    token: str | None = None,
+) -> float:
+    """Daly's advised compute time between checkpoints for ``job``, in seconds (see
+    :func:`checkpoint_advice`); raises :class:`AdviceUnavailable` with the reason when there is none."""
+    advice = checkpoint_advice(job, url=url, socket_path=socket_path, timeout=timeout, token=token)
+    return float(advice["advised_interval_s"])

@@ -122,6 +122,7 @@ class EngineConfig(_Strict):
     auth: EngineAuth = EngineAuth()
     mode: Literal["dry-run", "enforce"] = "dry-run"
     rules: list[Path] = Field(default_factory=list)
+    default_rules: bool = True  # false: only the rules of `rules`, none of the embedded pack
     reload: ReloadConfig = ReloadConfig()
     ingest: IngestConfig = IngestConfig()
     slurm: SlurmConfig = SlurmConfig()
@@ -148,6 +149,12 @@ class EngineConfig(_Strict):
                 "kubernetes.leader_election: with state.kind postgres the engines elect through the database "
                 "lease (state.postgres.leader_election), whose token fences the store's writes"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _some_rules(self) -> EngineConfig:
+        if not self.default_rules and not self.rules:
+            raise ValueError("default_rules: false needs rule files in rules: (else the engine has no rules)")
         return self
 
     @field_validator("auth", mode="before")

@@ -19,7 +19,7 @@ import math
 import resource
 import ssl
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -334,7 +334,7 @@ async def serve(
 # --------------------------------------------------------------------- credentials and TLS (issue 22)
 
 #: what a request needs: the agents' ingest, a read, an operator's call, /metrics, /healthz and /readyz
-Need = Literal["ingest", "read", "operate", "metrics", "health"]
+Need = Literal["ingest", "read", "operate", "metrics", "health", "agent_read"]
 Role = Literal["agent", "viewer", "operator", "anyone"]
 
 
@@ -387,6 +387,8 @@ class Credentials:
         role = principal.role
         if need == "ingest":
             return role == "agent" or self.shared is None
+        if need == "agent_read":  # what an agent asks for a job on its node (one job's checkpoint advice)
+            return role in ("agent", "operator", "viewer") or self.shared is None
         legacy = not self.operators and not self.viewers  # the shared token does everything
         if need == "operate":
             return role == "operator" or (legacy and role == "agent")
@@ -397,10 +399,13 @@ class Credentials:
 PRINCIPAL = web.RequestKey("principal", Principal)
 
 
-def need_of(request: web.BaseRequest, ingest_path: str) -> Need:
+def need_of(request: web.BaseRequest, ingest_path: str, agent_reads: Collection[str] = ()) -> Need:
+    """What a request needs; ``agent_reads``: the GET paths an agent's token may read too."""
     path = request.path
     if path == ingest_path:
         return "ingest"
+    if path in agent_reads and request.method in ("GET", "HEAD"):
+        return "agent_read"
     if path == "/metrics":
         return "metrics"
     if path in ("/healthz", "/readyz"):
@@ -414,13 +419,14 @@ def auth_middleware(
     credentials: Credentials,
     ingest_path: str,
     on_denied: Callable[[web.BaseRequest, Need], None] = lambda r, n: None,
+    agent_reads: Collection[str] = (),
 ) -> Middleware:
     """Every request: who sent it (``request["principal"]``) and whether they may; 401 without a
     credential we know, 403 with one that may not do this."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        need = need_of(request, ingest_path)
+        need = need_of(request, ingest_path, agent_reads)
         principal = credentials.identify(request.headers.get("Authorization", ""))
         if credentials.allows(principal, need):
             request[PRINCIPAL] = principal or Principal("anonymous", "anyone")

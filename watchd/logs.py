@@ -4,16 +4,19 @@ Repeated lines are rate-limited (:class:`RepeatLimiter`): per (logger, event) ke
 of an interval go through; the rest are counted, and one ``log_lines_suppressed`` line per key reports the
 count when the interval ends (seen at the next log call) and at exit. A flood of one kind of line (an action
 per event, a clock warning per event) then costs a few lines, not one per event; the audit and the
-metrics keep the full record. :class:`LogConfig` is the daemons' ``log:`` section."""
+metrics keep the full record. Under systemd each line starts with its syslog priority (``<3>`` for an
+error), so ``journalctl -p err`` finds the errors. :class:`LogConfig` is the daemons' ``log:`` section."""
 
 from __future__ import annotations
 
 import atexit
+import io
 import logging
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Literal
 
 import structlog
@@ -120,6 +123,45 @@ class RepeatLimiter:
 class LogConfig(Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
+    # "<N>" before each line, the syslog priority systemd's journal reads (SyslogLevelPrefix=, on by
+    # default): auto when the output is the journal (systemd's JOURNAL_STREAM names it)
+    syslog_priority: Literal["auto", "always", "never"] = "auto"
+
+
+#: The syslog priority (RFC 5424) of each log level: what ``journalctl -p`` filters on.
+SYSLOG_PRIORITIES = {
+    "critical": 2,
+    "exception": 3,
+    "error": 3,
+    "warning": 4,
+    "warn": 4,
+    "info": 6,
+    "debug": 7,
+}
+
+
+def writes_to_journal(stream: Any, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``stream`` is the journal's: systemd sets ``JOURNAL_STREAM=DEVICE:INODE`` for a service whose
+    stdout or stderr is connected to the journal (systemd.exec(5)); a pipe or file it was redirected to has
+    another device and inode."""
+    try:
+        device, inode = (int(part) for part in environ.get("JOURNAL_STREAM", "").split(":"))
+        st = os.fstat(stream.fileno())
+    except (ValueError, OSError, AttributeError, io.UnsupportedOperation):
+        return False
+    return (st.st_dev, st.st_ino) == (device, inode)
+
+
+def with_syslog_priority(
+    render: Callable[[Any, str, EventDict], Any],
+) -> Callable[[Any, str, EventDict], str]:
+    """``render``, its line prefixed ``<N>`` with the syslog priority of the line's level."""
+
+    def prefixed(logger: Any, method_name: str, event: EventDict) -> str:
+        priority = SYSLOG_PRIORITIES.get(str(event.get("level", method_name)), 6)
+        return f"<{priority}>{render(logger, method_name, event)}"
+
+    return prefixed
 
 
 _active: RepeatLimiter | None = None
@@ -133,11 +175,18 @@ def _flush_at_exit() -> None:
 atexit.register(_flush_at_exit)
 
 
-def configure_logging(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
+def configure_logging(
+    level: str = "info", fmt: str = "auto", stream: Any = None, syslog_priority: str = "auto"
+) -> None:
+    """Log lines at ``level`` and above to ``stream`` (stderr), as JSON lines or for a terminal, each with
+    its ``<N>`` syslog priority when ``syslog_priority`` is ``always``, or ``auto`` and the stream is the
+    journal."""
     global _active
     stream = stream or sys.stderr
     as_json = fmt == "json" or (fmt == "auto" and not stream.isatty())
     renderer: Any = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
+    if syslog_priority == "always" or (syslog_priority == "auto" and writes_to_journal(stream)):
+        renderer = with_syslog_priority(renderer)
     stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
 
     def render_summary(logger: Any, method_name: str, event: EventDict) -> Any:

@@ -44,6 +44,7 @@ async def test_alert_fires_is_kept_and_resolves(alertmanager: AlertmanagerProces
     config = EngineConfig(
         listen=Listen(port=0),
         rules=[rules],
+        default_rules=False,
         mode="enforce",
         slurm={"enabled": False},
         external_url="http://watchd.example:9120",
@@ -94,6 +95,7 @@ async def test_a_restarted_engine_keeps_its_alerts_firing(
     config = EngineConfig(
         listen=Listen(port=0),
         rules=[rules],
+        default_rules=False,
         mode="enforce",
         slurm={"enabled": False},
         state={"path": str(tmp_path / "state.db")},

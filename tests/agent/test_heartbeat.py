@@ -195,6 +195,64 @@ async def test_socket_and_its_new_folder_get_the_configured_permissions(
 def test_socket_mode_is_validated() -> None:
     with pytest.raises(ValidationError):
         HeartbeatConfig(socket_mode="0999")
+    with pytest.raises(ValidationError):
+        HeartbeatConfig(socket_group="no spaces")
+    with pytest.raises(ValidationError):
+        HeartbeatConfig(socket_group=-1)
+
+
+def test_by_default_every_local_user_may_connect_and_reports_are_checked() -> None:
+    """A job's ranks run as its user, not the agent's: the socket is open to them, the peer check decides."""
+    assert HeartbeatConfig().verify and HeartbeatConfig().socket_permissions == 0o666
+    assert HeartbeatConfig(verify=False).socket_permissions == 0o660
+    assert HeartbeatConfig(socket_mode="0600").socket_permissions == 0o600
+
+
+@pytest.mark.parametrize("by", ["name", "gid"])
+async def test_socket_group_by_name_or_gid(by: str, tmp_path: Path) -> None:
+    import grp
+
+    gid = os.getgid()
+    group: str | int = grp.getgrgid(gid).gr_name if by == "name" else gid
+    sock = tmp_path / "run" / "heartbeat.sock"
+    config = HeartbeatConfig(socket=sock, socket_mode="0660", socket_group=group, http_port=0)
+    metrics = AgentMetrics()
+    server = HeartbeatServer(config, "gpu-7", SystemClock(), metrics, lambda e: None)
+    await server.start()
+    try:
+        assert os.stat(sock).st_gid == gid and stat.S_IMODE(os.stat(sock).st_mode) == 0o660
+        assert os.stat(sock.parent).st_gid == gid
+        assert metrics.heartbeat_endpoint_up.labels("socket")._value.get() == 1
+    finally:
+        await server.stop()
+
+
+async def test_an_unknown_socket_group_is_named_and_the_endpoint_is_down(tmp_path: Path) -> None:
+    from watchd.agent.heartbeat_server import socket_group_id
+
+    with pytest.raises(OSError, match=r"heartbeat.socket_group: no group 'no-such-group-x' on this host"):
+        socket_group_id("no-such-group-x")
+    sock = tmp_path / "heartbeat.sock"
+    config = HeartbeatConfig(socket=sock, socket_group="no-such-group-x", http_port=0)
+    metrics = AgentMetrics()
+    server = HeartbeatServer(config, "gpu-7", SystemClock(), metrics, lambda e: None)
+    await server.start()
+    try:
+        assert not sock.exists() and metrics.heartbeat_endpoint_up.labels("socket")._value.get() == 0
+    finally:
+        await server.stop()
+
+
+def test_agent_check_names_an_unknown_socket_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from watchd.cli import main
+
+    config = tmp_path / "agent.yaml"
+    config.write_text("engine: {auth: {token: x}}\nheartbeat: {socket_group: no-such-group-x}\n")
+    assert main(["agent", "--config", str(config), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert f"{config}: heartbeat.socket_group: no group 'no-such-group-x' on this host" in err
 
 
 async def test_client_keeps_reports_while_the_agent_is_away_and_sends_them_when_it_returns(

@@ -50,6 +50,7 @@ async def test_hang_with_a_lost_gpu_drains_the_culprit_requeues_and_pages(
         config = EngineConfig(
             listen=Listen(port=0),
             rules=[FINDINGS_RULES],
+            default_rules=False,
             mode="enforce",
             slurm={"slurm_conf": cluster.conf_path},
             safety={"max_fraction": 0.5},

@@ -75,7 +75,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Daemon, dict[str, Path]]]:
     token = tmp_path / "token"
     token.write_text("hb-e2e\n")
     config = engine_config(free_port(), token, "dry-run", None)
-    config.update(rules=[str(FINDINGS_RULES)], detectors={"interval_s": 1.0})
+    config.update(rules=[str(FINDINGS_RULES)], default_rules=False, detectors={"interval_s": 1.0})
     engine = Daemon("engine", config, tmp_path)
     daemons = [engine]
     sockets = {}

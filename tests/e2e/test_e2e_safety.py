@@ -64,7 +64,7 @@ def start_engine(tmp: Path, cluster: SlurmCluster, db: Path, **extra: Any) -> Da
     rules = tmp / "rules.yaml"
     rules.write_text(RULES)
     config = engine_config(free_port(), token, "enforce", str(cluster.conf_path))
-    config.update(rules=[str(rules)], state={"path": str(db)}, **extra)
+    config.update(rules=[str(rules)], default_rules=False, state={"path": str(db)}, **extra)
     engine = Daemon("engine", config, tmp)
     engine.wait_ready()
     return engine

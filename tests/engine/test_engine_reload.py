@@ -35,6 +35,7 @@ def watching(rules: Path) -> EngineConfig:
     return EngineConfig(
         listen=Listen(port=0),
         rules=[rules],
+        default_rules=False,
         reload=ReloadConfig(poll_interval_s=0.05),
         slurm={"enabled": False},
     )
@@ -83,6 +84,7 @@ def test_sighup_reloads_a_running_engine(tmp_path: Path) -> None:
     config = {
         "listen": {"host": "127.0.0.1", "port": free_port()},
         "rules": [str(rules)],
+        "default_rules": False,
         "reload": {"watch_files": False},
         "slurm": {"enabled": False},
         "log": {"format": "json"},

@@ -78,6 +78,7 @@ def start_engine(
     rules_path.write_text(rules)
     config = engine_config(free_port(), token, mode, None)
     config["rules"] = [str(rules_path)]
+    config["default_rules"] = False  # these rules alone
     config["reload"] = {"watch_files": False}
     if fake is not None:
         config["slurm"] = fake

@@ -81,6 +81,7 @@ class HaPair:
         for name in ("a", "b"):
             config = engine_config(free_port(), token, "enforce", slurm_conf)
             config["rules"] = [str(rules)]
+            config["default_rules"] = False
             config["reload"] = {"watch_files": False}
             config["state"] = {
                 "kind": "postgres",

@@ -34,7 +34,7 @@ def by_kind(kind: str) -> list[dict[str, Any]]:
     return [d for d in docs() if d["kind"] == kind]
 
 
-def test_kinds_and_wiring() -> None:
+def test_kinds_and_wiring(tmp_path: Path) -> None:
     kinds = {d["kind"] for d in docs()}
     assert {
         "Namespace",
@@ -74,8 +74,19 @@ def test_kinds_and_wiring() -> None:
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     shared = [v["name"] for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/run/watchd"]
     assert shared and mounts[shared[0]] == str(agent.heartbeat.socket.parent)
-    assert all(isinstance(r, dict) for r in yaml.safe_load(maps["watchd-rules"]["site.yaml"])["rules"])
-    assert callable(load_rules)
+    # the site's rules add to the defaults: every default rule stays active
+    from watchd.rules import default_rules, effective_rules, parse_rule_file
+
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    (folder / "site.yaml").write_text(maps["watchd-rules"]["site.yaml"])
+    assert engine.rules == [Path("/etc/watchd/rules")] and engine.default_rules
+    effective = effective_rules([folder], defaults=engine.default_rules)
+    assert effective.problems == []
+    pack = [r.name for text, src in default_rules() for r in parse_rule_file(text, src)[0]]
+    active = [e.name for e in effective.entries if e.state == "active"]
+    assert active == [*pack, "site-xid-audit"]
+    assert load_rules([folder]).names == active
 
 
 def allowed(role_kinds: tuple[str, ...]) -> set[tuple[str, str, str]]:

@@ -199,6 +199,7 @@ def start_engine(tmp: Path, api: KubeApiServer, name: str) -> Daemon:
         "listen": {"host": "127.0.0.1", "port": free_port()},
         "mode": "enforce",
         "rules": [str(rules)],
+        "default_rules": False,
         "slurm": {"enabled": False},
         "kubernetes": {
             "enabled": True,

@@ -18,7 +18,7 @@ import pytest
 
 from tests.daemons import Daemon, free_port, watchd_command
 from tests.support import wait_for
-from watchd.client import advised_checkpoint_interval
+from watchd.client import AdviceUnavailable, advised_checkpoint_interval
 from watchd.model.events import Event, batch_to_wire, stable_id
 
 pytestmark = pytest.mark.real
@@ -143,13 +143,19 @@ def test_reliability_end_to_end(tmp_path: Path, promtool: str) -> None:
         assert seven["advised_interval_s"] < seven["young_interval_s"]
         assert not seven["far_too_long"] and jobs["slurm:8"]["far_too_long"]
 
-        # what a training loop reads (watchd.client): the advice, or None, never an exception
-        # reads need a credential where the engine has one (issue 22): without it, no advice
-        assert advised_checkpoint_interval("slurm:7", url=engine.url) is None
+        # what a training loop reads (watchd.client), asking the engine directly: the advice, or the reason
+        # there is none (AdviceUnavailable); reads need a credential where the engine has one
+        with pytest.raises(AdviceUnavailable) as refused:
+            advised_checkpoint_interval("slurm:7", url=engine.url)
+        assert refused.value.reason == "refused"
         advised = advised_checkpoint_interval("slurm:7", url=engine.url, token=TOKEN)
         assert advised == seven["advised_interval_s"]
-        assert advised_checkpoint_interval("slurm:99", url=engine.url, token=TOKEN) is None
-        assert advised_checkpoint_interval("slurm:7", url=f"http://127.0.0.1:{free_port()}") is None
+        with pytest.raises(AdviceUnavailable) as unknown:
+            advised_checkpoint_interval("slurm:99", url=engine.url, token=TOKEN)
+        assert unknown.value.reason == "unknown_job" and "no heartbeats" in unknown.value.detail
+        with pytest.raises(AdviceUnavailable) as away:
+            advised_checkpoint_interval("slurm:7", url=f"http://127.0.0.1:{free_port()}")
+        assert away.value.reason == "engine_unreachable"
 
         text = cli(engine.url)
         assert "fleet: 1 failure in 3.0 node-h: MTBF 3.0 h (90%:" in text

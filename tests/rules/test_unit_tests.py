@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from watchd.rules import check_rules
 from watchd.rules.commands import run_check, run_schema, run_test
 from watchd.rules.unit_tests import format_duration, parse_event_line
 
@@ -294,8 +295,14 @@ def checked(path: Path) -> tuple[int, list[str]]:
 def test_check_ok_and_problems(tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(RULES)
     out = io.StringIO()
-    assert run_check([tmp_path], out) == 0
+    assert run_check([tmp_path], out, defaults=False) == 0
     assert out.getvalue() == "ok: 3 rules in 1 file\n"
+    out = io.StringIO()
+    assert run_check([tmp_path], out) == 0
+    pack = len(check_rules([])[0])
+    assert out.getvalue() == (
+        f"ok: 3 rules in 1 file, with {pack} default rules (0 replaced, 0 disabled): {pack + 3} active\n"
+    )
     (tmp_path / "more.yaml").write_text(
         "rules:\n  - {name: a, match: {x: {regex: '('}}, actions: [log]}\n"
         "  - {name: b, match: {}, actions: [zap]}\n"

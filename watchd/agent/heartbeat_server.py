@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import os
 import socket
 import stat
@@ -18,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from watchd.agent.advice import AdviceSource
 from watchd.agent.heartbeat import Coalescer, Report, ReportError, parse_reports
 from watchd.agent.heartbeat_auth import (
     IDENTITIES,
@@ -46,6 +48,7 @@ from watchd.model.events import Event
 _log = get_logger("watchd.heartbeat")
 
 PATH = "/v1/heartbeat"
+ADVICE_PATH = "/v1/checkpoint-advice"  # a job's checkpoint advice, asked of the engine for it
 MAX_BODY_BYTES = 256 * 1024
 MAX_REPORTS_PER_REQUEST = 1024
 _TICK_MAX_S = 0.25
@@ -60,9 +63,12 @@ class HeartbeatServer:
         metrics: AgentMetrics,
         emit: Callable[[Event], None],
         identity: JobIdentity | None = None,
+        advice: AdviceSource | None = None,
     ) -> None:
-        """``identity``: who a socket peer is (default: the configured one, ``/proc``)."""
+        """``identity``: who a socket peer is (default: the configured one, ``/proc``); ``advice``: where a
+        job's checkpoint advice comes from (the engine; None: ``GET ADVICE_PATH`` answers 503)."""
         self.config = config
+        self.advice = advice
         self.coalescer = Coalescer(
             node,
             clock,
@@ -88,6 +94,7 @@ class HeartbeatServer:
             client_max_size=MAX_BODY_BYTES, middlewares=[errors_as_json("heartbeat_request_failed")]
         )
         app.router.add_post(PATH, self._handle)
+        app.router.add_get(ADVICE_PATH, self._advice)
         self._runner = GuardedRunner(app, self._limits, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         opened = []
@@ -142,10 +149,13 @@ class HeartbeatServer:
             up.set(1)
 
     async def _open_socket(self, path: Path) -> None:
-        mode = int(self.config.socket_mode, 8)
-        _prepare_socket_path(path, mode)
+        mode = self.config.socket_permissions
+        group = socket_group_id(self.config.socket_group) if self.config.socket_group is not None else None
+        _prepare_socket_path(path, mode, group)
         assert self._runner is not None
         await web.UnixSite(self._runner, str(path)).start()
+        if group is not None:
+            os.chown(path, -1, group)
         os.chmod(path, mode)
 
     async def _handle(self, request: web.Request) -> web.Response:
@@ -207,18 +217,43 @@ class HeartbeatServer:
             )
         return json_response({"accepted": accepted})
 
-    def _verdicts(self, request: web.Request, reports: list[Report]) -> list[Verdict]:
+    async def _advice(self, request: web.Request) -> web.Response:
+        """``GET /v1/checkpoint-advice?job=J``: the engine's checkpoint advice for J, asked with the agent's
+        own engine token, for a caller in J (the same checks as a heartbeat report's)."""
+        job = request.query.get("job", "")
+        if not job:
+            return json_response({"error": "job: required", "reason": "no_job"}, status=400)
+        (verdict,) = self._verdicts(request, [job])
+        if not verdict.ok:
+            self._metrics.heartbeats_rejected.labels(str(verdict.reason)).inc()
+            return json_response(
+                {
+                    "error": f"not asked from the job it names ({verdict.reason}); see docs/security.md",
+                    "reason": "refused",
+                },
+                status=403,
+            )
+        if self.advice is None:
+            return json_response(
+                {"error": "this agent does not ask the engine for advice", "reason": "engine_unreachable"},
+                status=503,
+            )
+        status, doc = await self.advice(job)
+        return json_response(doc, status=status)
+
+    def _verdicts(self, request: web.Request, jobs: list[Report] | list[str]) -> list[Verdict]:
+        names = [j if isinstance(j, str) else j.job for j in jobs]
         if not self.config.verify:
-            return [Verdict(None) for _ in reports]
+            return [Verdict(None) for _ in names]
         transport = request.transport
         sock: Any = transport.get_extra_info("socket") if transport is not None else None
         tcp = sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6)
         if tcp:
             header = request.headers.get("Authorization")
-            return [judge(r.job, tcp=True, authorization=header, secret=self._secret) for r in reports]
+            return [judge(job, tcp=True, authorization=header, secret=self._secret) for job in names]
         peer: Peer | None = peer_credentials(sock)
         identity = self.identity.identify(peer.pid) if peer is not None else None
-        return [judge(r.job, peer=peer, identity=identity) for r in reports]
+        return [judge(job, peer=peer, identity=identity) for job in names]
 
     async def _tick(self) -> None:
         period = min(_TICK_MAX_S, self.config.forward_interval_s / 4)
@@ -229,11 +264,22 @@ class HeartbeatServer:
             self._metrics.heartbeat_ranks.set(len(self.coalescer))
 
 
-def _prepare_socket_path(path: Path, mode: int) -> None:
+def socket_group_id(group: str | int) -> int:
+    """The gid of ``heartbeat.socket_group`` (a name, or a gid that must exist on this host); an OSError
+    naming the key and the group when there is none."""
+    try:
+        return grp.getgrgid(group).gr_gid if isinstance(group, int) else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise OSError(f"heartbeat.socket_group: no group {group!r} on this host") from None
+
+
+def _prepare_socket_path(path: Path, mode: int, group: int | None = None) -> None:
     # A folder the agent creates is searchable by whoever may write to the socket (docs/heartbeats.md).
     folder_mode = 0o700 | (0o050 if mode & 0o060 else 0) | (0o001 if mode & 0o006 else 0)
     if not path.parent.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
+        if group is not None:
+            os.chown(path.parent, -1, group)
         os.chmod(path.parent, folder_mode)  # mkdir's mode is cut by the umask
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(os.lstat(path).st_mode):

@@ -11,6 +11,7 @@ from types import TracebackType
 
 from aiohttp import web
 
+from watchd.agent.advice import EngineAdvice
 from watchd.agent.heartbeat_server import HeartbeatServer
 from watchd.agent.metrics import AgentMetrics
 from watchd.agent.settings import AgentConfig
@@ -117,8 +118,17 @@ class Agent:
         # A fake GPU writes its kernel-log lines to a source of its own, as a real driver to the kernel log.
         kernel_log = context.fake_kernel_log.inject_log_threadsafe
         self.gpu = gpu_sampler_from_config(config, self.metrics, self._emit, self.dedup, kernel_log)
+        # a job's ranks ask the agent for their checkpoint advice; the agent asks the engine with its token
+        self.advice = EngineAdvice(
+            e.url,
+            e.auth.resolve(),
+            e.timeout_s,
+            engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
+        )
         self.heartbeat = (
-            HeartbeatServer(config.heartbeat, config.node, SystemClock(), self.metrics, self._emit)
+            HeartbeatServer(
+                config.heartbeat, config.node, SystemClock(), self.metrics, self._emit, advice=self.advice
+            )
             if config.heartbeat.enabled
             else None
         )
@@ -138,6 +148,7 @@ class Agent:
                 self._spawn(self.gpu.run(), "gpu")
             self._stack.push_async_callback(self._stop_tasks)
             if self.heartbeat is not None:
+                self._stack.push_async_callback(self.advice.close)
                 await self.heartbeat.start()  # stopped before the shipper: its last events are flushed
                 self._stack.push_async_callback(self.heartbeat.stop)
             app = web.Application()

@@ -52,8 +52,13 @@ class HeartbeatConfig(Strict):
 
     enabled: bool = True
     socket: Path | None = Path("/run/watchd/heartbeat.sock")  # None: no Unix socket
-    # who may report: "0660" the agent's user and group, "0666" every local user (loopback HTTP already is)
-    socket_mode: Annotated[str, Field(pattern=r"^0?[0-7]{3}$")] = "0660"
+    # who may connect. Default (null): "0666" with verify (every local user may connect: each report counts
+    # only from the job it names, checked by the peer's cgroup), "0660" without it
+    socket_mode: Annotated[str, Field(pattern=r"^0?[0-7]{3}$")] | None = None
+    # the socket's group, by name or gid (null: the agent's own); with socket_mode "0660", who may report
+    socket_group: (
+        Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*\$?$")] | Annotated[int, Field(ge=0)] | None
+    ) = None
     # on 127.0.0.1 only; 0: off. With verify, each job needs its token (token_secret; docs/security.md)
     http_port: Port = 0
     # reports count only from the job they name (the socket peer's cgroup, or the job's token over TCP);
@@ -67,6 +72,13 @@ class HeartbeatConfig(Strict):
     max_ranks: Annotated[int, Field(ge=1)] = 1024
     forget_after_s: Seconds = 600.0
     http: HttpConfig = HttpConfig(max_connections=256)  # both endpoints (socket and 127.0.0.1)
+
+    @property
+    def socket_permissions(self) -> int:
+        """The socket's mode bits: ``socket_mode``, or the default for ``verify``."""
+        if self.socket_mode is not None:
+            return int(self.socket_mode, 8)
+        return 0o666 if self.verify else 0o660
 
     @model_validator(mode="after")
     def _tcp_needs_tokens(self) -> HeartbeatConfig:

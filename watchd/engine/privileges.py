@@ -4,6 +4,10 @@ before the first Xid, not after it. Nothing changes on the cluster to find out."
 
 from __future__ import annotations
 
+import math
+
+from prometheus_client import Gauge
+
 from watchd.integrations.base import Privileges, Scheduler, SchedulerError
 from watchd.logs import get_logger
 
@@ -12,8 +16,9 @@ __all__ = ["privileges"]
 _log = get_logger("watchd.engine")
 
 
-async def privileges(scheduler: Scheduler) -> Privileges:
-    """The scheduler's answer, logged: a warning when it refuses or cannot tell."""
+async def privileges(scheduler: Scheduler, gauge: Gauge | None = None) -> Privileges:
+    """The scheduler's answer, logged (a warning when it refuses or cannot tell) and set on ``gauge`` (1, 0,
+    NaN when it could not tell)."""
     try:
         answer = await scheduler.privileges()
     except SchedulerError as exc:
@@ -26,4 +31,6 @@ async def privileges(scheduler: Scheduler) -> Privileges:
             scheduler=scheduler.name,
             detail=answer.detail,
         )
+    if gauge is not None:
+        gauge.set(math.nan if answer.allowed is None else float(answer.allowed))
     return answer

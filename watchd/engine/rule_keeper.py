@@ -47,6 +47,7 @@ class RuleKeeper(Component):
         self,
         paths: Sequence[Path],
         *,
+        defaults: bool = True,
         snapshot_s: float,
         watch_s: float | None,
         clock: Clock,
@@ -54,6 +55,7 @@ class RuleKeeper(Component):
         following: Callable[[], str | None],
     ) -> None:
         self.paths = list(paths)
+        self.defaults = defaults  # the embedded default pack too, not only the files of paths
         self.snapshot_s = snapshot_s
         self.watch_s = watch_s  # None: rule files are not watched
         self.clock = clock
@@ -67,7 +69,7 @@ class RuleKeeper(Component):
 
     def load(self) -> None:
         """The first load (a ConfigError names the file and the key)."""
-        self.rules = load_rules(self.paths)
+        self.rules = load_rules(self.paths, defaults=self.defaults)
         self.evaluator = self.rules.engine()
         self._mtimes = self.file_times()
         self.metrics.rules_loaded.set(len(self.rules.rules))
@@ -92,7 +94,7 @@ class RuleKeeper(Component):
         """Build the new rule set completely, then swap it in; on error the old one stays active."""
         self._mtimes = self.file_times()
         try:
-            new = load_rules(self.paths)
+            new = load_rules(self.paths, defaults=self.defaults)
             evaluator = new.engine()
             evaluator.carry_state_from(self.evaluator)
         except ConfigError as exc:

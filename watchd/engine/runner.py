@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import uuid
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -108,6 +107,7 @@ class Engine:
         reload = config.reload
         self.rule_keeper = RuleKeeper(
             config.rules,
+            defaults=config.default_rules,
             snapshot_s=config.state.rules_snapshot_s,
             watch_s=reload.poll_interval_s if reload.watch_files else None,
             clock=self.clock,
@@ -335,8 +335,7 @@ class Engine:
         stack.callback(self.rule_keeper.save_now)  # after the processor stopped, before the close
         self._lead(stack)
         if self.scheduler is not None:
-            may = (await privileges(self.scheduler)).allowed
-            self.metrics.scheduler_privileged.set(math.nan if may is None else float(may))
+            await privileges(self.scheduler, self.metrics.scheduler_privileged)
         self._build_executor()
         self.subsystems = self._build_subsystems()
         for subsystem in self.subsystems:

@@ -29,6 +29,7 @@ from watchd.httputil import (
 from watchd.logs import get_logger
 from watchd.model.events import INGEST_PATH, Event, WireError, batch_from_wire
 from watchd.model.registry import ALL_KINDS
+from watchd.model.reliability import JOB_ADVICE_PATH
 from watchd.subsystem import Subsystem
 
 _log = get_logger("watchd.ingest")
@@ -281,7 +282,10 @@ def make_app(
             result = engine.discard(held_id, by)
         return json_response(result, status=404 if result["outcome"] == "not_held" else 200)
 
-    middlewares = [errors_as_json("request_failed"), auth_middleware(credentials, INGEST_PATH, denied)]
+    middlewares = [
+        errors_as_json("request_failed"),
+        auth_middleware(credentials, INGEST_PATH, denied, agent_reads=(JOB_ADVICE_PATH,)),
+    ]
     app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
     app.router.add_post(INGEST_PATH, ingest)
     app.router.add_get("/metrics", metrics_handler(metrics.registry))

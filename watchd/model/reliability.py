@@ -17,6 +17,9 @@ __all__ = ["KIND", "SOURCE", "CheckpointInterval"]
 
 KIND = "checkpoint_interval"
 SOURCE = "reliability"
+#: The engine's path for one job's checkpoint advice: the agents' token may read it (an agent asks for the
+#: ranks of a job on its node), like an operator's or a viewer's.
+JOB_ADVICE_PATH = "/api/v1/reliability/job"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

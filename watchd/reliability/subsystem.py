@@ -27,9 +27,9 @@ from watchd.model.action import KIND as FEEDBACK_KIND
 from watchd.model.events import Event, stable_id
 from watchd.model.gpu import SUMMARY_KIND
 from watchd.model.heartbeat import KIND as HEARTBEAT_KIND
+from watchd.model.reliability import JOB_ADVICE_PATH, CheckpointInterval
 from watchd.model.reliability import KIND as ADVICE_KIND
 from watchd.model.reliability import SOURCE as ADVICE_SOURCE
-from watchd.model.reliability import CheckpointInterval
 from watchd.reliability.estimate import MtbfEstimate
 from watchd.reliability.evidence import FAILURE_OUTCOMES, gpu_of, hardware_evidence
 from watchd.reliability.jobs import JobTracker
@@ -122,7 +122,18 @@ class Reliability(Component):
             except LookupError as exc:
                 return error_response(404, str(exc).strip("'\""))
 
+        async def job_advice(request: web.Request) -> web.Response:
+            job = request.query.get("job")
+            if not job:
+                return error_response(400, "job: required")
+            try:
+                return json_response({"job": self.document({"job": job})["job"]})
+            except LookupError as exc:
+                return error_response(404, str(exc).strip("'\""))
+
         app.router.add_get("/api/v1/reliability", document)
+        # one job's advice alone: the agents' token may read it (an agent asks for a job on its node)
+        app.router.add_get(JOB_ADVICE_PATH, job_advice)
 
     async def _advise_cycle(self) -> None:
         """The report and checkpoint advice; a job far off the advice becomes a finding."""

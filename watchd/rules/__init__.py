@@ -4,8 +4,9 @@ fast path (compiled/, held to the specification by tests/rules/test_compiled_con
 ``watchd rules test``, commands the ``watchd rules`` command line."""
 
 from watchd.rules.decision import Decision, PlannedAction
+from watchd.rules.effective import EffectiveRules, RuleEntry, effective_rules, load_rules
 from watchd.rules.limits import Mode
-from watchd.rules.loader import Problem, check_rules, default_rules, load_rules, parse_rule_file
+from watchd.rules.loader import Problem, check_rules, default_rules, parse_rule_file
 from watchd.rules.model import DISRUPTIVE, ActionKind, RuleSpec, json_schema
 from watchd.rules.rule import Rule, plan
 from watchd.rules.rule_engine import RuleEngine, decisions_for
@@ -16,17 +17,20 @@ __all__ = [
     "DISRUPTIVE",
     "ActionKind",
     "Decision",
+    "EffectiveRules",
     "Interpreter",
     "Mode",
     "PlannedAction",
     "Problem",
     "Rule",
     "RuleEngine",
+    "RuleEntry",
     "RuleSet",
     "RuleSpec",
     "check_rules",
     "decisions_for",
     "default_rules",
+    "effective_rules",
     "json_schema",
     "load_rules",
     "parse_rule_file",

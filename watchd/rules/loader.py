@@ -1,5 +1,5 @@
-"""Load rule files strictly into a :class:`~watchd.rules.rule_set.RuleSet`: every problem is reported with
-file:line:column, nothing is half-loaded."""
+"""Read and parse rule files strictly: every problem is reported with file:line:column, nothing is
+half-loaded. How the default pack and a site's files make the engine's set: :mod:`watchd.rules.effective`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from watchd.rules.compiled.match import compile_match
 from watchd.rules.model import ACTION_NAMES, RuleSpec
 from watchd.rules.positions import YamlPath, YamlPositions, load_with_position
 from watchd.rules.rule import Rule
-from watchd.rules.rule_set import RuleSet
 from watchd.rules.specification import MatchError, match_kinds
 from watchd.rules.template import Template, TemplateError, allowed_names
 
@@ -69,8 +68,35 @@ def _template_fields(model: BaseModel) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class DisabledDefault:
+    """One entry of a rule file's ``disable_defaults`` list: the default rule's name, and where it is."""
+
+    name: str
+    file: str
+    line: int
+    column: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedFile:
+    rules: list[Rule]
+    problems: list[Problem]
+    disabled: list[DisabledDefault]
+
+
 def parse_rule_file(text: str, source: str, first_order: int = 0) -> tuple[list[Rule], list[Problem]]:
     """Every rule of one file that is valid, and every problem found (all of them, not just the first)."""
+    parsed = parse_rule_file_in_full(text, source, first_order)
+    return parsed.rules, parsed.problems
+
+
+def parse_rule_file_in_full(text: str, source: str, first_order: int = 0) -> ParsedFile:
+    """:func:`parse_rule_file`, with the default rules the file disables (``disable_defaults``)."""
     pos = YamlPositions(text)
 
     def problem(path: YamlPath, message: str, key: bool = False) -> Problem:
@@ -79,14 +105,24 @@ def parse_rule_file(text: str, source: str, first_order: int = 0) -> tuple[list[
 
     data, error = load_with_position(text)
     if error is not None:
-        return [], [Problem(source, *error)]
-    if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
-        return [], [problem((), "a rule file is a mapping with a 'rules' list")]
-    extra = sorted(set(data) - {"rules"})
+        return ParsedFile([], [Problem(source, *error)], [])
+    if not isinstance(data, dict) or not isinstance(data.get("rules", []), list) or not data:
+        return ParsedFile([], [problem((), "a rule file is a mapping with a 'rules' list")], [])
+    extra = sorted(set(data) - {"rules", "disable_defaults"})
     problems = [problem((k,), f"{k}: unknown key", key=True) for k in extra]
+    disabled: list[DisabledDefault] = []
+    names = data.get("disable_defaults", [])
+    if not isinstance(names, list):
+        problems.append(problem(("disable_defaults",), "disable_defaults: a list of default rule names"))
+        names = []
+    for i, name in enumerate(names):
+        if isinstance(name, str):
+            disabled.append(DisabledDefault(name, source, *pos.of(("disable_defaults", i))))
+        else:
+            problems.append(problem(("disable_defaults", i), f"disable_defaults[{i}]: a rule name (text)"))
     rules: list[Rule] = []
     named: list[tuple[str, YamlPath]] = []  # every named item, valid or not: a broken rule's name is taken
-    for i, item in enumerate(data["rules"]):
+    for i, item in enumerate(data.get("rules", [])):
         at: YamlPath = ("rules", i)
         name = item.get("name") if isinstance(item, dict) else None
         label = f"rule {name!r}" if isinstance(name, str) else f"rules[{i}]"
@@ -153,7 +189,7 @@ def parse_rule_file(text: str, source: str, first_order: int = 0) -> tuple[list[
             )
         )
     problems += _duplicates_with_a_broken_rule(named, {r.source for r in rules}, source, pos)
-    return rules, problems
+    return ParsedFile(rules, problems, disabled)
 
 
 def _duplicates_with_a_broken_rule(
@@ -191,13 +227,11 @@ def default_rules() -> list[tuple[str, str]]:
     return [(f.read_text(), f"<embedded rules/{f.name}>") for f in files]
 
 
-def check_rules(paths: Sequence[Path]) -> tuple[list[Rule], list[Problem]]:
-    """All valid rules and all problems across ``paths`` (embedded defaults when empty)."""
-    rules: list[Rule] = []
-    problems: list[Problem] = []
+def read_rule_files(paths: Sequence[Path]) -> tuple[list[tuple[str, str]], list[Problem]]:
+    """The text of every rule file ``paths`` stand for, as (text, file name), and what stops one being read
+    (a missing path, an empty folder, a dangling link, bytes that are not UTF-8)."""
     sources: list[tuple[str, str]] = []
-    if not paths:
-        sources.extend(default_rules())
+    problems: list[Problem] = []
     for path in paths:
         if not path.exists():
             problems.append(Problem(str(path), 1, 1, "rule file not found"))
@@ -211,10 +245,19 @@ def check_rules(paths: Sequence[Path]) -> tuple[list[Rule], list[Problem]]:
                 problems.append(text)
             else:
                 sources.append((text, str(f)))
+    return sources, problems
+
+
+def parse_sources(sources: Sequence[tuple[str, str]], first_order: int = 0) -> ParsedFile:
+    """Every file of ``sources`` parsed, as one: a rule name used twice (across files too) is a problem."""
+    rules: list[Rule] = []
+    problems: list[Problem] = []
+    disabled: list[DisabledDefault] = []
     for text, source in sources:
-        found, bad = parse_rule_file(text, source, first_order=len(rules))
-        rules.extend(found)
-        problems.extend(bad)
+        parsed = parse_rule_file_in_full(text, source, first_order=first_order + len(rules))
+        rules.extend(parsed.rules)
+        problems.extend(parsed.problems)
+        disabled.extend(parsed.disabled)
     seen: dict[str, Rule] = {}
     for rule in rules:
         if rule.name in seen:
@@ -229,12 +272,12 @@ def check_rules(paths: Sequence[Path]) -> tuple[list[Rule], list[Problem]]:
             )
         else:
             seen[rule.name] = rule
-    return rules, problems
+    return ParsedFile(rules, problems, disabled)
 
 
-def load_rules(paths: Sequence[Path]) -> RuleSet:
-    """Build a complete rule set, or raise ConfigError listing every problem."""
-    rules, problems = check_rules(paths)
-    if problems:
-        raise ConfigError("\n".join(str(p) for p in problems))
-    return RuleSet(tuple(rules))
+def check_rules(paths: Sequence[Path]) -> tuple[list[Rule], list[Problem]]:
+    """All valid rules and all problems of exactly the files ``paths`` stand for (the embedded defaults when
+    empty): what a rule unit test runs. The engine's set is :func:`watchd.rules.effective.effective_rules`."""
+    sources, problems = read_rule_files(paths) if paths else (default_rules(), [])
+    parsed = parse_sources(sources)
+    return parsed.rules, problems + parsed.problems

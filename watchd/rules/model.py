@@ -67,6 +67,9 @@ class UnlessSpec(_Strict):
 
 class RuleSpec(_Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", description="unique across all rule files")]
+    replaces: Literal["default"] | None = Field(
+        None, description="'default': this rule takes the place of the default rule of the same name"
+    )
     description: str = ""
     severity: Literal["info", "warning", "critical"] = "warning"
     labels: dict[str, str] = Field(default_factory=dict)
@@ -119,7 +122,10 @@ class RuleSpec(_Strict):
 
 
 class RuleFile(_Strict):
-    rules: list[RuleSpec]
+    rules: list[RuleSpec] = Field(default_factory=list)
+    disable_defaults: list[str] = Field(
+        default_factory=list, description="default rules (by name) this site turns off"
+    )
 
 
 _SCALAR: dict[str, Any] = {"type": ["string", "number", "boolean", "null"]}

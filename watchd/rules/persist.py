@@ -20,7 +20,9 @@ LAYOUT = 1
 
 
 def fingerprint(rule: Rule) -> str:
-    spec = rule.spec.model_dump_json(by_alias=True)
+    # where a rule stands in the set (replaces) is no part of its definition: a rule saved before that field
+    # existed, or a replacement that defines the same rule, keeps what it remembered
+    spec = rule.spec.model_dump_json(by_alias=True, exclude={"replaces"})
     return hashlib.sha256(f"{LAYOUT}:{spec}".encode()).hexdigest()[:24]
 
 

@@ -82,6 +82,7 @@ async def run_loop_act(say: Callable[[str], None]) -> int:
         listen=Listen(host="127.0.0.1", port=0),
         mode="enforce",
         rules=[pack / "findings.yaml", pack / "fleet.yaml"],
+        default_rules=False,
         safety=SafetyConfig(max_fraction=0.5),
         detectors=DetectorsConfig(interval_s=0.5),
         drains=DrainsConfig(poll_s=600),
