@@ -88,7 +88,7 @@ def engine_config(sc: SlurmCluster, tools: Path, tmp_path: Path, wrapper: Path) 
                 {
                     "name": "dcgm",
                     "type": "dcgm-diag",
-                    "command": [str(standins / "dcgmi"), "diag", "-r", "2"],
+                    "command": [str(tools / "dcgmi"), "diag", "-r", "2"],
                 },
             ],
         },

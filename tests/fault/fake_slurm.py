@@ -109,6 +109,10 @@ def scontrol(args: list[str], root: Path) -> int:
     if args[0] == "update":
         kv = dict(a.split("=", 1) for a in args[1:] if "=" in a)
         names = expand(kv.get("NodeName", ""))
+        if not set(names) <= set(expand(os.environ.get("FAKE_SLURM_POOL", "gpu-[1-4]"))):
+            # as slurmctld answers a node it does not have (watchd's privilege probe names one)
+            print("slurm_update error: Invalid node name specified", file=sys.stderr)
+            return 1
         verb = kv.get("State", "?").lower()
         pre, delay = _delays(verb)
         time.sleep(pre)

@@ -118,7 +118,7 @@ class Engine:
             config.detectors, config.jobs, self.clock, self.metrics.registry, self.emit
         )
         self.usage = UsageHook(config.reports, self.metrics.registry, self.clock)
-        self.checks: Checks | None = None  # with checks.enabled
+        self.checks: CheckService | None = None  # with checks.enabled
         self.subsystems: list[Subsystem] = []
         self._observers: list[Any] = []  # the subsystems' observe, those that observe anything
         self.port = 0
@@ -488,12 +488,12 @@ class Engine:
                 config.checks, runner, self.store, self.clock, self.emit, metrics, self.periodic
             )
             service.gate(self.executor.leader_gate.now)
-            self.checks = Checks(service, self.validate, frozenset(config.checks.auto_validate))
-            subsystems.append(self.checks)
+            self.checks = service
+            subsystems.append(Checks(service, self.validate, frozenset(config.checks.auto_validate)))
         subsystems.append(self.usage)
         self.executor.attach(
             spares=self.fleet,
-            validation=self.checks.service if self.checks is not None else None,
+            validation=self.checks,
             keep_spare_s=config.spares.keep_for_requeued_s,
         )
         return subsystems
