@@ -323,8 +323,8 @@ def test_the_client_wheel_imports_in_a_fresh_venv_without_the_daemons_dependenci
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    pip = [str(venv / "bin/python"), "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "install", "--no-index", str(wheel)], check=True, env=env)
+    pip = [str(venv / "bin/python"), "-m", "pip", "--disable-pip-version-check"]
+    subprocess.run([*pip, "install", "-q", "--no-index", str(wheel)], check=True, env=env)
     probe = (
         "import sys, watchd.client as c; assert c.Heartbeat; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
@@ -335,6 +335,8 @@ def test_the_client_wheel_imports_in_a_fresh_venv_without_the_daemons_dependenci
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "['watchd', 'watchd.client']"
-    listed = subprocess.run([*pip, "list", "--format=freeze"], capture_output=True, text=True, env=env)
+    listed = subprocess.run(
+        [*pip, "list", "--format=freeze"], capture_output=True, text=True, env=env, check=True
+    )
     installed = {line.split("==")[0].lower() for line in listed.stdout.split()}
     assert installed - {"pip", "setuptools"} == {"watchd-client"}, installed
