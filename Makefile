@@ -5,8 +5,11 @@ BIN    := $(VENV)/bin
 DEBS   := slurmctld slurmd slurm-client munge prometheus-alertmanager prometheus systemd-journal-remote openssl util-linux
 DEBS   += postgresql  # issue 22: the shared state store for HA (tests start a private cluster)
 DEBS   += mariadb-server slurmdbd chromium  # issue 18: Slurm accounting, the HTML report in a real browser
+DEBS   += systemd-container debootstrap python3-venv  # the .deb under a real systemd (tests/systemd)
+# The Debian package's venv is built with the machine's Debian python3 (docs/packaging.md).
+DEB_PYTHON ?= /usr/bin/python3
 
-.PHONY: demo test lint typecheck unit rules-test deps venv bench clean
+.PHONY: demo test lint typecheck unit rules-test deps venv bench clean package
 
 $(BIN)/watchd: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +48,21 @@ rules-test: venv
 
 test: deps lint typecheck unit rules-test
 
+# dist/: the sdist and wheel (with the example configs), the dependency-free watchd-client wheel and
+# the Debian package watchd_<version>_<arch>.deb (docs/packaging.md). Needs PyPI for the wheels.
+package: export PYTHONPATH :=
+package:
+	rm -rf dist build/tools build/client
+	$(DEB_PYTHON) -m venv build/tools
+	build/tools/bin/pip install --quiet --disable-pip-version-check build
+	build/tools/bin/python -m build --outdir dist .
+	mkdir -p build/client/watchd
+	cp watchd/client.py build/client/watchd/
+	cp clients/watchd-client/pyproject.toml LICENSE build/client/
+	build/tools/bin/python -c 'import watchd; print(watchd.__version__)' > build/client/VERSION
+	build/tools/bin/python -m build --wheel --outdir dist build/client
+	DEB_PYTHON=$(DEB_PYTHON) packaging/build-deb
+
 bench: venv deps
 	$(BIN)/python benchmarks/drain_latency.py
 	$(BIN)/python benchmarks/kubernetes_drain.py
@@ -57,4 +75,4 @@ bench: venv deps
 	$(BIN)/python benchmarks/usage_report.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist

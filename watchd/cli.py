@@ -22,6 +22,7 @@ LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="watchd", description="Keeps GPU clusters healthy.")
+    p.add_argument("--version", action="version", version=f"watchd {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     e = sub.add_parser("engine", help="run the central engine (ingest, rules, actions)")

@@ -39,17 +39,31 @@ class TokenSource(Strict):
                 raise ConfigError(f"auth.token_env: environment variable {self.token_env} is not set")
             value = os.environ[self.token_env]
         elif self.token_file is not None:
+            path = systemd_credential(self.token_file)
             try:
-                check_secret_file(self.token_file, "token_file")
-                value = self.token_file.read_text()
+                check_secret_file(path, "token_file")
+                value = path.read_text()
             except OSError as exc:
-                raise ConfigError(f"auth.token_file: cannot read {self.token_file}: {exc.strerror}") from exc
+                raise ConfigError(f"auth.token_file: cannot read {path}: {exc.strerror}") from exc
         else:
             return None
         value = value.strip()
         if not value:
             raise ConfigError("auth: the token is empty")
         return value
+
+
+def systemd_credential(path: Path) -> Path:
+    """Where to read the secret file ``path``: systemd's copy when the service was given one by
+    ``LoadCredential=NAME:PATH`` with NAME the file's name (``$CREDENTIALS_DIRECTORY/NAME``), else ``path``.
+    So the file itself can stay readable by root only while the service runs as its own user, and the
+    same config works outside the unit (``watchd engine --check`` as root)."""
+    directory = os.environ.get("CREDENTIALS_DIRECTORY")
+    if directory:
+        credential = Path(directory) / path.name
+        if credential.is_file():
+            return credential
+    return path
 
 
 def check_secret_file(path: Path, key: str) -> None:

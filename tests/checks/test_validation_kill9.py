@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.checks.test_slurm_checks import NODES, behave, cluster, standins  # noqa: F401 - fixtures
+from tests.checks.conftest import NODES, behave
 from tests.daemons import Daemon, free_port
 from tests.harness.slurm import SlurmCluster
 
@@ -135,7 +135,7 @@ def validations(daemon: Daemon) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("step", list(STEPS))
 def test_kill9_at_each_step_of_a_validation_never_leaves_a_node_in_service_without_a_pass(
     step: str,
-    cluster: SlurmCluster,  # noqa: F811
+    cluster: SlurmCluster,
     standins: Path,
     tmp_path: Path,
 ) -> None:

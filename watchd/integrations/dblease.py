@@ -34,7 +34,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import psycopg
+from watchd.extras import missing_extra
+
+try:
+    import psycopg
+except ImportError as exc:  # the optional dependency: name the extra, not a traceback
+    raise missing_extra("postgres", exc) from exc
 
 from watchd.integrations.leadership import ElectionLoop
 from watchd.logs import get_logger

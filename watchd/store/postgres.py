@@ -16,9 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import psycopg
-from psycopg import pq
-from psycopg.conninfo import conninfo_to_dict
+from watchd.extras import missing_extra
+
+try:
+    import psycopg
+    from psycopg import pq
+    from psycopg.conninfo import conninfo_to_dict
+except ImportError as exc:  # the optional dependency: name the extra, not a traceback
+    raise missing_extra("postgres", exc) from exc
 
 from watchd.store.connection import StoreError
 from watchd.store.dialect import POSTGRES, ddl, dml

@@ -18,9 +18,14 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import Node, Pod
-from lightkube.types import CascadeType, PatchType
+from watchd.extras import missing_extra
+
+try:
+    from lightkube.resources.batch_v1 import Job
+    from lightkube.resources.core_v1 import Node, Pod
+    from lightkube.types import CascadeType, PatchType
+except ImportError as exc:  # the optional dependency: name the extra, not a traceback
+    raise missing_extra("kubernetes", exc) from exc
 
 from watchd.checks.runner import Availability, CheckJob, JobHandle, JobStatus, RunnerError, RunOutput
 from watchd.integrations.base import SchedulerError

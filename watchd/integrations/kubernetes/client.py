@@ -6,9 +6,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-import httpx2
-from lightkube import ApiError, AsyncClient, KubeConfig, operators
-from lightkube.config.kubeconfig import SERVICE_ACCOUNT
+from watchd.extras import missing_extra
+
+try:
+    import httpx2
+    from lightkube import ApiError, AsyncClient, KubeConfig, operators
+    from lightkube.config.kubeconfig import SERVICE_ACCOUNT
+except ImportError as exc:  # the optional dependency: name the extra, not a traceback
+    raise missing_extra("kubernetes", exc) from exc
 
 
 def make_client(

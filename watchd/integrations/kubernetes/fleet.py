@@ -14,9 +14,14 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node, Pod
-from lightkube.types import PatchType
+from watchd.extras import missing_extra
+
+try:
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Node, Pod
+    from lightkube.types import PatchType
+except ImportError as exc:  # the optional dependency: name the extra, not a traceback
+    raise missing_extra("kubernetes", exc) from exc
 
 from watchd.integrations.base import SchedulerError
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, label_selector

@@ -23,11 +23,16 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from httpx2 import HTTPStatusError
-from lightkube import AsyncClient
-from lightkube.models.coordination_v1 import LeaseSpec
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.coordination_v1 import Lease
+from watchd.extras import missing_extra
+
+try:
+    from httpx2 import HTTPStatusError
+    from lightkube import AsyncClient
+    from lightkube.models.coordination_v1 import LeaseSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.coordination_v1 import Lease
+except ImportError as exc:  # the optional dependency: name the extra, not a traceback
+    raise missing_extra("kubernetes", exc) from exc
 
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, status_code
 from watchd.integrations.kubernetes.settings import KubernetesConfig

@@ -30,13 +30,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from httpx2 import HTTPStatusError
-from lightkube import AsyncClient
-from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
-from lightkube.resources.core_v1 import Node, Pod, PodEviction
-from lightkube.types import PatchType
+from watchd.extras import missing_extra
+
+try:
+    from httpx2 import HTTPStatusError
+    from lightkube import AsyncClient
+    from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
+    from lightkube.resources.core_v1 import Node, Pod, PodEviction
+    from lightkube.types import PatchType
+except ImportError as exc:  # the optional dependency: name the extra, not a traceback
+    raise missing_extra("kubernetes", exc) from exc
 
 from watchd.integrations.base import Privileges, RequeueResult, SchedulerError, job_selected
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, label_selector, status_code
