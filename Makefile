@@ -3,8 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEBS   := slurmctld slurmd slurm-client munge prometheus-alertmanager prometheus systemd-journal-remote openssl util-linux
-DEBS   += postgresql  # issue 22: the shared state store for HA (tests start a private cluster)
-DEBS   += mariadb-server slurmdbd chromium  # issue 18: Slurm accounting, the HTML report in a real browser
+DEBS   += postgresql  # the shared state store for HA (tests start a private cluster)
+DEBS   += mariadb-server slurmdbd chromium  # Slurm accounting, the HTML report in a real browser
 DEBS   += systemd-container debootstrap python3-venv  # the .deb under a real systemd (tests/systemd)
 # The Debian package's venv is built with the machine's Debian python3 (docs/packaging.md).
 DEB_PYTHON ?= /usr/bin/python3
