@@ -49,7 +49,8 @@ def render(doc: dict[str, Any], out: TextIO, owner: str | None = None) -> None:
                     file=out,
                 )
             if w.get("requeued"):
-                print(f"{'':<18}requeued jobs: {', '.join(w['requeued'])}", file=out)
+                spare = f" (spare {w['spare']} released for them)" if w.get("spare") else ""
+                print(f"{'':<18}requeued jobs: {', '.join(w['requeued'])}{spare}", file=out)
             for h in w.get("held", []):
                 print(f"{'':<18}held #{h['id']} {h['kind']} ({h['rule']}): {h['reason']}", file=out)
     print("\npartitions:", file=out)
