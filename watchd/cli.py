@@ -12,7 +12,7 @@ from pathlib import Path
 from watchd import __version__
 from watchd.config import AgentConfig, EngineConfig, load_config
 from watchd.errors import ConfigError, UsageError
-from watchd.logs import configure_logging
+from watchd.logs import configure_logging, writes_to_journal
 from watchd.operator_cli import DEFAULT_URL
 from watchd.reports.formats import REPORT_FORMATS
 from watchd.systemd import notify, watchdog_pinger
@@ -172,7 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except UsageError as exc:
-        print(f"watchd {args.command}: {exc}", file=sys.stderr)
+        # under systemd, an error the journal files as one (journalctl -p err), as the daemons' log lines
+        priority = "<3>" if writes_to_journal(sys.stderr) else ""
+        print(f"{priority}watchd {args.command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -260,6 +260,8 @@ def test_a_bad_config_fails_once_naming_the_key(booted: Booted) -> None:
         assert props["ActiveState"] == "failed" and props["ExecMainStatus"] == "2", props
         assert props["NRestarts"] == "0", props
         assert "queue_sise" in box.journal("watchd-engine", "--since", "-1min")
+        errors = box.journal("watchd-engine", "--since", "-1min", "-p", "err")
+        assert "ingest.queue_sise: unknown key" in errors, errors  # filed at error priority
     finally:
         booted.write("/etc/watchd/engine.yaml", good)
     box.run("systemctl", "reset-failed", "watchd-engine")
