@@ -341,3 +341,19 @@ def test_taint_value_is_a_valid_label_value() -> None:
     long = taint_value("watchd: " + "x" * 100 + " !")
     assert len(long) == 63
     assert taint_value("watchd: !!!") == ""
+
+
+async def test_privileges_are_asked_of_rbac_and_change_nothing(
+    api: KubeApiServer, k8s: KubernetesScheduler
+) -> None:
+    allowed = await k8s.privileges()
+    assert allowed.allowed is True, allowed
+    api.deny.add(("system:serviceaccount:watchd:watchd", "create", "pods/eviction"))
+    refused = await k8s.privileges()
+    assert refused.allowed is False and "create pods/eviction" in refused.detail, refused
+    assert "patch nodes" not in refused.detail
+    # the reviews are the only requests that create anything, and the API server keeps none of them
+    assert {c.resource for c in api.writes()} == {"selfsubjectaccessreviews"}
+    api.inject(503, method="POST", path="selfsubjectaccessreviews")
+    unknown = await k8s.privileges()
+    assert unknown.allowed is None and "could not ask" in unknown.detail, unknown
