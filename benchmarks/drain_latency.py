@@ -181,6 +181,7 @@ def main() -> int:
         # The Xid rules only: the same nodes fail over and over here, and the pack's lemon-node rule would
         # (rightly) keep them out after their second drain, spoiling the later runs.
         engine_cfg["rules"] = [str(ROOT / "rules" / "xid.yaml")]
+        engine_cfg["default_rules"] = False  # only these: the embedded pack is on beside a site's rules
         engine_cfg["log"] = {"level": "warning", "format": "json"}
         engine = Daemon("engine", engine_cfg, work)
         agents: list[Daemon] = []

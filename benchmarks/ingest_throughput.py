@@ -156,6 +156,7 @@ def run_engine(
         rules.write_text(NOTHING)
     cfg = engine_config(free_port(), token_file, "dry-run", None)
     cfg["rules"] = [str(rules)]
+    cfg["default_rules"] = args.rules == "pack"  # "nothing": that rule alone, not beside the embedded pack
     cfg["log"] = {"level": "warning", "format": "json"}
     cfg["reload"] = {"watch_files": False}
     cfg["ingest"] = {"max_body_bytes": 64 * 1024 * 1024, "max_events_per_batch": 10_000}
