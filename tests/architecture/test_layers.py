@@ -181,3 +181,11 @@ def test_only_the_simulator_the_cli_and_registries_import_the_simulation() -> No
         and any(name.startswith("watchd.sim") for _, name in imports_of(path))
     }
     assert importers <= {"watchd/cli.py", "watchd/gpu/registry.py", "watchd/sources/registry.py"}, importers
+
+
+def test_no_module_over_600_lines() -> None:
+    """Short modules with one job: a module that grows past this is split (docs/architecture.md)."""
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n for p in SOURCES if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert long == {}, long
