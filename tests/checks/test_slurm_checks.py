@@ -133,7 +133,7 @@ async def test_a_round_checks_only_idle_nodes_and_drains_the_slow_one(
     summary = await engine.checks.run_round("nccl")
     assert summary["checked"] == ["gpu-1", "gpu-2"]
     assert summary["not_idle"]["gpu-3"] in ("node is mixed", "node is allocated", f"job {busy} running")
-    # slurmctld spells the flag MAINT or MAINTENANCE depending on when it is asked after the reservation starts
+    # slurmctld spells the flag MAINT or MAINTENANCE, depending on when it is asked
     assert summary["not_idle"]["gpu-4"] in (
         "reserved (maint-gpu4)",
         "node is idle+MAINT+RESERVED",
