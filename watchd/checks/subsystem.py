@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -26,7 +26,7 @@ _BAD_RUN = f"nodes: 1 to {_MAX_NODES} node names; checks: a list of check names"
 
 #: (node, who asked as the audit says it, "enforce" for an operator or None for the engine's mode) -> the
 #: ``validate`` action's outcome, detail and result data
-Validate = Callable[[str, str, str | None], Awaitable[dict[str, Any]]]
+Validate = Callable[[str, str, Literal["dry-run", "enforce"] | None], Awaitable[dict[str, Any]]]
 
 _VALIDATE_STATUS = {
     "refused": 409,

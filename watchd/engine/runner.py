@@ -274,12 +274,11 @@ class Engine:
             self.reliability.restored(node, self.clock.now())
         return {"outcome": result.outcome, "detail": result.detail}
 
-    async def validate(self, node: str, note: str, mode: str | None = "enforce") -> dict[str, Any]:
+    async def validate(self, node: str, note: str, mode: Mode | None = "enforce") -> dict[str, Any]:
         """``watchd node validate`` (an operator: enforce), or ``checks.auto_validate`` (None: the engine's
         mode): the ``validate`` action, the check suite, then back in service only if every check passed."""
         params = {"round": f"validate:{uuid.uuid4().hex[:8]}"}
-        how: Mode | None = "enforce" if mode == "enforce" else "dry-run" if mode == "dry-run" else None
-        result = await self.executor.act(VALIDATE.kind, node, params, rule="validate", note=note, mode=how)
+        result = await self.executor.act(VALIDATE.kind, node, params, rule="validate", note=note, mode=mode)
         return {"outcome": result.outcome.value, "detail": result.detail, **result.data}
 
     def evaluated(self, event: Event) -> asyncio.Future[None]:

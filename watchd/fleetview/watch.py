@@ -396,13 +396,14 @@ class FleetWatch(Component):
         return found
 
     # ------------------------------------------------------------------------------------ spares
+    def _backend_where(self, listed: Callable[[FleetNode], bool]) -> FleetBackend | None:
+        """The backend of the first listed node ``listed`` picks; the only backend when none is picked."""
+        scheduler = next((n.scheduler for n in self.nodes if listed(n)), None)
+        found = next((b for b in self.backends if b.name == scheduler), None)
+        return found or (self.backends[0] if len(self.backends) == 1 else None)
+
     def _backend_of(self, node: str) -> FleetBackend | None:
-        for n in self.nodes:
-            if n.name == node:
-                for b in self.backends:
-                    if b.name == n.scheduler:
-                        return b
-        return self.backends[0] if len(self.backends) == 1 else None
+        return self._backend_where(lambda n: n.name == node)
 
     async def _keep_spares(self, nodes: list[FleetNode]) -> None:
         want = self.spares_config.partitions
@@ -483,12 +484,7 @@ class FleetWatch(Component):
                 self.metrics.poll_errors.labels(self._backend_of_partition(partition).name).inc()
 
     def _backend_of_partition(self, partition: str) -> FleetBackend:
-        for n in self.nodes:
-            if partition in n.partitions:
-                for b in self.backends:
-                    if b.name == n.scheduler:
-                        return b
-        return self.backends[0]
+        return self._backend_where(lambda n: partition in n.partitions) or self.backends[0]
 
     # ------------------------------------------------------------------ the SparePool the actions call
     @property
