@@ -129,7 +129,9 @@ def test_change_waiter_falls_back_to_sleeping_for_a_missing_folder(tmp_path: Pat
     assert ChangeWaiter(tmp_path).active
 
 
-async def test_a_line_without_end_is_passed_on_in_pieces_and_the_rest_follows(tmp_path: Path) -> None:
+async def test_a_line_without_end_is_cut_and_the_next_line_follows(tmp_path: Path) -> None:
+    from watchd.sources.filefollow import MAX_LINE
+
     log = tmp_path / "syslog"
     log.write_text("")
     c = await collector(log)
@@ -139,9 +141,7 @@ async def test_a_line_without_end_is_passed_on_in_pieces_and_the_rest_follows(tm
     while not c.lines or c.lines[-1].text != "next":
         assert asyncio.get_running_loop().time() < deadline, f"{len(c.lines)} lines, no 'next'"
         await asyncio.sleep(0.01)
-    pieces = [line.text for line in c.lines[:-1]]
-    assert len(pieces) >= 2 and all(len(p) <= 2 << 20 for p in pieces)
-    assert sum(len(p) for p in pieces) == 3 << 20
+    assert [len(line.text) for line in c.lines[:-1]] == [MAX_LINE], "its start passed on once, the rest cut"
     count = len(c.lines)
     await asyncio.sleep(0.1)
     assert len(c.lines) == count, "no false truncation re-read the file"

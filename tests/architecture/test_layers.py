@@ -19,6 +19,7 @@ ORDER: tuple[str, ...] = (
     "errors",
     "clock",
     "logs",
+    "untrusted",  # opening and reading files the cluster's users control
     "extras",  # names the optional extra an import needs
     # the vocabulary: one typed class per event kind, the wire format, the Xid catalog, settings types; the
     # shipped rule pack (data)
