@@ -29,7 +29,8 @@ from watchd.sources.slurm_jobs import (
     JobOutput,
     JobOutputSource,
     expand_path,
-    parse_scontrol_job,
+    output_paths,
+    parse_squeue,
 )
 
 TIMEOUT_LINE = next(line for name, line in real_lines() if "SeqNum=7753" in line)
@@ -107,15 +108,37 @@ async def test_files_beyond_the_bound_are_refused_and_counted(tmp_path: Path) ->
         await reader.stop()
 
 
-def test_scontrol_fields_and_slurm_filename_patterns() -> None:
-    text = (
-        "JobId=42 ArrayJobId=40 ArrayTaskId=2 JobName=train UserId=alice(1000) GroupId=alice(1000) "
-        "StdErr=/home/alice/%x-%A_%a.err StdIn=/dev/null StdOut=/home/alice/slurm-42.out Power="
+def test_squeue_fields_cannot_be_faked_by_a_file_name_and_patterns_expand() -> None:
+    token = "\x1f0123abcd"
+    rows = [
+        [
+            "42_2",
+            "42",
+            "40",
+            "2",
+            "1000",
+            "alice",
+            "train",
+            "/home/alice",
+            "x StdOut=/etc/shadow",
+            "%x-%A_%a.err",
+        ],
+        ["43", "43", "N/A", "N/A", "1001", "bob", "n UserId=root(0)", "/home/bob", "", ""],
+        ["44", "44", "N/A", "N/A", "1002", "eve", "e", "/w\nJobArrayID=1", "/o%%u-%5j.log", "(null)"],
+    ]
+    text = "\n".join("".join(f + token for f in row) for row in rows) + "\n"
+    parsed = parse_squeue(text, token)
+    assert [p["JobArrayID"] for p in parsed] == ["42_2", "43", "44"]
+    assert output_paths(parsed[0], "gpu-1") == (
+        Path("/home/alice/x StdOut=/etc/shadow"),  # a name, not a second field
+        Path("/home/alice/train-40_2.err"),
     )
-    fields = parse_scontrol_job(text)
-    assert fields["StdOut"] == "/home/alice/slurm-42.out"
-    assert expand_path(fields["StdErr"], fields) == "/home/alice/train-40_2.err"
-    assert expand_path("/x/%u/%5j.log", fields) == "/x/alice/00042.log"
+    assert output_paths(parsed[1], "gpu-1") == (
+        Path("/home/bob/slurm-43.out"),
+    )  # the default, stderr with it
+    assert output_paths(parsed[2], "gpu-1") == (Path("/o%u-00044.log"),)
+    assert expand_path("/x/%u/%N-%j.log", parsed[0], "gpu-7") == "/x/alice/gpu-7-42.log"
+    assert parse_squeue("1" + token + "garbage" + token, token) == []  # a short answer: nothing made up
 
 
 # --------------------------------------------------------------------------------- pods

@@ -65,6 +65,19 @@ class AgentMetrics:
             ["source"],
             registry=r,
         )
+        self.files_refused = Counter(
+            "watchd_agent_files_refused",
+            "Users' files not read (a job's output, a pod's log, a dump), by source and reason (symlink, "
+            "not_regular, owner, too_large, unreadable: docs/security.md).",
+            ["source", "reason"],
+            registry=r,
+        )
+        self.bytes_skipped = Counter(
+            "watchd_agent_log_bytes_skipped",
+            "Bytes of followed files skipped unread: written faster than the source's read budget.",
+            ["source"],
+            registry=r,
+        )
         self.heartbeats_rejected = Counter(  # issue 22
             "watchd_agent_heartbeats_rejected",
             "Heartbeat reports refused as evidence: not from the job they name, by reason "

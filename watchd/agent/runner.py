@@ -81,7 +81,12 @@ class Agent:
         self.config = config
         self.node = config.node
         self.metrics = AgentMetrics()
-        context = SourceContext(on_kmsg_lost=self.metrics.kmsg_lost.inc, node=config.node)
+        context = SourceContext(
+            on_kmsg_lost=self.metrics.kmsg_lost.inc,
+            node=config.node,
+            on_file_refused=lambda source, reason: self.metrics.files_refused.labels(source, reason).inc(),
+            on_bytes_skipped=lambda source, n: self.metrics.bytes_skipped.labels(source).inc(n),
+        )
         if sources is None:
             self.sources = sources_from_config(config.sources, context)
         else:

@@ -5,8 +5,9 @@ class follows each with :class:`~watchd.sources.filefollow.FileFollowSource` (fr
 written, through rotation and truncation) and releases it when asked — after ``grace_s``, so that the last
 lines a dying job writes (the watchdog's timeout report is written right before the process exits) are still
 read. Bounded: at most ``max_files`` files at once (a file beyond it is refused and counted in
-:attr:`FollowSet.refused`) and a bounded queue between the followers and the reader (a follower waits when it
-is full).
+:attr:`FollowSet.refused`), one read budget for all its files (bytes and lines per second), and a bounded
+queue between the followers and the reader (a follower waits when it is full). Each file is opened as its
+owner's: a file that does not belong to the job's user is not read (:mod:`watchd.untrusted`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from watchd.sources.base import LogLine
-from watchd.sources.filefollow import FileFollowSource
+from watchd.sources.filefollow import FileFollowSource, ReadBudget
 
 __all__ = ["FollowSet", "Followed"]
 
@@ -30,6 +31,7 @@ _QUEUE = 4096
 class Followed:
     path: Path
     job: str | None
+    owner: int | None = None  # the uid the file must belong to (the job's user); None: any
 
 
 class FollowSet:
@@ -40,8 +42,15 @@ class FollowSet:
         poll_interval_s: float = 0.5,
         grace_s: float = 5.0,
         transform: Callable[[LogLine], LogLine | None] | None = None,
+        budget: ReadBudget | None = None,
+        on_refused: Callable[[str], None] | None = None,
+        on_skipped: Callable[[int], None] | None = None,
     ) -> None:
+        """``on_refused`` hears the reason a file was not read, ``on_skipped`` how many bytes were skipped."""
         self.max_files = max_files
+        self.budget = budget or ReadBudget()
+        self._on_refused = on_refused
+        self._on_skipped = on_skipped
         self.poll_interval_s = poll_interval_s
         self.grace_s = grace_s
         self._transform = transform
@@ -58,8 +67,8 @@ class FollowSet:
 
     def update(self, wanted: list[Followed]) -> None:
         """Follow exactly ``wanted`` from now on: new files are started, files no longer wanted released."""
-        want = {w.path: w.job for w in wanted}
-        for path, job in want.items():
+        want = {w.path: w for w in wanted}
+        for path, w in want.items():
             if path in self._releasing:
                 self._releasing.pop(path).cancel()  # wanted again before its release
             if path in self._tasks:
@@ -67,8 +76,8 @@ class FollowSet:
             if len(self._tasks) >= self.max_files:
                 self.refused += 1
                 continue
-            self._jobs[path] = job
-            self._tasks[path] = asyncio.create_task(self._follow(path, job), name=f"follow-{path}")
+            self._jobs[path] = w.job
+            self._tasks[path] = asyncio.create_task(self._follow(w), name=f"follow-{path}")
         for path in [p for p in self._tasks if p not in want and p not in self._releasing]:
             self._releasing[path] = asyncio.create_task(self._release(path))
 
@@ -82,10 +91,17 @@ class FollowSet:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _follow(self, path: Path, job: str | None) -> None:
-        source = FileFollowSource(path, self.poll_interval_s)
+    async def _follow(self, followed: Followed) -> None:
+        source = FileFollowSource(
+            followed.path,
+            self.poll_interval_s,
+            owners=None if followed.owner is None else {followed.owner},
+            budget=self.budget,
+            on_refused=self._on_refused,
+            on_skipped=self._on_skipped,
+        )
         async for line in source.lines():
-            tagged: LogLine | None = replace(line, key=f"{path}:{line.key}", job=job)
+            tagged: LogLine | None = replace(line, key=f"{followed.path}:{line.key}", job=followed.job)
             if self._transform is not None and tagged is not None:
                 tagged = self._transform(tagged)
             if tagged is not None:

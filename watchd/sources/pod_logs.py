@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +27,8 @@ _log = get_logger("watchd.source.pods")
 _CRI = re.compile(r"^(\S{1,64}) (stdout|stderr) ([FP])(?: (.*))?$", re.DOTALL)
 _MAX_PARTIAL = 1 << 16
 _MAX_DIRS = 4096
+#: the container runtime writes the logs as root: a file of anyone else's is not the runtime's
+KUBELET_UID = 0
 
 
 def strip_cri(text: str) -> tuple[str, bool] | None:
@@ -54,7 +56,7 @@ def pod_files(root: Path) -> list[Followed]:
         for container in containers:
             logs = sorted((f for f in container.glob("*.log") if f.stem.isdigit()), key=lambda f: int(f.stem))
             if logs:
-                out.append(Followed(logs[-1], job))  # the newest restart's
+                out.append(Followed(logs[-1], job, KUBELET_UID))  # the newest restart's
     return out
 
 
@@ -66,6 +68,8 @@ class PodLogSource(NothingToAcknowledge):
         poll_interval_s: float = 10.0,
         follow_interval_s: float = 0.5,
         max_files: int = 256,
+        on_refused: Callable[[str], None] | None = None,
+        on_skipped: Callable[[int], None] | None = None,
     ) -> None:
         self.name = f"pods:{root}"
         self.root = root
@@ -76,6 +80,8 @@ class PodLogSource(NothingToAcknowledge):
             poll_interval_s=follow_interval_s,
             grace_s=poll_interval_s,
             transform=self._record,
+            on_refused=on_refused,
+            on_skipped=on_skipped,
         )
         self.malformed = 0
 

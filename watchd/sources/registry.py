@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from watchd.errors import ConfigError
 from watchd.sources.base import FakeLogSource, LogSource
@@ -33,6 +34,10 @@ class SourceContext:
     on_kmsg_lost: Callable[[int], None] = lambda n: None  # records the ring overwrote before they were read
     fake_kernel_log: FakeLogSource = field(default_factory=lambda: FakeLogSource("kmsg"))
     node: str = ""  # the agent's node name (the Slurm job-output source asks for this node's jobs)
+    #: a user's file not read (source name, reason: symlink, not_regular, owner, ...)
+    on_file_refused: Callable[[str, str], None] = lambda source, reason: None
+    #: bytes of a user's file skipped unread (source name, bytes): written faster than the budget allows
+    on_bytes_skipped: Callable[[str, int], None] = lambda source, n: None
 
 
 SourceFactory = Callable[[SourcesConfig, SourceContext], list[LogSource]]
@@ -47,7 +52,14 @@ def _kmsg(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
 
 def _files(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
     return [
-        FileFollowSource(f.path, f.poll_interval_s, trusted=f.trust == "any-writer") for f in config.files
+        FileFollowSource(
+            f.path,
+            f.poll_interval_s,
+            trusted=f.trust == "any-writer",
+            on_refused=partial(context.on_file_refused, f"file:{f.path}"),
+            on_skipped=partial(context.on_bytes_skipped, f"file:{f.path}"),
+        )
+        for f in config.files
     ]
 
 
@@ -68,14 +80,31 @@ def _slurm_jobs(config: SourcesConfig, context: SourceContext) -> list[LogSource
         return []
     env = {"SLURM_CONF": str(t.slurm_conf)} if t.slurm_conf is not None else None
     lister = SlurmJobOutputs(t.slurm_node or context.node, env=env)
-    return [JobOutputSource(lister, poll_interval_s=t.slurm_poll_s, max_files=t.max_files)]
+    return [
+        JobOutputSource(
+            lister,
+            poll_interval_s=t.slurm_poll_s,
+            max_files=t.max_files,
+            on_refused=partial(context.on_file_refused, "slurm-jobs"),
+            on_skipped=partial(context.on_bytes_skipped, "slurm-jobs"),
+        )
+    ]
 
 
 def _pods(config: SourcesConfig, context: SourceContext) -> list[LogSource]:
     t = config.training
     if t.pods_dir is None:
         return []
-    return [PodLogSource(t.pods_dir, poll_interval_s=t.pods_poll_s, max_files=t.max_files)]
+    name = f"pods:{t.pods_dir}"
+    return [
+        PodLogSource(
+            t.pods_dir,
+            poll_interval_s=t.pods_poll_s,
+            max_files=t.max_files,
+            on_refused=partial(context.on_file_refused, name),
+            on_skipped=partial(context.on_bytes_skipped, name),
+        )
+    ]
 
 
 def _journald_units(config: SourcesConfig, context: SourceContext) -> list[LogSource]:

@@ -1,14 +1,18 @@
-"""Follow the output files of the Slurm jobs running on this node (issue 19).
+"""Follow the output files of the Slurm jobs running on this node.
 
-Which jobs run here and where they write come from the scheduler: ``squeue --noheader --nodelist=<node>
---states=RUNNING --format=%i`` lists the jobs, and ``scontrol --oneliner show job <id>`` gives each one's
-``StdOut=`` and ``StdErr=`` paths (asked once per job). Every ``poll_interval_s`` the set of followed files
-follows the answer: a new job's files are followed (from their end when they exist already), a job that
-ended is released after a grace period (:class:`~watchd.sources.followset.FollowSet`). Each line carries
-the job (``slurm:<id>``).
+Which jobs run here, whose they are and where they write come from the scheduler, in one call per poll:
+``squeue --noheader --nodelist=<node> --states=RUNNING --Format=...`` with the job id, the user's uid, the
+working folder and ``STDOUT``/``STDERR``. A job's user chooses its file names, and a name may hold anything
+but a NUL, so every field is ended by a random token drawn for that call: no name can fake a field boundary
+(``scontrol show job``'s ``Key=value`` text can be faked: ``--output='x StdOut=/etc/shadow'``). Every
+``poll_interval_s`` the set of followed files follows the answer: a new job's files are followed (from their
+end when they exist already), a job that ended is released after a grace period
+(:class:`~watchd.sources.followset.FollowSet`). Each file is read only if it belongs to the job's user and is
+a regular file reached without a symbolic link at its end (:mod:`watchd.untrusted`); each line carries the
+job (``slurm:<id>``).
 
-The scheduler is asked through :class:`JobOutputs` (a real one running the Slurm commands, a fake for tests
-and the simulator), registered by name in :data:`LISTERS`.
+The scheduler is asked through :class:`JobOutputs` (a real one running squeue, a fake for tests and the
+simulator), registered by name in :data:`LISTERS`.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import secrets
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -30,13 +35,14 @@ __all__ = ["LISTERS", "FakeJobOutputs", "JobOutput", "JobOutputSource", "JobOutp
 
 _log = get_logger("watchd.source.slurm_jobs")
 _TIMEOUT_S = 10.0
-_MAX_CACHE = 4096
+_MAX_JOBS = 4096
 
 
 @dataclass(frozen=True, slots=True)
 class JobOutput:
     job: str  # slurm:<id>
     paths: tuple[Path, ...]
+    uid: int | None = None  # the job's user: its files must belong to it (None: not checked)
 
 
 class JobOutputs(Protocol):
@@ -55,46 +61,90 @@ class FakeJobOutputs:
         return list(self.jobs)
 
 
-_FIELD = re.compile(r"(?:^|\s)(JobId|JobName|UserId|StdOut|StdErr|ArrayJobId|ArrayTaskId)=(\S*)")
+#: squeue's --Format fields asked for, in order (JobArrayID: ``123`` or ``123_4``; JobID: the unique id)
+FIELDS = (
+    "JobArrayID",
+    "JobID",
+    "ArrayJobID",
+    "ArrayTaskID",
+    "UserID",
+    "UserName",
+    "Name",
+    "WorkDir",
+    "STDOUT",
+    "STDERR",
+)
+_JOB_LABEL = re.compile(r"\d{1,12}(?:_\d{1,9})?")
 
 
-def parse_scontrol_job(text: str) -> dict[str, str]:
-    """The fields of one ``scontrol --oneliner show job`` line that locate its output."""
-    return {m.group(1): m.group(2) for m in _FIELD.finditer(text)}
+def squeue_format(token: str) -> str:
+    """The ``--Format`` value that ends every field with ``token``."""
+    return ",".join(f"{name}:{token}" for name in FIELDS)
 
 
-def expand_path(pattern: str, fields: dict[str, str]) -> str:
-    """Expand the filename patterns Slurm may leave in StdOut/StdErr (``%j %A %a %x %u``)."""
+def parse_squeue(text: str, token: str) -> list[dict[str, str]]:
+    """The jobs of an answer to :func:`squeue_format`: one mapping per job, by field name. A row whose ids
+    are not ids is left out."""
+    parts = text.split(token)
+    rows = []
+    for start in range(0, len(parts) - len(FIELDS) + 1, len(FIELDS)):
+        row = dict(zip(FIELDS, parts[start : start + len(FIELDS)], strict=True))
+        row["JobArrayID"] = row["JobArrayID"].lstrip("\n")
+        if _JOB_LABEL.fullmatch(row["JobArrayID"]) and row["JobID"].isdigit() and row["UserID"].isdigit():
+            rows.append(row)
+        else:
+            _log.warning("squeue_row_unreadable", row=repr(row)[:300])
+    return rows
+
+
+def expand_path(pattern: str, fields: dict[str, str], node: str = "") -> str:
+    """Expand the filename patterns Slurm leaves in STDOUT/STDERR (``%j %A %a %x %u %N %%``)."""
     if "%" not in pattern:
         return pattern
-    user = fields.get("UserId", "").split("(", 1)[0]
     values = {
-        "j": fields.get("JobId", ""),
-        "A": fields.get("ArrayJobId", fields.get("JobId", "")),
-        "a": fields.get("ArrayTaskId", ""),
-        "x": fields.get("JobName", ""),
-        "u": user,
+        "j": fields.get("JobID", ""),
+        "A": fields.get("ArrayJobID", fields.get("JobID", "")),
+        "a": fields.get("ArrayTaskID", ""),
+        "x": fields.get("Name", ""),
+        "u": fields.get("UserName", ""),
+        "N": node,
         "%": "%",
     }
-    return re.sub(r"%(\d*)([jAaxu%])", lambda m: values[m.group(2)].zfill(int(m.group(1) or 0)), pattern)
+    return re.sub(r"%(\d*)([jAaxuN%])", lambda m: values[m.group(2)].zfill(int(m.group(1) or 0)), pattern)
+
+
+def output_paths(fields: dict[str, str], node: str) -> tuple[Path, ...]:
+    """The files a batch job writes to: STDOUT (``slurm-%j.out`` in its working folder by default, or
+    ``slurm-%A_%a.out`` for an array task) and STDERR (the same file when not set)."""
+    array = fields.get("ArrayTaskID", "N/A") not in ("", "N/A")
+    default = "slurm-%A_%a.out" if array else "slurm-%j.out"
+    out: list[Path] = []
+    for key in ("STDOUT", "STDERR"):
+        value = fields.get(key, "")
+        if value in ("", "(null)"):
+            if out:
+                continue  # stderr goes with stdout
+            value = default
+        path = Path(fields.get("WorkDir", "/"), expand_path(value, fields, node))  # absolute stays absolute
+        if path.is_absolute() and path not in out:
+            out.append(path)
+    return tuple(out)
 
 
 class SlurmJobOutputs:
-    """The real scheduler: ``squeue`` for the jobs on ``node``, ``scontrol`` once per job for its files."""
+    """The real scheduler: one ``squeue`` per poll for the jobs on ``node``, their users and their files."""
 
     def __init__(
         self,
         node: str,
         *,
         squeue: str = "squeue",
-        scontrol: str = "scontrol",
         env: dict[str, str] | None = None,
     ) -> None:
         self.node = node
         self._squeue = squeue
-        self._scontrol = scontrol
         self._env = {**os.environ, **(env or {})}
-        self._paths: dict[str, tuple[Path, ...]] = {}
+        self._last: list[JobOutput] = []
         self.errors = 0
 
     def _run(self, *args: str) -> str | None:
@@ -113,31 +163,21 @@ class SlurmJobOutputs:
         return out.stdout
 
     def running(self) -> list[JobOutput]:
+        token = "\x1f" + secrets.token_hex(16)
         listing = self._run(
-            self._squeue, "--noheader", f"--nodelist={self.node}", "--states=RUNNING", "--format=%i"
+            self._squeue,
+            "--noheader",
+            f"--nodelist={self.node}",
+            "--states=RUNNING",
+            f"--Format={squeue_format(token)}",
         )
         if listing is None:
-            return [JobOutput(j, p) for j, p in self._paths.items()]  # keep following what we follow
-        ids = [i.strip() for i in listing.split() if i.strip()]
-        out = []
-        for ident in ids[:_MAX_CACHE]:
-            job = f"slurm:{ident}"
-            paths = self._paths.get(job)
-            if paths is None:
-                text = self._run(self._scontrol, "--oneliner", "show", "job", ident)
-                if text is None:
-                    continue
-                fields = parse_scontrol_job(text)
-                found = []
-                for key in ("StdOut", "StdErr"):
-                    value = fields.get(key)
-                    if value and value.startswith("/"):
-                        path = Path(expand_path(value, fields))
-                        if path not in found:
-                            found.append(path)
-                paths = tuple(found)
-            out.append(JobOutput(job, paths))
-        self._paths = {o.job: o.paths for o in out}
+            return list(self._last)  # keep following what we follow
+        out = [
+            JobOutput(f"slurm:{row['JobArrayID']}", output_paths(row, self.node), int(row["UserID"]))
+            for row in parse_squeue(listing, token)[:_MAX_JOBS]
+        ]
+        self._last = out
         return out
 
 
@@ -150,6 +190,8 @@ class JobOutputSource(NothingToAcknowledge):
         follow_interval_s: float = 0.5,
         max_files: int = 64,
         grace_s: float | None = None,
+        on_refused: Callable[[str], None] | None = None,
+        on_skipped: Callable[[int], None] | None = None,
     ) -> None:
         self.name = "slurm-jobs"
         self.outputs = outputs
@@ -158,6 +200,8 @@ class JobOutputSource(NothingToAcknowledge):
             max_files=max_files,
             poll_interval_s=follow_interval_s,
             grace_s=poll_interval_s if grace_s is None else grace_s,
+            on_refused=on_refused,
+            on_skipped=on_skipped,
         )
 
     async def _poll(self) -> None:
@@ -167,7 +211,7 @@ class JobOutputSource(NothingToAcknowledge):
             except Exception as exc:  # a lister bug must not stop the lines already followed
                 _log.error("job_outputs_failed", error=str(exc) or type(exc).__name__)
             else:
-                self.follow.update([Followed(p, o.job) for o in running for p in o.paths])
+                self.follow.update([Followed(p, o.job, o.uid) for o in running for p in o.paths])
             await asyncio.sleep(self.poll_interval_s)
 
     def lines(self) -> AsyncIterator[LogLine]:
