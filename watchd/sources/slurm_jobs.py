@@ -208,10 +208,9 @@ class JobOutputSource(NothingToAcknowledge):
         while True:
             try:
                 running = await asyncio.to_thread(self.outputs.running)
+                self.follow.update([Followed(p, o.job, o.uid) for o in running for p in o.paths])
             except Exception as exc:  # a lister bug must not stop the lines already followed
                 _log.error("job_outputs_failed", error=str(exc) or type(exc).__name__)
-            else:
-                self.follow.update([Followed(p, o.job, o.uid) for o in running for p in o.paths])
             await asyncio.sleep(self.poll_interval_s)
 
     def lines(self) -> AsyncIterator[LogLine]:
