@@ -76,6 +76,13 @@ def _parser() -> argparse.ArgumentParser:
     # issue 21: active checks and the validated return to service
     v = nsub.add_parser("validate", help="run the check suite; resume the node only if every check passes")
     v.add_argument("name")
+    hi = nsub.add_parser("history", help="the node's incidents: evidence, every step, the return to service")
+    hi.add_argument("name")
+    hi.add_argument("--url", help=f"the engine (default: from --config, else {DEFAULT_URL})")
+    hi.add_argument("--token-file", type=Path, help="the engine's token (default: $WATCHD_TOKEN)")
+    hi.add_argument("-c", "--config", type=Path, help="engine YAML config: the engine's address and token")
+    hi.add_argument("--limit", type=int, default=20, help="incidents to show, newest first")
+    hi.add_argument("--json", action="store_true", help="the raw document")
     ck = sub.add_parser("checks", help="active checks: list them, run them on nodes, a node's history")
     ck.add_argument("verb", choices=["list", "run", "history"])
     ck.add_argument("nodes", nargs="*", help="nodes (run, history)")
@@ -239,6 +246,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.json,
             args.timeout,
             sys.stdout,
+        )
+    if args.command == "node" and args.node_command == "history":
+        from watchd.operator_cli import run_history
+
+        return run_history(
+            args.name, args.url, args.token_file, args.config, args.limit, args.json, sys.stdout
         )
     if args.command == "node":
         from watchd.operator_cli import run_resume

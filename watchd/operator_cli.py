@@ -224,3 +224,36 @@ def run_resume(
     result = _call(url, f"/api/v1/nodes/{quote(node, safe='')}/resume", "POST", token, operator)
     print(f"{node}: {result['outcome']}" + (f" ({result['detail']})" if result["detail"] else ""), file=out)
     return 0 if result["outcome"] in ("resumed", "not_drained") else 1
+
+
+def run_history(
+    node: str,
+    url: str | None,
+    token_file: Path | None,
+    config_path: Path | None,
+    limit: int,
+    as_json: bool,
+    out: TextIO,
+) -> int:
+    """``watchd node history NODE``: the node's incidents, newest first, each from the evidence that took it
+    out to its return to service, with every step between."""
+    token = _token(token_file)
+    if config_path is not None:
+        from_config, config_token = engine_address(config_path)
+        url = url or from_config
+        token = token if token_file is not None else (config_token or token)
+    path = f"/api/v1/nodes/{quote(node, safe='')}/history?limit={limit}"
+    doc = _call(url or DEFAULT_URL, path, token=token)
+    if as_json:
+        print(json.dumps(doc, indent=2), file=out)
+        return 0
+    found = doc.get("incidents", [])
+    if not found:
+        print(f"{node}: no incident in the audit trail", file=out)
+    for inc in found:
+        took = f", {inc['duration_s']:.0f} s out of service" if inc.get("duration_s") is not None else ""
+        print(f"{node}: {inc['state']} since {_when(inc['opened_at'])}{took}: {inc['evidence']}", file=out)
+        for step in inc["steps"]:
+            line = f"  {_when(step['time'])}  {step['action']:<13} {step['outcome']:<18} {step['by']}"
+            print(line + (f": {step['detail']}" if step.get("detail") else ""), file=out)
+    return 0

@@ -292,6 +292,9 @@ class Engine:
     def recent_actions(self, limit: int) -> list[dict[str, Any]]:
         return self.status_model.recent_actions(limit)
 
+    def node_history(self, node: str, limit: int) -> list[dict[str, Any]]:
+        return self.status_model.node_history(node, limit)
+
     # ---------------------------------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
