@@ -4,10 +4,10 @@ builds the integrations, starts the executor, the processor, the subsystems and 
 serves; :meth:`Engine.cleanup` undoes it in reverse order, each step bounded. ``async with Engine(...)`` does
 both.
 
-The engine is the rules, the action executor and a list of subsystems (:mod:`watchd.subsystem`): the rules
-themselves (reload, remembered state), the detectors, reliability accounting, the fleet view and its hot
-spares, the active checks and the usage observations. It composes the list once and loops over it: every
-event it evaluates is shown to each one, their periodic jobs, routes, collectors and status are theirs."""
+The engine is the rules, the action executor and a list of subsystems (:mod:`watchd.subsystem`): rules
+(reload, remembered state), detectors, reliability, the fleet view and hot spares, checks and usage. It
+composes the list once and loops over it: every event it evaluates is shown to each one, their periodic
+jobs, routes, collectors and status are theirs."""
 
 from __future__ import annotations
 
