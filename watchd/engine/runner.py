@@ -1,8 +1,7 @@
 """The engine as a service shell, in the style of aiohttp's runner: ``Engine(config)`` is inert (no file,
 socket or task); :meth:`Engine.start` opens the state, loads the rules, restores what they remembered,
 builds the integrations, starts the executor, the processor, the subsystems and their periodic jobs, then
-serves; :meth:`Engine.cleanup` undoes it in reverse order, each step bounded. ``async with Engine(...)`` does
-both.
+serves; :meth:`Engine.cleanup` undoes it in reverse order, each step bounded (``async with`` does both).
 
 The engine is the rules, the action executor and a list of subsystems (:mod:`watchd.subsystem`): rules
 (reload, remembered state), detectors, reliability, the fleet view and hot spares, checks and usage. It
