@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from watchd.actions.settings import ActionsConfig, SafetyConfig
+from watchd.actions.settings import ActionsConfig, RemediationConfig, SafetyConfig
 from watchd.agent.settings import AgentConfig, EngineEndpoint, HeartbeatConfig, ShipperConfig
 from watchd.checks.params import ChecksConfig
 from watchd.credentials import EngineAuth, NamedToken, TokenSource, check_secret_file
@@ -77,6 +77,7 @@ __all__ = [
     "PostgresConfig",
     "ReliabilityConfig",
     "ReloadConfig",
+    "RemediationConfig",
     "ReportsConfig",
     "SafetyConfig",
     "SchedulerRoute",
@@ -131,6 +132,7 @@ class EngineConfig(_Strict):
     schedulers: list[SchedulerRoute] = Field(default_factory=list)
     actions: ActionsConfig = ActionsConfig()
     safety: SafetyConfig = SafetyConfig()
+    remediation: RemediationConfig = RemediationConfig()
     state: StateConfig = StateConfig()
     alertmanager: AlertmanagerConfig = AlertmanagerConfig()
     jobs: JobsConfig = JobsConfig()

@@ -99,8 +99,8 @@ def test_the_rule_model_derives_from_the_handler_table() -> None:
     assert {"drain", "requeue", "resume", "alert", "webhook", "log"} <= set(HANDLERS)
     assert {k for k, h in HANDLERS.items() if h.disruptive} == DISRUPTIVE
     assert {"drain", "requeue"} <= DISRUPTIVE and not {"resume", "alert", "webhook", "log"} & DISRUPTIVE
-    with pytest.raises(ValueError, match="unknown action 'reboot'"):
-        handler_for("reboot")
+    with pytest.raises(ValueError, match="unknown action 'reimage'"):
+        handler_for("reimage")
 
 
 # ---------------------------------------------------------------------------------------------- pipeline

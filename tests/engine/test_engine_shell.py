@@ -82,6 +82,7 @@ async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
             "drains": cfg.drains.poll_s,  # the whole fleet's drains and the spares (issue 17)
             "usage-flush": 30.0,  # the usage report's observations to the state (issue 18)
             "usage-prune": 3600.0,
+            "reboot-watch": cfg.remediation.poll_s,  # the reboots watchd asked for, until each node is back
         }
         with pytest.raises(RuntimeError, match="already started"):
             await engine.start()
@@ -119,6 +120,7 @@ async def test_status_document_has_the_same_shape(tmp_path: Path) -> None:
         "held_omitted",
         "fleet",
         "drains",  # issue 17: nodes out of service by owner class, spares
+        "remediation",  # the reboots awaited
     }
     assert doc["scheduler"] == "fake" and doc["mode"] == "dry-run" and doc["alerts"] == []
     assert doc["breaker"] == [{"pool": "all", "size": 0, "taken_out": [], "taken_out_count": 0, "limit": 1}]

@@ -151,7 +151,9 @@ async def test_metrics_and_health_endpoints(engine: Engine) -> None:
             actions = (await r.json())["actions"]
     assert 'watchd_actions_total{action="drain",mode="enforce",outcome="drained"} 1.0' in text
     assert 'watchd_events_received_total{kind="xid",source="kmsg"} 1.0' in text
-    assert [a["action"] for a in actions] == ["drain", "requeue"]
+    # no checks on this engine: nothing would validate the node after a reboot, so none is asked for
+    assert [(a["action"], a["outcome"]) for a in actions][-1] == ("reboot", "no_checks")
+    assert [a["action"] for a in actions] == ["drain", "requeue", "reboot"]
 
 
 async def test_a_batch_larger_than_the_whole_queue_gets_413_so_the_agent_splits_it() -> None:

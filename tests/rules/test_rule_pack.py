@@ -46,5 +46,8 @@ def test_bucketless_fallback_lists_follow_the_catalog() -> None:
     buckets = set(rules["xid-fatal-hardware"]["match"]["any"][0]["bucket"]["in"])
     fallback = set(rules["xid-fatal-hardware"]["match"]["any"][1]["xid"]["in"])
     assert fallback == {x for x in known_xids() if lookup(x).bucket in buckets}
+    mechanicals = rules["xid-check-mechanicals"]["match"]["any"]
+    assert mechanicals[0]["bucket"] == "CHECK_MECHANICALS"
+    assert {mechanicals[1]["xid"]} == {x for x in known_xids() if lookup(x).bucket == "CHECK_MECHANICALS"}
     alert_buckets = set(rules["xid-fatal-hardware-alert"]["match"]["bucket"]["in"])
-    assert alert_buckets == buckets
+    assert alert_buckets == buckets | {"CHECK_MECHANICALS"}  # paged too: a person must look

@@ -22,10 +22,10 @@ def problems_of(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("code", [48, 64, 74, 79, 95, 119, 140])
-def test_default_rules_drain_and_requeue_fatal_xids(code: int) -> None:
+def test_default_rules_drain_requeue_and_reboot_fatal_xids(code: int) -> None:
     decisions = load_rules([]).engine().evaluate(xid(code))
     assert [d.rule for d in decisions] == ["xid-fatal-hardware"]
-    assert [a.kind for a in decisions[0].actions] == ["drain", "requeue"]
+    assert [a.kind for a in decisions[0].actions] == ["drain", "requeue", "reboot"]
     assert (
         decisions[0].actions[0].params["reason"] == f"Xid {code} GPU 0000:3b:00.0 GPU has fallen off the bus"
     )
@@ -87,7 +87,7 @@ def test_any_is_or_and_keys_are_and() -> None:
         ("match: {xid: {between: [1, 2]}}", "3:18: rule 'bad': match: unknown operator"),
         ("match: {xid: {in: 5}}", "'in' takes a list"),
         ("match: {xid: {gt: x}}", "'gt' takes a number"),
-        ("match: {xid: 1}\n    actions: [reboot]", "4:15: rule 'bad': actions.0: unknown action 'reboot'"),
+        ("match: {xid: 1}\n    actions: [reimage]", "4:15: rule 'bad': actions.0: unknown action 'reimage'"),
         (
             "match: {xid: 1}\n    actions: [{drain: {reason: '{{ nonsense }}'}}]",
             "unknown field nonsense in template",
@@ -230,7 +230,7 @@ def test_json_schema_accepts_the_shipped_rules_and_refuses_what_the_loader_refus
         rule(match={"xid": {"between": [1, 2]}}),  # no such operator
         rule(match={"xid": {"gt": "ten"}}),
         rule(match={"any": {"xid": 79}}),  # any takes a list
-        rule(actions=["reboot"]),
+        rule(actions=["reimage"]),
         rule(actions=[{"drain": {}, "log": {}}]),  # one action per item
         rule(actions=[{"drain": {"reson": "typo"}}]),
         rule(unless={"match": {"xid": {"exists": "yes"}}, "within": "10s"}),

@@ -193,7 +193,7 @@ def test_an_expectation_with_a_wrong_time_fails(tmp_path: Path) -> None:
         ),
         (
             "rule_files: [rules.yaml]\ntests:\n  - name: x\n    events: [0s gpu-1 xid]\n    expect:\n"
-            "      - {action: reboot}\n",
+            "      - {action: reimage}\n",
             "t.yaml:6:18: test 'x': expect.0.action: Input should be",
         ),
         (

@@ -103,7 +103,14 @@ class ActionExecutor:
             alerts, self.store, clock, leader, self._spawn, lambda: self.limits.window_s
         )
         self.runtime = runtime = Runtime(
-            scheduler, self._batcher, self.alerts, webhooks, clock, metrics, generator_url
+            scheduler,
+            self._batcher,
+            self.alerts,
+            webhooks,
+            clock,
+            metrics,
+            generator_url,
+            audit=self.store.audit,
         )
 
         # the pipelines, assembled here once; every one starts by recording (the one place an action is

@@ -3,8 +3,8 @@
 :meth:`LeaderGate.refusal` waits (bounded) for leadership, then confirms it with the authority (for the
 database lease: the fencing token is still current), so a leader deposed while it waited, or paused past its
 lease (SIGSTOP, a partition) and resumed, does nothing. :class:`GatedScheduler` asks the gate again right
-before each call that changes the cluster (drain, requeue, resume): the last moment watchd controls, after
-the drain batcher's round and the breaker's count."""
+before each call that changes the cluster (drain, requeue, resume, reboot): the last moment watchd controls,
+after the drain batcher's round and the breaker's count."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from watchd.integrations.base import (
     DrainResult,
     NodeState,
     Privileges,
+    RebootResult,
     RequeueResult,
     ResumeResult,
     Scheduler,
@@ -81,3 +82,9 @@ class GatedScheduler:
         if refusal is not None:
             return ResumeResult(node, "failed", refusal)
         return await self.inner.resume(node)
+
+    async def reboot(self, node: str, reason: str) -> RebootResult:
+        refusal = await self._gate.now(f"reboot of {node}")
+        if refusal is not None:
+            return RebootResult(node, "failed", refusal)
+        return await self.inner.reboot(node, reason)

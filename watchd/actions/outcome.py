@@ -34,6 +34,9 @@ class Outcome(StrEnum):
     RELEASED = "released"  # a hot spare was handed back for the jobs requeued off a drained node
     NO_SPARE = "no_spare"  # none was held in the node's partition
     NO_CHECKS = "no_checks"  # validation asked of an engine without checks
+    REBOOTING = "rebooting"  # a reboot was asked for: the node comes back out of service, then is validated
+    # too many automatic remediations of the node in the window: none more, a person takes over
+    LEFT_FOR_A_PERSON = "left_for_a_person"
     # it began changing the cluster and could not finish (leadership lost, the scheduler refused its last
     # step): its intent stays open, and it is driven again by the engine that leads
     INTERRUPTED = "interrupted"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from watchd.actions.alerting import AlertKeeper
+from watchd.actions.audit import AuditRecord
 from watchd.actions.drain_batcher import DrainBatcher
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.clock import Clock
@@ -54,6 +55,12 @@ class Validator(Protocol):
         ...
 
 
+class AuditReader(Protocol):
+    def recent(self, limit: int = 100, node: str | None = None) -> list[AuditRecord]:
+        """The last ``limit`` records (of ``node`` when given), oldest first."""
+        ...
+
+
 @dataclass(slots=True)
 class Runtime:
     scheduler: Scheduler | None
@@ -68,6 +75,8 @@ class Runtime:
     validation: Validator | None = None
     #: the hot spares' ``keep_for_requeued_s``: how long a spare released for requeued jobs stays theirs
     keep_spare_s: float = 600.0
+    #: the audit trail, for the limits that count what was done before (automatic remediations per node)
+    audit: AuditReader | None = None
 
     async def scheduled(self, kind: str, call: SchedulerCall) -> ActionResult:
         """One call to the scheduler, timed (``watchd_action_duration_seconds``); a SchedulerError is the

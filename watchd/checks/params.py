@@ -165,9 +165,9 @@ class ChecksConfig(Strict):
     peers: PeersConfig = PeersConfig()
     slurm: SlurmCheckRunner = SlurmCheckRunner()
     kubernetes: KubernetesCheckRunner = KubernetesCheckRunner()
-    #: event kinds that start `watchd node validate` on their node by themselves (e.g. a repair system's
-    #: ``node_repaired``): only nodes watchd drained are validated, as by hand
-    auto_validate: list[str] = Field(default_factory=list)
+    #: event kinds that start `watchd node validate` on their node by themselves (a reboot watchd asked for
+    #: is over; a repair system's ``node_repaired``): only nodes watchd drained are validated, as by hand
+    auto_validate: list[str] = Field(default_factory=lambda: ["node_rebooted"])
 
     @model_validator(mode="after")
     def _valid(self) -> ChecksConfig:

@@ -3,10 +3,8 @@ socket or task); :meth:`Engine.start` opens the state, loads the rules, restores
 builds the integrations, starts the executor, the processor, the subsystems and their periodic jobs, then
 serves; :meth:`Engine.cleanup` undoes it in reverse order, each step bounded (``async with`` does both).
 
-The engine is the rules, the action executor and a list of subsystems (:mod:`watchd.subsystem`): rules
-(reload, remembered state), detectors, reliability, the fleet view and hot spares, checks and usage. It
-composes the list once and loops over it: every event it evaluates is shown to each one, their periodic
-jobs, routes, collectors and status are theirs."""
+The engine is the rules, the action executor and a list of subsystems (:mod:`watchd.subsystem`), composed
+once: each sees every event it evaluates; their periodic jobs, routes, collectors and status are theirs."""
 
 from __future__ import annotations
 
@@ -22,6 +20,7 @@ from watchd.actions.audit import MemoryAudit
 from watchd.actions.executor import ActionExecutor, Pools
 from watchd.actions.handler import Mode
 from watchd.actions.handlers.validate import HANDLER as VALIDATE
+from watchd.actions.remediation import Remediation
 from watchd.actions.safety import BreakerLimits
 from watchd.checks.metrics import CheckMetrics
 from watchd.checks.registry import build_runner
@@ -291,9 +290,6 @@ class Engine:
     def recent_actions(self, limit: int) -> list[dict[str, Any]]:
         return self.status_model.recent_actions(limit)
 
-    def node_history(self, node: str, limit: int) -> list[dict[str, Any]]:
-        return self.status_model.node_history(node, limit)
-
     # ---------------------------------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
@@ -459,9 +455,8 @@ class Engine:
         services (the hot spares, validation) are attached to it before it starts, so that its recovery can
         drive their actions again."""
         config = self.config
-        self.detectors.providers = (
-            self._job_providers if self._job_providers is not None else job_providers_of(self.scheduler)
-        )
+        providers = self._job_providers
+        self.detectors.providers = providers if providers is not None else job_providers_of(self.scheduler)
         self.reliability = Reliability(
             config.reliability,
             self.store,
@@ -470,6 +465,7 @@ class Engine:
             lambda node: self.executor.pools.of_node.get(node, []),
             emit=self.emit,
         )
+        leading = lambda: self._leading()[0]  # noqa: E731
         self.fleet = FleetWatch.of_engine(
             self.scheduler,
             self.executor,
@@ -478,7 +474,7 @@ class Engine:
             clock=self.clock,
             registry=self.metrics.registry,
             emit=self._feed_back,
-            leading=lambda: self._leading()[0],
+            leading=leading,
         )
         self.usage.attach(self.store, config.state.path)
         subsystems: list[Subsystem] = [self.rule_keeper, self.detectors, self.reliability, self.fleet]
@@ -491,7 +487,11 @@ class Engine:
             service.gate(self.executor.leader_gate.now)
             self.checks = service
             subsystems.append(Checks(service, self.validate, frozenset(config.checks.auto_validate)))
-        subsystems.append(self.usage)
+        audit, remediation = self.store.audit, config.remediation
+        subsystems += [
+            self.usage,
+            Remediation(self.scheduler, audit, remediation, self.clock, self.emit, leading),
+        ]
         self.executor.attach(
             spares=self.fleet,
             validation=self.checks,

@@ -71,8 +71,6 @@ class EngineApi(Protocol):
 
     def recent_actions(self, limit: int) -> list[dict[str, Any]]: ...
 
-    def node_history(self, node: str, limit: int) -> list[dict[str, Any]]: ...
-
     def held(self) -> list[dict[str, Any]]: ...
 
     def ready(self) -> tuple[bool, str]: ...
@@ -253,14 +251,6 @@ def make_app(
             return error_response(400, "limit: expected an integer")
         return json_response({"actions": engine.recent_actions(limit)})
 
-    async def node_history(request: web.Request) -> web.Response:
-        try:
-            limit = min(1000, max(1, int(request.query.get("limit", "20"))))
-        except ValueError:
-            return error_response(400, "limit: expected an integer")
-        node = request.match_info["node"]
-        return json_response({"node": node, "incidents": engine.node_history(node, limit)})
-
     async def status_handler(request: web.Request) -> web.Response:
         try:
             document = engine.status(request.query)
@@ -306,7 +296,6 @@ def make_app(
     app.router.add_get("/api/v1/held", held_handler)
     app.router.add_post(r"/api/v1/held/{id}/{verb:release|discard}", resolve_held)
     app.router.add_post("/api/v1/nodes/{node}/resume", resume_node)
-    app.router.add_get("/api/v1/nodes/{node}/history", node_history)
     for subsystem in subsystems:  # the detectors', reliability's, the fleet view's, the checks' routes
         subsystem.routes(app, _operator)
     return app

@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from watchd.actions.executor import ActionExecutor
-from watchd.actions.incidents import incidents
 from watchd.clock import Clock
 from watchd.detect.correlator import Correlator
 from watchd.detect.finding import Finding
@@ -21,8 +20,6 @@ from watchd.store.database import Store
 _INCIDENT_ACTIONS = ("drain", "requeue", "alert")  # what makes a node an incident in the status
 NODES_LIMIT = 500  # nodes in one status document unless ?limit= says otherwise
 HELD_LIMIT = 100  # held actions in it (the newest) unless ?held_limit=; GET /api/v1/held lists them all
-#: the audit records of a node its history is read from
-HISTORY_RECORDS = 5000
 TAKEN_OUT_LIMIT = 1000  # the newest nodes listed per pool of the breaker (taken_out_count counts all)
 
 
@@ -131,8 +128,3 @@ class EngineStatus:
 
     def recent_actions(self, limit: int) -> list[dict[str, Any]]:
         return [a.to_dict() for a in self.store.audit.recent(limit)]
-
-    def node_history(self, node: str, limit: int) -> list[dict[str, Any]]:
-        """The node's incidents, newest first, read from its last ``HISTORY_RECORDS`` audit records."""
-        found = incidents(self.store.audit.recent(HISTORY_RECORDS, node=node))
-        return [i.to_dict() for i in reversed(found[-limit:])]

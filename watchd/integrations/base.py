@@ -10,6 +10,7 @@ from typing import Protocol
 # named here too because the Scheduler protocol speaks them
 from watchd.model.nodes import DrainResult as DrainResult
 from watchd.model.nodes import NodeState as NodeState
+from watchd.model.nodes import RebootResult as RebootResult
 from watchd.model.nodes import ResumeResult as ResumeResult
 
 
@@ -72,6 +73,12 @@ class Scheduler(Protocol):
 
     async def resume(self, node: str) -> ResumeResult:
         """Return a node to service, only if watchd drained it (its reason carries watchd's prefix)."""
+        ...
+
+    async def reboot(self, node: str, reason: str) -> RebootResult:
+        """Ask for ``node`` to be rebooted as soon as it runs no job, and to come back out of service with
+        ``reason``: only a node watchd drained (its reason carries watchd's prefix). Asked again while the
+        reboot is pending, it asks nothing more (``rebooting``)."""
         ...
 
     async def privileges(self) -> Privileges:

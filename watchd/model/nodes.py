@@ -10,6 +10,9 @@ from typing import Literal
 
 DrainOutcome = Literal["drained", "already_drained", "skipped", "failed", "held"]
 ResumeOutcome = Literal["resumed", "not_drained", "refused", "failed"]
+RebootOutcome = Literal["rebooting", "not_drained", "refused", "failed"]
+#: the flags of a node whose reboot was asked for and has not completed (Slurm's names)
+REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
 
 WATCHD_REASON_PREFIX = "watchd:"
 
@@ -20,10 +23,18 @@ class NodeState:
     state: str  # base state, lower case: idle, allocated, mixed, down, unknown, ...
     flags: frozenset[str] = frozenset()  # upper case: DRAIN, NOT_RESPONDING, ...
     reason: str | None = None
+    #: tells one boot of the node from the next, where the scheduler says (Slurm: its BootTime; Kubernetes:
+    #: the node's bootID): a reboot is over when it changed and no reboot is pending
+    boot_id: str | None = None
 
     @property
     def drained(self) -> bool:
         return "DRAIN" in self.flags
+
+    @property
+    def reboot_pending(self) -> bool:
+        """A reboot was asked for and the node has not come back from it yet."""
+        return bool(self.flags & REBOOT_FLAGS)
 
     @property
     def down(self) -> bool:
@@ -44,6 +55,13 @@ class ResumeResult:
     detail: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class RebootResult:
+    node: str
+    outcome: RebootOutcome
+    detail: str = ""
+
+
 def drain_reason(reason: str, prefix: str = WATCHD_REASON_PREFIX) -> str:
     """The reason as the scheduler will show it: one line, starting with watchd's prefix."""
     reason = " ".join(reason.split())  # one line: scontrol and sinfo -R show a single line
@@ -57,6 +75,12 @@ def describe(st: NodeState) -> str:
 
 def drained_by_watchd(st: NodeState, prefix: str = WATCHD_REASON_PREFIX) -> bool:
     return st.drained and st.reason is not None and st.reason.startswith(prefix)
+
+
+def down_by_watchd(st: NodeState, prefix: str = WATCHD_REASON_PREFIX) -> bool:
+    """Down, not drained, for watchd's reason: how Slurm brings back a node watchd had rebooted
+    (``nextstate=DOWN``)."""
+    return st.down and not st.drained and st.reason is not None and st.reason.startswith(prefix)
 
 
 def plan_drain(
@@ -74,6 +98,8 @@ def plan_drain(
             settled[node] = DrainResult(node, "failed", "unknown node")
         elif drained_by_watchd(st, prefix):
             settled[node] = DrainResult(node, "already_drained", st.reason or "")
+        elif down_by_watchd(st, prefix):  # back from a reboot watchd asked for: drained again, as it was
+            groups.setdefault(drain_reason(reason, prefix), []).append(node)
         elif st.drained or st.down:
             settled[node] = DrainResult(
                 node, "skipped", f"node is {describe(st)} for reason {st.reason!r}, not set by watchd"
@@ -91,4 +117,16 @@ def refuse_resume(st: NodeState | None, node: str, prefix: str = WATCHD_REASON_P
         return ResumeResult(node, "not_drained", describe(st))
     if not drained_by_watchd(st, prefix):
         return ResumeResult(node, "refused", f"drained by someone else: {st.reason!r}")
+    return None
+
+
+def refuse_reboot(st: NodeState | None, node: str, prefix: str = WATCHD_REASON_PREFIX) -> RebootResult | None:
+    """Why watchd must not reboot a node, or None when it may: only a node watchd took out of service (its
+    drain's reason carries watchd's prefix), so no job of anyone's is started on it meanwhile."""
+    if st is None:
+        return RebootResult(node, "failed", "unknown node")
+    if not st.drained:
+        return RebootResult(node, "not_drained", describe(st))
+    if not drained_by_watchd(st, prefix):
+        return RebootResult(node, "refused", f"drained by someone else: {st.reason!r}")
     return None

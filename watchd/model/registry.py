@@ -9,7 +9,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from watchd.model import action, check, finding, gpu, heartbeat, reliability, trainlog, unavailable, xid
+from watchd.model import (
+    action,
+    check,
+    finding,
+    gpu,
+    heartbeat,
+    reboot,
+    reliability,
+    trainlog,
+    unavailable,
+    xid,
+)
 from watchd.model.kinds import Attrs
 
 __all__ = ["ALL_KINDS", "ENGINE_FIELDS", "EXTERNAL_KINDS", "FINDING_KINDS", "KINDS", "fields_of"]
@@ -28,6 +39,8 @@ KINDS: Mapping[str, type[Attrs]] = MappingProxyType(
         **{kind: finding.Detection for kind in finding.KINDS},
         check.KIND: check.CheckResult,  # issue 21: active checks
         reliability.KIND: reliability.CheckpointInterval,  # issue 17: checkpoint advice
+        reboot.REBOOTED_KIND: reboot.NodeRebooted,  # a reboot watchd asked for is over
+        reboot.OVERDUE_KIND: reboot.NodeRebootOverdue,
         # issue 19: what the training stack says (PyTorch watchdog, NCCL, Flight Recorder)
         **{cls.KIND: cls for cls in trainlog.KINDS},
     }

@@ -18,7 +18,7 @@ from pydantic import Field
 from watchd.actions.handler import ActionParams, Handler
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.integrations.base import SchedulerError
-from watchd.model.nodes import WATCHD_REASON_PREFIX, drained_by_watchd
+from watchd.model.nodes import WATCHD_REASON_PREFIX, down_by_watchd, drained_by_watchd
 from watchd.model.validation import Validation
 from watchd.store import keys
 
@@ -77,6 +77,14 @@ class ValidateHandler(Handler):
             return _result(await validation.recover(node, round_id, reason), round_id)
         if st is None:
             return ActionResult(Outcome.FAILED, "unknown node")
+        if down_by_watchd(st) and runtime.batcher is not None:
+            # back from a reboot watchd asked for, down: drained again first, as validation expects it
+            again = await runtime.batcher.drain(node, st.reason or "")
+            if again.outcome != Outcome.DRAINED:
+                return ActionResult(
+                    Outcome.FAILED, f"could not drain it again after its reboot: {again.detail}"
+                )
+            st = (await runtime.scheduler.node_states([node])).get(node) or st
         if not st.drained:
             return ActionResult(Outcome.NOT_DRAINED, "the node is in service: `watchd checks run` checks it")
         if not drained_by_watchd(st, WATCHD_REASON_PREFIX):

@@ -12,11 +12,15 @@ from typing import Any
 from watchd.integrations.base import Privileges, RequeueResult, SchedulerError, job_selected
 from watchd.integrations.fake.settings import FakeSchedulerConfig
 from watchd.model.nodes import (
+    REBOOT_FLAGS,
     WATCHD_REASON_PREFIX,
     DrainResult,
     NodeState,
+    RebootResult,
     ResumeResult,
+    drain_reason,
     plan_drain,
+    refuse_reboot,
     refuse_resume,
 )
 
@@ -46,6 +50,7 @@ class FakeScheduler:
     error: SchedulerError | None = None
     privileged: bool | None = True  # what privileges() answers
     partitions: dict[str, list[str]] = field(default_factory=dict)  # empty: one pool "all" of every node
+    reboots: dict[str, str] = field(default_factory=dict)  # node -> its reason, while a reboot is pending
     name: str = "fake"
 
     # ------------------------------------------------------------- setup
@@ -156,6 +161,35 @@ class FakeScheduler:
         assert st is not None
         self.nodes[node] = replace(st, flags=st.flags - {"DRAIN"}, reason=None)
         return ResumeResult(node, "resumed", st.reason or "")
+
+    async def reboot(self, node: str, reason: str) -> RebootResult:
+        """As Slurm's ``scontrol reboot ASAP nextstate=DOWN``: pending while a job runs on the node
+        (REBOOT_REQUESTED), then issued (REBOOT_ISSUED); :meth:`complete_reboot` brings it back, down with
+        ``reason``. Asked again while pending: nothing more."""
+        self.calls.append(("reboot", node))
+        self._check()
+        st = self.nodes.get(node)
+        refusal = refuse_reboot(st, node, self.reason_prefix)
+        if refusal is not None:
+            return refusal
+        assert st is not None
+        if st.reboot_pending:
+            return RebootResult(node, "rebooting", "a reboot is pending already")
+        busy = any(node in j.nodes and j.state == "running" for j in self.jobs.values())
+        flag = "REBOOT_REQUESTED" if busy else "REBOOT_ISSUED"
+        self.nodes[node] = replace(
+            st, flags=st.flags | {flag}, reason=drain_reason(reason, self.reason_prefix)
+        )
+        self.reboots[node] = drain_reason(reason, self.reason_prefix)
+        return RebootResult(node, "rebooting", f"{flag.lower()}")
+
+    def complete_reboot(self, node: str, boot_id: str) -> None:
+        """The node came back from its reboot (its new ``boot_id``) as Slurm 22.05 brings it back: DOWN, no
+        longer DRAIN, the reason with `` : reboot issued : reboot complete`` appended."""
+        st = self.nodes[node]
+        reason = f"{self.reboots.pop(node, st.reason)} : reboot issued : reboot complete"
+        flags = st.flags - REBOOT_FLAGS - {"DRAIN"}
+        self.nodes[node] = replace(st, state="down", flags=flags, reason=reason, boot_id=boot_id)
 
     async def privileges(self) -> Privileges:
         self.calls.append(("privileges", None))

@@ -46,6 +46,7 @@ except ImportError as exc:  # the optional dependency: name the extra, not a tra
 from watchd.integrations.base import Privileges, RequeueResult, SchedulerError, job_selected
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, label_selector, status_code
 from watchd.integrations.kubernetes.jobs import JobRef, KubernetesJobProvider, job_of_pod, owned_by
+from watchd.integrations.kubernetes.reboot import ask_reboot, boot_id_of, reboot_flags
 from watchd.integrations.kubernetes.settings import KubernetesConfig
 from watchd.jobs.model import JobProvider
 from watchd.logs import get_logger
@@ -53,8 +54,11 @@ from watchd.model.nodes import (
     WATCHD_REASON_PREFIX,
     DrainResult,
     NodeState,
+    RebootResult,
     ResumeResult,
+    drain_reason,
     plan_drain,
+    refuse_reboot,
     refuse_resume,
 )
 
@@ -131,14 +135,13 @@ def node_state_of(node: Node, prefix: str = WATCHD_REASON_PREFIX) -> NodeState:
     meta = node.metadata or ObjectMeta()
     record = DrainRecord.parse((meta.annotations or {}).get(DRAIN_ANNOTATION))
     cordoned = bool(node.spec is not None and node.spec.unschedulable)
-    flags = frozenset({"DRAIN"}) if cordoned else frozenset()
+    flags = frozenset({"DRAIN"} if cordoned else ()) | reboot_flags(node)
     reason: str | None = None
     if cordoned:
         ours = record is not None and record.cordoned and record.reason.startswith(prefix)
         reason = record.reason if ours and record is not None else FOREIGN_CORDON
-    return NodeState(
-        name=meta.name or "", state="ready" if node_ready(node) else "notready", flags=flags, reason=reason
-    )
+    state = "ready" if node_ready(node) else "notready"
+    return NodeState(name=meta.name or "", state=state, flags=flags, reason=reason, boot_id=boot_id_of(node))
 
 
 def taint_value(reason: str, prefix: str = WATCHD_REASON_PREFIX) -> str:
@@ -522,6 +525,15 @@ class KubernetesScheduler:
         return Privileges(True, "RBAC lets watchd cordon, taint and evict")
 
     # ------------------------------------------------------------------------------------------ resume
+    async def reboot(self, node: str, reason: str) -> RebootResult:
+        current = await self._get_node(node)
+        st = node_state_of(current, self.reason_prefix) if current is not None else None
+        refusal = refuse_reboot(st, node, self.reason_prefix)
+        if refusal is not None or current is None:
+            return refusal or RebootResult(node, "failed", "unknown node")
+        async with self._sem:
+            return await ask_reboot(self.client, current, drain_reason(reason, self.reason_prefix))
+
     async def resume(self, node: str) -> ResumeResult:
         evicting = self._evictions.get(node)
         if evicting is not None and not evicting.done():

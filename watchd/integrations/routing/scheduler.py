@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from watchd.integrations.base import Privileges, RequeueResult, Scheduler, SchedulerError
@@ -20,6 +20,7 @@ from watchd.model.nodes import (
     WATCHD_REASON_PREFIX,
     DrainResult,
     NodeState,
+    RebootResult,
     ResumeResult,
     drained_by_watchd,
     plan_drain,
@@ -169,29 +170,39 @@ class RoutedScheduler:
         return RequeueResult(node, tuple(requeued), tuple(not_requeueable), failed)
 
     async def resume(self, node: str) -> ResumeResult:
+        outcome, detail = await self._each(
+            node, lambda sched: sched.resume(node), ("failed", "resumed", "refused", "not_drained")
+        )
+        return ResumeResult(node, outcome, detail)  # type: ignore[arg-type]
+
+    async def reboot(self, node: str, reason: str) -> RebootResult:
+        outcome, detail = await self._each(
+            node, lambda sched: sched.reboot(node, reason), ("failed", "rebooting", "refused", "not_drained")
+        )
+        return RebootResult(node, outcome, detail)  # type: ignore[arg-type]
+
+    async def _each(
+        self,
+        node: str,
+        call: Callable[[Scheduler], Awaitable[ResumeResult | RebootResult]],
+        precedence: tuple[str, ...],
+    ) -> tuple[str, str]:
+        """``call`` on every scheduler of ``node``: one answer as it is; several, the first outcome of
+        ``precedence`` any of them gave, with each one's detail."""
         routes = self.routes_of(node)
         if not routes:
-            return ResumeResult(node, "failed", "no scheduler is configured for this node")
-        answers = await asyncio.gather(*(r.scheduler.resume(node) for r in routes), return_exceptions=True)
-        results: list[tuple[str, ResumeResult]] = []
+            return "failed", "no scheduler is configured for this node"
+        answers = await asyncio.gather(*(call(r.scheduler) for r in routes), return_exceptions=True)
+        results: list[tuple[str, str, str]] = []
         for r, ans in zip(routes, answers, strict=True):
             if isinstance(ans, SchedulerError):
-                results.append((r.scheduler.name, ResumeResult(node, "failed", str(ans))))
+                results.append((r.scheduler.name, "failed", str(ans)))
             elif isinstance(ans, BaseException):
                 raise ans
             else:
-                results.append((r.scheduler.name, ans))
+                results.append((r.scheduler.name, ans.outcome, ans.detail))
         if len(results) == 1:
-            return results[0][1]
-        outcomes = {res.outcome for _, res in results}
-        outcome = (
-            "failed"
-            if "failed" in outcomes
-            else "resumed"
-            if "resumed" in outcomes
-            else "refused"
-            if "refused" in outcomes
-            else "not_drained"
-        )
-        detail = "; ".join(f"{s}: {res.outcome} {res.detail}".rstrip() for s, res in results)
-        return ResumeResult(node, outcome, detail)  # type: ignore[arg-type]
+            return results[0][1], results[0][2]
+        outcomes = {outcome for _, outcome, _ in results}
+        outcome = next(o for o in precedence if o in outcomes)
+        return outcome, "; ".join(f"{s}: {o} {d}".rstrip() for s, o, d in results)

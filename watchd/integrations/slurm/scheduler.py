@@ -58,8 +58,12 @@ from watchd.model.nodes import (
     WATCHD_REASON_PREFIX,
     DrainResult,
     NodeState,
+    RebootResult,
     ResumeResult,
+    describe,
+    drain_reason,
     plan_drain,
+    refuse_reboot,
     refuse_resume,
 )
 
@@ -222,7 +226,14 @@ def parse_node_line(line: str) -> NodeState | None:
         return None
     s = re.search(r" State=(\S+)", line)
     state, flags = parse_state(s.group(1)) if s else ("unknown", frozenset[str]())
-    return NodeState(name=m.group(1), state=state, flags=flags, reason=parse_reason(line))
+    boot = re.search(r" BootTime=(\S+)", line)
+    return NodeState(
+        name=m.group(1),
+        state=state,
+        flags=flags,
+        reason=parse_reason(line),
+        boot_id=boot.group(1) if boot and boot.group(1) not in ("None", "Unknown") else None,
+    )
 
 
 # --------------------------------------------------------------------------- adapter
@@ -475,6 +486,19 @@ class SlurmScheduler:
                 return ResumeResult(node, "resumed", f"{st.reason or ''} (scontrol: {exc})")
             return ResumeResult(node, "failed", str(exc))
         return ResumeResult(node, "resumed", st.reason or "")
+
+    async def reboot(self, node: str, reason: str) -> RebootResult:
+        st = (await self.node_states([node])).get(node)
+        refusal = refuse_reboot(st, node, self.reason_prefix)
+        if refusal is not None:
+            return refusal
+        assert st is not None
+        if st.reboot_pending:
+            return RebootResult(node, "rebooting", f"a reboot is pending already ({describe(st)})")
+        shown = drain_reason(reason, self.reason_prefix)
+        # ASAP: no new job starts there, a running one ends first; DOWN: back from the reboot out of service
+        await self._scontrol("reboot", "ASAP", "nextstate=DOWN", f"Reason={shown}", node)
+        return RebootResult(node, "rebooting", shown)
 
     async def privileges(self) -> Privileges:
         return await probe(self.scontrol, self._exec)

@@ -1,0 +1,121 @@
+"""reboot: reboot a node watchd drained, once it runs no job, so that it comes back out of service; the
+engine sees it return (a new boot) and validates it, and only a pass puts it back in service.
+
+Slurm: ``scontrol reboot ASAP nextstate=DOWN Reason="watchd: ..."`` (no job starts there meanwhile, a
+running one ends first, and the node comes back DOWN with the reason). Kubernetes: the node annotation
+``watchd.io/reboot-requested`` for the site's reboot daemon. At most ``max_per_node`` automatic remediations
+of a node in ``window``: beyond, it is left for a person (outcome ``left_for_a_person``; the shipped rules
+page). Asked again while its reboot is pending (a re-drive after a crash), it asks nothing more: a node is
+never rebooted twice for one request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from watchd.actions.audit import AuditRecord
+from watchd.actions.handler import ActionParams, Handler
+from watchd.actions.outcome import ActionResult, Outcome
+from watchd.model.durations import Duration
+from watchd.model.nodes import drain_reason
+from watchd.store import keys
+
+if TYPE_CHECKING:
+    from watchd.actions.drain_batcher import DrainBatcher
+    from watchd.actions.handler import Attempt
+    from watchd.actions.runtime import Runtime
+    from watchd.integrations.base import Scheduler
+    from watchd.rules.decision import PlannedAction
+
+#: the actions that count as automatic remediations of a node, with the outcome that means one was done
+REMEDIATIONS = {"reboot": Outcome.REBOOTING}
+_OUTCOMES = {
+    "rebooting": Outcome.REBOOTING,
+    "not_drained": Outcome.NOT_DRAINED,
+    "refused": Outcome.REFUSED,
+    "failed": Outcome.FAILED,
+}
+
+
+class RebootParams(ActionParams):
+    """Reboot the node once it runs no job; it comes back out of service and is validated."""
+
+    reason: str = Field("reboot after {{ kind }}", description="template; the node's reason until it is back")
+    max_per_node: int = Field(
+        3, ge=1, description="automatic remediations of one node in the window; beyond, left for a person"
+    )
+    window: Duration = Field(7 * 86400.0, description="the window max_per_node counts in, e.g. 7d")
+
+
+class RebootHandler(Handler):
+    kind = "reboot"
+    params = RebootParams
+    disruptive = True
+    follows_drain = True  # only a node its decision's drain took out (or watchd had taken out)
+    cooldown_s = 0.0  # one reboot of a node in flight; the window's limit does the counting
+
+    def key(self, action: PlannedAction) -> str:
+        return keys.action(self.kind, action.node)
+
+    def describe(self, action: PlannedAction) -> str:
+        return f"would reboot {action.node} once idle: {drain_reason(str(action.params.get('reason', '')))}"
+
+    async def run(self, attempt: Attempt, runtime: Runtime) -> ActionResult:
+        node, params = attempt.action.node, attempt.action.params
+        if runtime.validation is None:
+            return ActionResult(
+                Outcome.NO_CHECKS, "no checks to validate the node after a reboot: not rebooted"
+            )
+        limit, window = int(params.get("max_per_node", 3)), float(params.get("window", 7 * 86400.0))
+        records = runtime.audit.recent(1000, node=node) if runtime.audit is not None else []
+        done = remediations(records, attempt.now - window)
+        if not attempt.redrive and (replaced := reason_replaced(records)) is not None:
+            return ActionResult(
+                Outcome.LEFT_FOR_A_PERSON,
+                f"taken out again by rule {replaced.rule} ({replaced.detail}): a reboot does not answer it",
+            )
+        if done >= limit and not attempt.redrive:
+            return ActionResult(
+                Outcome.LEFT_FOR_A_PERSON,
+                f"{done} automatic remediations in {window / 86400:g} d (at most {limit}): left for a person",
+                {"remediations": done},
+            )
+        reason = str(params.get("reason", ""))
+
+        async def call(scheduler: Scheduler, _: DrainBatcher) -> ActionResult:
+            result = await scheduler.reboot(node, reason)
+            data: dict[str, Any] = {"requested_at": attempt.now}
+            if result.outcome == "rebooting":
+                before = (await scheduler.node_states([node])).get(node)
+                data["boot_id"] = before.boot_id if before is not None else None
+            return ActionResult(_OUTCOMES[result.outcome], result.detail, data)
+
+        return await runtime.scheduled(self.kind, call)
+
+
+def remediations(records: Sequence[AuditRecord], since: float) -> int:
+    """The automatic remediations in ``records`` (a node's audit trail) done since ``since``."""
+    return sum(
+        1
+        for rec in records
+        if rec.time >= since and rec.mode == "enforce" and REMEDIATIONS.get(rec.action) == rec.outcome
+    )
+
+
+def reason_replaced(records: Sequence[AuditRecord], since: float = 0.0) -> AuditRecord | None:
+    """The drain since ``since`` (and since the node was last back in service) that replaced the reason it
+    was out for (the lemon-node rule's): a person's matter, not a reboot's."""
+    found: AuditRecord | None = None
+    for rec in records:
+        if rec.mode != "enforce":
+            continue
+        if rec.outcome == "resumed":
+            found = None
+        elif rec.action == "drain" and rec.outcome == "drained" and rec.params.get("replace_reason"):
+            found = rec if rec.time >= since else None
+    return found
+
+
+HANDLER = RebootHandler()

@@ -1,0 +1,169 @@
+"""Remediation, one subsystem of the engine: the reboots watchd asked for, followed until each node is back,
+and each node's incidents (``GET /api/v1/nodes/{node}/history``, read from the audit trail).
+
+A ``reboot`` action that ended ``rebooting`` leaves its node here, with the boot it was asked in (its audit
+record's result). Every ``remediation.poll_s`` the leader reads those nodes' states: a node with a new boot
+and no reboot pending (and answering) is back, and the engine's rules hear ``node_rebooted`` (with
+``checks.auto_validate: [node_rebooted]``, the shipped default when checks are on, validation starts; only a
+pass returns it to service). A node not back in ``remediation.return_timeout_s`` is reported once
+(``node_reboot_overdue``). What is followed is read again from the audit trail at start, so a restart of the
+engine in between neither forgets a node nor asks for its reboot again."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from watchd.actions.audit import AuditRecord
+from watchd.actions.handlers.reboot import reason_replaced
+from watchd.actions.incidents import incidents
+from watchd.actions.runtime import AuditReader
+from watchd.actions.settings import RemediationConfig
+from watchd.clock import Clock
+from watchd.httputil import error_response, json_response
+from watchd.integrations.base import Scheduler, SchedulerError
+from watchd.logs import get_logger
+from watchd.model.action import KIND as ACTION_KIND
+from watchd.model.events import Event, stable_id
+from watchd.model.nodes import describe
+from watchd.model.reboot import SOURCE, NodeRebooted, NodeRebootOverdue
+from watchd.subsystem import Component, Job, Operator
+
+__all__ = ["Remediation", "awaiting_from"]
+
+_log = get_logger("watchd.reboots")
+#: the audit records read at start to find the reboots still awaited
+START_RECORDS = 50_000
+#: the audit records of a node its history is read from
+HISTORY_RECORDS = 5000
+#: what ends the wait for a node besides its return: it was validated or resumed since
+_SETTLED = {"validate", "resume"}
+
+
+@dataclass(frozen=True, slots=True)
+class Awaited:
+    requested_at: float
+    boot_id: str | None  # the boot the reboot was asked in
+    overdue_sent: bool = False
+
+
+def awaiting_from(records: Sequence[AuditRecord]) -> dict[str, Awaited]:
+    """The nodes whose last ``rebooting`` reboot was not followed by their validation or resume."""
+    out: dict[str, Awaited] = {}
+    for rec in sorted(records, key=lambda r: r.time):
+        if rec.mode != "enforce":
+            continue
+        if rec.action == "reboot" and rec.outcome == "rebooting":
+            boot = rec.result.get("boot_id")
+            out[rec.node] = Awaited(float(rec.result.get("requested_at", rec.time)), boot and str(boot))
+        elif rec.action in _SETTLED and rec.outcome != "deduplicated":
+            out.pop(rec.node, None)
+    return out
+
+
+class Remediation(Component):
+    name = "remediation"
+
+    def __init__(
+        self,
+        scheduler: Scheduler | None,
+        audit: AuditReader,
+        config: RemediationConfig,
+        clock: Clock,
+        emit: Callable[[Event], Awaitable[None]],
+        leading: Callable[[], bool],
+    ) -> None:
+        self._scheduler = scheduler
+        self._audit = audit
+        self._config = config
+        self._clock = clock
+        self._emit = emit
+        self._leading = leading
+        self.awaited: dict[str, Awaited] = {}
+        self._changed: set[str] = set()  # nodes whose trail changed since the last poll
+
+    async def start(self) -> None:
+        self.awaited = awaiting_from(self._audit.recent(START_RECORDS))
+        if self.awaited:
+            _log.info("reboots_awaited", nodes=sorted(self.awaited))
+
+    def observe(self, event: Event) -> None:
+        if event.kind == ACTION_KIND and event.attrs.get("action") == "reboot":
+            self._changed.add(event.node)
+
+    def jobs(self) -> Sequence[Job]:
+        return (Job("reboot-watch", self._config.poll_s, self.poll),) if self._scheduler is not None else ()
+
+    async def poll(self) -> None:
+        """Read the trail of the nodes it changed for, then the states of the nodes awaited (the leader
+        only): each one back is announced once, each one overdue reported once."""
+        for node in self._changed:
+            found = awaiting_from(self._audit.recent(50, node=node))
+            if node in found:
+                self.awaited[node] = found[node]
+        self._changed.clear()
+        if not self.awaited or self._scheduler is None or not self._leading():
+            return
+        try:
+            states = await self._scheduler.node_states(sorted(self.awaited))
+        except SchedulerError as exc:
+            _log.warning("reboot_watch_failed", error=str(exc))
+            return
+        now = self._clock.now()
+        for node, awaited in list(self.awaited.items()):
+            st = states.get(node)
+            if st is None:
+                continue
+            after = round(now - awaited.requested_at, 3)
+            if st.boot_id is not None and st.boot_id != awaited.boot_id and not st.reboot_pending:
+                if "NOT_RESPONDING" in st.flags:
+                    continue  # registered once, not answering now: not back yet
+                del self.awaited[node]
+                replaced = reason_replaced(self._audit.recent(1000, node=node), awaited.requested_at)
+                if replaced is not None:  # e.g. a lemon: its rule paged; validation would not answer it
+                    _log.warning(
+                        "node_rebooted_left_out", node=node, rule=replaced.rule, reason=replaced.detail
+                    )
+                    continue
+                _log.info("node_rebooted", node=node, after_s=after, boot_id=st.boot_id)
+                back = NodeRebooted(requested_at=awaited.requested_at, after_s=after, boot_id=st.boot_id)
+                await self._emit(
+                    back.to_event(id=stable_id(node, "rebooted", st.boot_id), **self._at(node, now))
+                )
+            elif not awaited.overdue_sent and after > self._config.return_timeout_s:
+                self.awaited[node] = Awaited(awaited.requested_at, awaited.boot_id, overdue_sent=True)
+                _log.warning("node_reboot_overdue", node=node, after_s=after, state=describe(st))
+                late = NodeRebootOverdue(requested_at=awaited.requested_at, after_s=after, state=describe(st))
+                key = stable_id(node, "reboot_overdue", awaited.requested_at)
+                await self._emit(late.to_event(id=key, **self._at(node, now)))
+
+    @staticmethod
+    def _at(node: str, now: float) -> dict[str, Any]:
+        return {"node": node, "source": SOURCE, "time": now}
+
+    def history(self, node: str, limit: int) -> list[dict[str, Any]]:
+        """The node's incidents, newest first, read from its last ``HISTORY_RECORDS`` audit records."""
+        found = incidents(self._audit.recent(HISTORY_RECORDS, node=node))
+        return [i.to_dict() for i in reversed(found[-limit:])]
+
+    def routes(self, app: web.Application, operator: Operator) -> None:
+        async def node_history(request: web.Request) -> web.Response:
+            try:
+                limit = min(1000, max(1, int(request.query.get("limit", "20"))))
+            except ValueError:
+                return error_response(400, "limit: expected an integer")
+            node = request.match_info["node"]
+            return json_response({"node": node, "incidents": self.history(node, limit)})
+
+        app.router.add_get("/api/v1/nodes/{node}/history", node_history)
+
+    def status(self) -> Mapping[str, Any]:
+        return {
+            "awaited": [
+                {"node": n, "requested_at": a.requested_at, "overdue": a.overdue_sent}
+                for n, a in sorted(self.awaited.items())
+            ]
+        }

@@ -1,0 +1,34 @@
+"""The kinds of a reboot watchd asked for: ``node_rebooted`` when the node came back from it (a new boot,
+no reboot pending: validation starts by itself), ``node_reboot_overdue`` when it has not come back in
+``remediation.return_timeout_s`` (the shipped rules page)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from watchd.model.kinds import Attrs
+
+__all__ = ["OVERDUE_KIND", "REBOOTED_KIND", "SOURCE", "NodeRebootOverdue", "NodeRebooted"]
+
+REBOOTED_KIND = "node_rebooted"
+OVERDUE_KIND = "node_reboot_overdue"
+SOURCE = "watchd:reboots"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeRebooted(Attrs):
+    KIND: ClassVar[str] = REBOOTED_KIND
+
+    requested_at: float  # when watchd asked for the reboot (epoch seconds)
+    after_s: float  # from the request to the node seen back
+    boot_id: str  # the new boot (Slurm: its BootTime; Kubernetes: its bootID)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeRebootOverdue(Attrs):
+    KIND: ClassVar[str] = OVERDUE_KIND
+
+    requested_at: float
+    after_s: float  # how long it has been
+    state: str  # the node's state as the scheduler shows it now
