@@ -33,6 +33,7 @@ from typing import Any
 from watchd.checks.params import ChecksConfig
 from watchd.checks.runner import Availability, CheckJob, JobHandle, JobStatus, RunnerError, RunOutput
 from watchd.integrations.base import SchedulerError
+from watchd.integrations.slurm.output_dir import check_output_dir
 from watchd.integrations.slurm.scheduler import SlurmScheduler, expand_hostlist
 from watchd.model.nodes import drain_reason, drained_by_watchd
 
@@ -378,6 +379,7 @@ def runner_from_config(config: Any) -> SlurmCheckRunner:
         env=env,
         persistent=False,
     )
+    check_output_dir(checks.output_dir)  # ConfigError when others could write there; created when missing
     c = checks.slurm
     return SlurmCheckRunner(
         scheduler,
