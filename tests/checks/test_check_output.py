@@ -170,3 +170,15 @@ def test_a_refused_output_is_an_error_whatever_the_exit_status() -> None:
         assert (v.outcome, v.evidence) == ("error", f"command: {why}")
     timeout = judge(spec, "gpu-1", RunOutput("timeout", "", None, unread=why), [])
     assert timeout.outcome == "timeout"  # judged on the time alone
+
+
+def test_engine_check_as_root_takes_the_configured_engine_user(top: Path) -> None:
+    from watchd.integrations.slurm.output_dir import engine_uid
+
+    assert engine_uid("nobody") == NOBODY and engine_uid("root") == 0
+    with pytest.raises(ConfigError, match=r"checks\.slurm\.user: no user 'no-such-user'"):
+        engine_uid("no-such-user")
+    theirs = top / "theirs"
+    theirs.mkdir(mode=0o750)
+    os.chown(theirs, NOBODY, NOBODY)
+    assert check_output_dir(theirs, create=False, uid=engine_uid("nobody")) == "ok"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from watchd.errors import ConfigError
 
-__all__ = ["KEY", "MODE", "check_output_dir"]
+__all__ = ["KEY", "MODE", "check_output_dir", "engine_uid"]
 
 KEY = "checks.output_dir"
 MODE = 0o750
@@ -31,6 +31,17 @@ def _user(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def engine_uid(user: str) -> int:
+    """The engine's user as ``watchd engine --check`` sees it: itself, or, run as root (outside the unit),
+    the user the config names as the engine's (``checks.slurm.user``)."""
+    if os.geteuid() != 0:
+        return os.geteuid()
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise ConfigError(f"checks.slurm.user: no user {user!r} on this host") from None
 
 
 def _writers(mode: int) -> str:
