@@ -326,6 +326,12 @@ def _run_engine(path: Path | None, check: bool, log_level: str | None = None) ->
     if check:  # validate everything that can be validated without changing anything
         rules = load_rules(config.rules, defaults=config.default_rules)
         config.auth.resolve()
+        if config.checks.enabled and config.checks.runner == "slurm":
+            from watchd.integrations.slurm.output_dir import check_output_dir, engine_uid
+
+            uid = engine_uid(config.checks.slurm.user)
+            found = check_output_dir(config.checks.output_dir, create=False, uid=uid)  # ConfigError: unsafe
+            print(f"checks.output_dir: {config.checks.output_dir}: {found}")
         print(f"ok: mode {config.mode}, {len(rules.rules)} rules ({', '.join(rules.names)})")
         return asyncio.run(_check_scheduler(config))
     log = config.log

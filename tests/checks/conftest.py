@@ -3,7 +3,8 @@ the recorded real outputs (tests/data/checks): shared by the checks' tests on th
 
 The stand-ins read what to do from a file named after the node (``$SLURMD_NODENAME``): ``pass``, ``low``
 (the recorded single-node pass with its largest size at 312 GB/s: a slow node), ``wrong`` (#wrong 3),
-``crash`` (the recorded CUDA failure, exit 1), ``hang`` (sleeps past the time limit). Each writes when it
+``crash`` (the recorded CUDA failure, exit 1), ``hang`` (sleeps past the time limit), ``slow`` (a pass after
+4 s). Each writes when it
 started and ended, so the share cap is checked on what slurmd really ran."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ echo "start $node $(date +%s.%N)" >> $dir/timeline
 what=$(cat $dir/behaviour/$node 2>/dev/null || echo pass)
 case "$what" in
   hang) sleep 300 ;;
+  slow) sleep 4; cat $dir/out/{tool}-pass ;;
   crash) cat $dir/out/{tool}-crash; echo "end $node $(date +%s.%N)" >> $dir/timeline; exit 1 ;;
   *) cat $dir/out/{tool}-$what ;;
 esac

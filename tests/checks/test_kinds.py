@@ -185,3 +185,26 @@ def test_docs_name_every_kind_and_figure() -> None:
     for kind in CHECK_KINDS.values():
         row = next(line for line in section.splitlines() if line.startswith(f"| `{kind.name}`"))
         assert [f for f in kind.figures if f"`{f}`" not in row] == [], kind.name
+
+
+def test_the_docs_example_config_loads_strictly() -> None:
+    import yaml
+
+    from watchd.config import EngineConfig
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "checks.md").read_text()
+    section = docs.split("## Configuration", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = EngineConfig.model_validate(yaml.safe_load(example))
+    assert [c.name for c in config.checks.items] == ["nccl", "dcgm", "nhc"]
+    assert config.checks.items[0].command == [
+        "/opt/nccl-tests/build/all_reduce_perf",
+        "-b",
+        "8",
+        "-e",
+        "8G",
+        "-f",
+        "2",
+        "-g",
+        "8",
+    ]

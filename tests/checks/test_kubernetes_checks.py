@@ -197,3 +197,35 @@ async def test_the_harness_jobs_behave_as_the_api_server(
             assert r.status == 200
         async with s.get(f"{url}/j1") as r:
             assert r.status == 404
+
+
+async def test_only_the_log_of_the_pod_the_job_controls_is_read(
+    api: KubeApiServer, runner: KubernetesCheckRunner
+) -> None:
+    """A pod someone labelled with the Job's name (listed first) is not the Job's: its log, a pass, is not
+    read; the Job's own pod's, a slow node's, is."""
+    low = PASS.replace("470.73", "312.00").replace("470.63", "311.00")
+    events: list[Event] = []
+    seen: set[str] = set()
+
+    async def kubelet_and_decoy() -> None:
+        while True:
+            for (ns, name), job in list(api.state.jobs.items()):
+                if name in seen:
+                    continue
+                seen.add(name)
+                node = job["spec"]["template"]["spec"]["nodeName"]
+                api.add_pod(ns, f"{name}-decoy", node, labels={"job-name": name}, phase="Succeeded")
+                decoy = (ns, f"{name}-decoy")
+                api.state.pods = {decoy: api.state.pods.pop(decoy), **api.state.pods}  # listed first
+                api.run_job(ns, name)
+                api.finish_job(ns, name, low, 0)  # (the harness's Job controller knows pods by label)
+                api.state.logs[decoy] = PASS
+            await asyncio.sleep(0.02)
+
+    task = asyncio.create_task(kubelet_and_decoy())
+    try:
+        await service(runner, events, nodes=["gpu-1"], partitions=[]).run_round("nccl")
+    finally:
+        task.cancel()
+    assert events[0].attrs["evidence"] == "nccl busbw 312 GB/s < 80% of 450 GB/s"

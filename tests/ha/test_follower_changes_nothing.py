@@ -47,7 +47,7 @@ def test_only_the_leader_validates_or_keeps_spares(
     assert real is not None
     out = tmp_path / "out"
     out.mkdir()
-    out.chmod(0o777)
+    out.chmod(0o750)  # the engine refuses an output folder others can write
     tmp_path.chmod(0o755)
     checks = {
         "enabled": True,

@@ -29,6 +29,8 @@ def judge(spec: CheckSpec, node: str, run: RunOutput, baselines: Sequence[Baseli
         return Verdict(
             "failed", one_line(f"{spec.type}: the node failed during the check ({run.detail})"), figures
         )
+    if run.unread:  # not this job's output, or none could be read: no verdict on the node either way
+        return Verdict("error", one_line(f"{spec.type}: {run.unread}"), figures)
     verdict = CHECK_KINDS[spec.type].judge(spec, node, run, baselines)
     return replace(verdict, figures={**figures, **verdict.figures})
 

@@ -157,7 +157,8 @@ class KubernetesCheckRunner(Strict):
 class ChecksConfig(Strict):
     enabled: bool = False
     runner: Literal["slurm", "kubernetes", "fake"] = "slurm"
-    #: where jobs write their output (Slurm: a path the engine can read, e.g. on a shared file system)
+    #: where jobs write their output (Slurm: a path the engine can read, e.g. on a shared file system; the
+    #: engine's user's alone, checked at start: docs/checks.md, "The output folder, and what is refused")
     output_dir: Path = Path("/var/lib/watchd/checks")
     max_output_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
     items: list[CheckSpec] = Field(default_factory=list)

@@ -44,6 +44,8 @@ class JobHandle:
     output: str = ""  # where the output is collected from (a path, a pod)
     submitted_at: float = 0.0
     time_limit_s: float = 0.0
+    #: a secret the job prints first, binding its output to it (Slurm); kept with the run across restarts
+    nonce: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,9 @@ class RunOutput:
     detail: str = ""  # the scheduler's words (state, reason) when it did not complete
     duration_s: float | None = None
     job_id: str | None = None
+    #: why the job's output was not taken (``check output refused: ...``: not the job's own, e.g. another
+    #: user's file, a link, a FIFO; ``check output unreadable: ...``): the run can only be an ``error``
+    unread: str = ""
 
 
 @dataclass(frozen=True, slots=True)

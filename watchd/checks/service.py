@@ -285,7 +285,7 @@ class CheckService:
             except RunnerError as exc:
                 output = RunOutput("not_started", detail=str(exc))
             else:
-                self.store.checks.submitted(run_id, handle.job_id, handle.output)
+                self.store.checks.submitted(run_id, handle.job_id, handle.output, handle.nonce)
                 self._jobs[run_id] = handle.job_id
                 output = await self.runner.wait(handle)
         finally:
@@ -304,7 +304,13 @@ class CheckService:
         self._jobs[run.run_id] = run.job_id
         try:
             handle = JobHandle(
-                run.run_id, run.node, run.job_id, run.job_output, run.started_at, spec.time_limit
+                run.run_id,
+                run.node,
+                run.job_id,
+                run.job_output,
+                run.started_at,
+                spec.time_limit,
+                run.job_nonce,
             )
             output = await self.runner.wait(handle)
         finally:

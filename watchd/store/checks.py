@@ -16,7 +16,7 @@ __all__ = ["CheckNode", "CheckRun", "CheckRuns"]
 
 _RUN_COLS = (
     "run_id, check_name, node, round, validation, job_id, job_output, started_at, finished_at, outcome, "
-    "evidence, figures"
+    "evidence, figures, job_nonce"
 )
 
 
@@ -34,6 +34,7 @@ class CheckRun:
     outcome: str | None
     evidence: str
     figures: dict[str, Any]
+    job_nonce: str = ""  # the secret the job printed first (its output is bound to it); never shown
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +82,7 @@ def _run(r: sqlite3.Row) -> CheckRun:
         outcome=r["outcome"],
         evidence=r["evidence"],
         figures=figures if isinstance(figures, dict) else {},
+        job_nonce=r["job_nonce"],
     )
 
 
@@ -140,11 +142,11 @@ class CheckRuns:
                 (run_id, check, node, round_id, int(validation), now),
             )
 
-    def submitted(self, run_id: str, job_id: str, job_output: str) -> None:
+    def submitted(self, run_id: str, job_id: str, job_output: str, job_nonce: str = "") -> None:
         with self._db.write(f"recording job {job_id}") as tx:
             tx.execute(
-                "UPDATE check_runs SET job_id = ?, job_output = ? WHERE run_id = ?",
-                (job_id, job_output, run_id),
+                "UPDATE check_runs SET job_id = ?, job_output = ?, job_nonce = ? WHERE run_id = ?",
+                (job_id, job_output, job_nonce, run_id),
             )
 
     def finish(

@@ -185,5 +185,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE audit ADD COLUMN result TEXT NOT NULL DEFAULT '{}'",
         "ALTER TABLE intents ADD COLUMN result TEXT NOT NULL DEFAULT '{}'",
     ),
+    (  # a check job's output is taken only when it begins with the secret its script printed first
+        "ALTER TABLE check_runs ADD COLUMN job_nonce TEXT NOT NULL DEFAULT ''",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -43,6 +43,7 @@ from watchd.model.nodes import drain_reason
 __all__ = ["KubernetesCheckRunner", "runner_from_config"]
 
 _ERRORS = (Exception,)
+_CUT = "\n# watchd: output cut at checks.max_output_bytes\n"
 
 
 def _job_name(job: CheckJob) -> str:
@@ -63,6 +64,7 @@ class KubernetesCheckRunner:
         gpus: int = 8,
         poll_interval_s: float = 2.0,
         grace_s: float = 30.0,
+        max_output_bytes: int = 1024 * 1024,
     ) -> None:
         self.scheduler = scheduler
         self.client = scheduler.client
@@ -72,6 +74,7 @@ class KubernetesCheckRunner:
         self.gpus = gpus
         self.poll_interval_s = poll_interval_s
         self.grace_s = grace_s
+        self.max_output_bytes = max_output_bytes
         self.created: list[dict[str, Any]] = []  # every Job created (tests assert them)
 
     async def members(self, partitions: Sequence[str]) -> dict[str, list[str]]:
@@ -166,20 +169,34 @@ class KubernetesCheckRunner:
             job.run_id, job.node, name, f"{self.namespace}/{name}", time.time(), job.time_limit_s
         )
 
-    async def _pod_of(self, name: str) -> Pod | None:
+    async def _pod_of(self, name: str, job_uid: str | None) -> Pod | None:
+        """The Job's pod: labelled with its name and controlled by it (its uid in the pod's owner
+        references), so that a pod someone else labelled ``job-name`` never stands in for it."""
         try:
             pods = [
                 p async for p in self.client.list(Pod, namespace=self.namespace, labels={"job-name": name})
             ]
         except _ERRORS:
             return None
-        return pods[0] if pods else None
+        owned = [
+            p
+            for p in pods
+            if p.metadata is not None
+            and any(o.uid == job_uid and o.controller for o in p.metadata.ownerReferences or ())
+        ]
+        return owned[0] if owned else None
 
     async def _log(self, pod: Pod | None) -> str:
         if pod is None or pod.metadata is None or pod.metadata.name is None:
             return ""
+        lines: list[str] = []
+        size = 0
         try:
-            lines = [line async for line in self.client.log(pod.metadata.name, namespace=self.namespace)]
+            async for line in self.client.log(pod.metadata.name, namespace=self.namespace):
+                lines.append(line)
+                size += len(line)
+                if size > self.max_output_bytes:
+                    return "".join(lines)[: self.max_output_bytes] + _CUT
         except _ERRORS:
             return ""
         return "".join(lines)
@@ -195,7 +212,7 @@ class KubernetesCheckRunner:
             status = job.status
             conditions = {c.type: c for c in (status.conditions if status is not None else None) or ()}
             if "Complete" in conditions or "Failed" in conditions:
-                pod = await self._pod_of(name)
+                pod = await self._pod_of(name, job.metadata.uid if job.metadata is not None else None)
                 output = await self._log(pod)
                 exit_code = None
                 if pod is not None and pod.status is not None:
@@ -271,4 +288,5 @@ def runner_from_config(config: Any) -> KubernetesCheckRunner:
         gpus=c.gpus,
         poll_interval_s=c.poll_interval_s,
         grace_s=c.grace,
+        max_output_bytes=config.checks.max_output_bytes,
     )

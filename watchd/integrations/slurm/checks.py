@@ -13,17 +13,22 @@ Validation of a node watchd drained: Slurm never starts a job on a drained node,
 reservation is deleted (passed) or the node drained again with the new evidence first (failed).
 
 The output path must be readable by the engine: ``checks.output_dir`` on a file system the nodes share (the
-node writes it, slurmctld's host need not). New functions only: the scheduler adapter
-(:mod:`watchd.integrations.slurm.scheduler`) is reused for ``scontrol show node``, pools and subprocesses.
+node writes it, slurmctld's host need not), a folder only the engine's user can write
+(:mod:`watchd.integrations.slurm.output_dir`, checked when the runner is built). Each output is bound to its
+job (:mod:`watchd.integrations.slurm.check_output`: a secret line first, the engine's user's own regular
+file) and read off the event loop; anything else is an ``error`` naming why. New functions only: the
+scheduler adapter (:mod:`watchd.integrations.slurm.scheduler`) is reused for ``scontrol show node``, pools
+and subprocesses.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import re
-import shlex
+import secrets
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -33,8 +38,11 @@ from typing import Any
 from watchd.checks.params import ChecksConfig
 from watchd.checks.runner import Availability, CheckJob, JobHandle, JobStatus, RunnerError, RunOutput
 from watchd.integrations.base import SchedulerError
+from watchd.integrations.slurm.check_output import REFUSED, UNREADABLE, header, read_output, script
+from watchd.integrations.slurm.output_dir import check_output_dir
 from watchd.integrations.slurm.scheduler import SlurmScheduler, expand_hostlist
 from watchd.model.nodes import drain_reason, drained_by_watchd
+from watchd.untrusted import FILE_IO
 
 __all__ = ["SlurmCheckRunner", "parse_job", "parse_reservations", "runner_from_config"]
 
@@ -119,6 +127,8 @@ class SlurmCheckRunner:
         grace_s: float = 30.0,
         user: str = "root",
         max_output_bytes: int = 1024 * 1024,
+        owner: int | None = None,
+        read_timeout_s: float = 30.0,
     ) -> None:
         self.slurm = scheduler
         self.output_dir = output_dir
@@ -133,10 +143,19 @@ class SlurmCheckRunner:
         self.grace_s = grace_s
         self.user = user
         self.max_output_bytes = max_output_bytes
+        #: whose outputs are taken: the jobs' user, the engine's (sbatch runs as it)
+        self.owner = os.geteuid() if owner is None else owner
+        self.read_timeout_s = read_timeout_s
         self.submissions: list[list[str]] = []  # every sbatch argv (tests assert them)
 
-    async def _run(self, *argv: str, input: str | None = None, check: bool = True) -> tuple[int, str, str]:
+    async def _run(
+        self, *argv: str, input: str | None = None, check: bool = True, private: bool = False
+    ) -> tuple[int, str, str]:
+        """``private``: files the command's jobs create (their outputs) are their user's alone (umask 077;
+        sbatch hands its umask, or ``SLURM_UMASK``, to the job)."""
         env = {**os.environ, **self.slurm.env_extra}
+        if private:
+            env["SLURM_UMASK"] = "0077"
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -144,6 +163,7 @@ class SlurmCheckRunner:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=env,
+                umask=0o077 if private else -1,
             )
         except OSError as exc:
             raise RunnerError(f"{argv[0]}: cannot run: {exc}") from exc
@@ -251,24 +271,32 @@ class SlurmCheckRunner:
     async def submit(self, job: CheckJob) -> JobHandle:
         output = self.output_dir / f"{job.run_id}.out"
         argv = self._argv(job, output)
-        script = "#!/bin/sh\n# watchd check " + job.check + "\nexec " + shlex.join(job.argv) + " 2>&1\n"
+        nonce = secrets.token_hex(16)
         self.submissions.append(argv)
-        _, out, _ = await self._run(*argv, input=script)
+        _, out, _ = await self._run(*argv, input=script(job.check, job.run_id, nonce, job.argv), private=True)
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
             raise RunnerError(f"sbatch answered {out.strip()[:200]!r}, not a job id")
-        return JobHandle(job.run_id, job.node, job_id, str(output), time.time(), job.time_limit_s)
+        return JobHandle(job.run_id, job.node, job_id, str(output), time.time(), job.time_limit_s, nonce)
 
-    def _read_output(self, path: str) -> str:
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(self.max_output_bytes + 1)
-        except OSError:
-            return ""
-        text = data[: self.max_output_bytes].decode(errors="replace")
-        return text + (
-            "\n# watchd: output cut at checks.max_output_bytes\n" if len(data) > self.max_output_bytes else ""
+    async def _collect(self, handle: JobHandle) -> tuple[str, str]:
+        """The job's output and "", or "" and why it was not taken (:mod:`.check_output`); read on the
+        threads for users' files, within ``read_timeout_s`` (a hung file system stalls only this run)."""
+        read = functools.partial(
+            read_output,
+            handle.output,
+            owner=self.owner,
+            expected=header(handle.run_id, handle.job_id, handle.nonce),
+            limit=self.max_output_bytes,
         )
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(FILE_IO, read), self.read_timeout_s)
+        except TimeoutError:
+            return (
+                "",
+                f"{UNREADABLE}: {handle.output}: no answer from the file system in {self.read_timeout_s:g}s",
+            )
 
     async def wait(self, handle: JobHandle) -> RunOutput:
         deadline = handle.submitted_at + handle.time_limit_s + self.grace_s
@@ -280,9 +308,10 @@ class SlurmCheckRunner:
             info = parse_job(out.strip()) if rc == 0 else {}
             state = info.get("JobState", "")
             if rc != 0 and "Invalid job id" in (err + out):
-                text = self._read_output(handle.output)
-                status: JobStatus = "completed" if text else "lost"
-                return RunOutput(status, text, None, "the job left slurmctld's memory", None, handle.job_id)
+                text, unread = await self._collect(handle)
+                status: JobStatus = "completed" if text or unread.startswith(REFUSED) else "lost"
+                gone = "the job left slurmctld's memory" + (f"; {unread}" if status == "lost" else "")
+                return RunOutput(status, text, None, gone, None, handle.job_id, unread)
             if state in ("RUNNING", "COMPLETING") and started is None:
                 started = time.time()
             if state in _TERMINAL:
@@ -290,13 +319,15 @@ class SlurmCheckRunner:
                 exit_code = int(code) if code.isdigit() else None
                 if signal.isdigit() and int(signal) and exit_code == 0:
                     exit_code = 128 + int(signal)
+                text, unread = await self._collect(handle)
                 return RunOutput(
                     _TERMINAL[state],  # type: ignore[arg-type]
-                    self._read_output(handle.output),
+                    text,
                     exit_code,
                     f"{state} {info.get('Reason', '')}".strip(),
                     time.time() - (started or handle.submitted_at),
                     handle.job_id,
+                    unread,
                 )
             if time.time() > deadline:
                 await self.cancel(handle)
@@ -311,7 +342,7 @@ class SlurmCheckRunner:
                     )
                 return RunOutput(
                     "timeout",
-                    self._read_output(handle.output),
+                    "",  # not read: a time-out is judged on the time alone
                     None,
                     f"cancelled after its time limit ({handle.time_limit_s:g}s + {self.grace_s:g}s)",
                     time.time() - started,
@@ -378,6 +409,7 @@ def runner_from_config(config: Any) -> SlurmCheckRunner:
         env=env,
         persistent=False,
     )
+    check_output_dir(checks.output_dir)  # ConfigError when others could write there; created when missing
     c = checks.slurm
     return SlurmCheckRunner(
         scheduler,
