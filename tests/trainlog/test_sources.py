@@ -21,6 +21,7 @@ from watchd.agent.runner import Agent
 from watchd.engine.runner import Engine
 from watchd.sources.base import FakeLogSource, LogLine
 from watchd.sources.flight_recorder import FlightRecorderSource
+from watchd.sources.job_owners import FakeJobOwners
 from watchd.sources.journald_units import JournaldUnitsSource, journal_entry
 from watchd.sources.pod_logs import PodLogSource, pod_files, strip_cri
 from watchd.sources.settings import SourcesConfig, TrainingLogsConfig
@@ -247,7 +248,7 @@ def test_flight_recorder_dumps_are_read_once_stable_and_again_when_changed(tmp_p
     (job_dir / "nccl_trace_rank_3").write_bytes(dump)
     (job_dir / "nccl_trace_rank_4").write_bytes(pickle.dumps({"entries": [], "x": print}))  # refused
     (job_dir / "unrelated.txt").write_text("x")
-    source = FlightRecorderSource("gpu-2", [tmp_path])
+    source = FlightRecorderSource("gpu-2", [tmp_path], job_owners=FakeJobOwners({"4242": os.geteuid()}))
     assert source.scan() == []  # first sight: wait until it holds still
     [event] = source.scan()
     assert (event.kind, event.node, event.attrs["rank"], event.attrs["job"]) == (
@@ -261,7 +262,7 @@ def test_flight_recorder_dumps_are_read_once_stable_and_again_when_changed(tmp_p
         3,
         "pickle",
     )
-    assert source.unreadable == 1 and source.read == 1
+    assert source.unreadable == 1 and source.read == 1 and source.refused == {"code": 1}
     assert source.scan() == []  # unchanged: not read again
     (job_dir / "nccl_trace_rank_3").write_bytes((DATA / "fr_gloo_2.13_rank0.json").read_bytes())
     source.scan()
@@ -279,7 +280,7 @@ async def engine() -> AsyncIterator[Engine]:
 
 
 async def test_the_agent_ships_training_events_and_the_engine_keeps_them_as_evidence(
-    engine: Engine, tmp_path: Path
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job_dir = tmp_path / "4242"
     job_dir.mkdir()
@@ -292,10 +293,20 @@ async def test_the_agent_ships_training_events_and_the_engine_keeps_them_as_evid
             )
         }
     )
+    # the dump's job is Slurm job 4242 only because squeue says 4242 runs as the file's owner
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text(f"#!/bin/sh\necho '4242 4242 {os.geteuid()}'\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     source = FakeLogSource("file:/var/log/train.log")
     async with Agent(config, sources=[source]) as agent:
         source.inject_log("\n".join(line for _, line in real_lines()))
         (job_dir / "nccl_trace_rank_1").write_bytes((DATA / "fr_gloo_2.13_timeout_rank0.json").read_bytes())
+        (job_dir / "nccl_trace_rank_2").symlink_to("/dev/zero")  # refused unopened, counted
+        refused = agent.metrics.files_refused.labels("flight-recorder", "symlink")
+        await eventually(lambda: refused._value.get() == 1, what="the link refused")
         training = engine.correlator.fleet.training
         await eventually(lambda: training.ranks("slurm:4242") != [], what="the dump's evidence")
         [rank] = training.ranks("slurm:4242")

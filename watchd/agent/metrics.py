@@ -68,7 +68,8 @@ class AgentMetrics:
         self.files_refused = Counter(
             "watchd_agent_files_refused",
             "Users' files not read (a job's output, a pod's log, a dump), by source and reason (symlink, "
-            "not_regular, owner, too_large, unreadable: docs/security.md).",
+            "not_regular, owner, too_large, unreadable; a dump's content: malformed, code, limits: "
+            "docs/security.md).",
             ["source", "reason"],
             registry=r,
         )

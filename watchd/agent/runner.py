@@ -28,6 +28,7 @@ from watchd.model.events import Event, stable_id
 from watchd.security import engine_client_tls, listener_tls
 from watchd.sources.base import LogLine, LogSource
 from watchd.sources.flight_recorder import EventSource, FlightRecorderSource
+from watchd.sources.job_owners import SlurmJobOwners
 from watchd.sources.registry import SourceContext, sources_from_config
 from watchd.trainlog.limit import EventLimiter
 from watchd.trainlog.parser import parse_line as parse_trainlog_line
@@ -114,6 +115,12 @@ class Agent:
                     training.flight_recorder_dirs,
                     prefix=training.flight_recorder_prefix,
                     poll_interval_s=training.flight_recorder_poll_s,
+                    # a dump is a job's only when Slurm says the job is the file owner's (docs/security.md)
+                    job_owners=SlurmJobOwners(
+                        training.slurm_node or config.node,
+                        env={"SLURM_CONF": str(training.slurm_conf)} if training.slurm_conf else None,
+                    ),
+                    on_refused=partial(context.on_file_refused, "flight-recorder"),
                 )
             ]
             if training.flight_recorder_dirs
