@@ -100,9 +100,10 @@ class NamedToken(TokenSource):
 class EngineAuth(TokenSource):
     """The engine's credentials. The shared token (``token_file``/``token_env``/``token``) is the agents'
     (ingest). ``operators``: named tokens that may release, discard and resume (the audit records the name);
-    ``viewers``: named tokens that may read ``/api/v1/*``. With neither, the shared token does both (the
-    name recorded is ``X-Watchd-Operator``, marked unverified). With no credential at all, everything is
-    open (``make demo``): the engine logs a warning at start."""
+    ``viewers``: named tokens that may read ``/api/v1/*``. Only the shared token ingests: operators or
+    viewers without it are refused at start. With neither, the shared token does both (the name recorded
+    is ``X-Watchd-Operator``, marked unverified). With no credential at all, everything is open (``make
+    demo``): the engine logs a warning at start."""
 
     operators: list[NamedToken] = Field(default_factory=list)
     viewers: list[NamedToken] = Field(default_factory=list)

@@ -385,10 +385,10 @@ class Credentials:
         if principal is None:
             return False
         role = principal.role
-        if need == "ingest":
-            return role == "agent" or self.shared is None
+        if need == "ingest":  # the agents' alone: never a viewer's or an operator's, whatever else is set
+            return role == "agent"
         if need == "agent_read":  # what an agent asks for a job on its node (one job's checkpoint advice)
-            return role in ("agent", "operator", "viewer") or self.shared is None
+            return role in ("agent", "operator", "viewer")
         legacy = not self.operators and not self.viewers  # the shared token does everything
         if need == "operate":
             return role == "operator" or (legacy and role == "agent")
