@@ -18,8 +18,10 @@ _log = get_logger("watchd.security")
 
 def engine_credentials(auth: EngineAuth) -> Credentials:
     """The engine's tokens by role; warns about an engine that lets anyone read or act."""
-    operators = {t.resolve() or "": t.name for t in auth.operators}
-    viewers = {t.resolve() or "": t.name for t in auth.viewers}
+    operators = {
+        t.resolve(f"auth.operators[{i}] ({t.name})") or "": t.name for i, t in enumerate(auth.operators)
+    }
+    viewers = {t.resolve(f"auth.viewers[{i}] ({t.name})") or "": t.name for i, t in enumerate(auth.viewers)}
     if len(operators) + len(viewers) != len(auth.operators) + len(auth.viewers):
         raise ConfigError("auth: two operators or viewers share one token: give each its own")
     credentials = Credentials(
