@@ -151,6 +151,19 @@ async def read_body(request: web.BaseRequest, max_bytes: int, timeout_s: float) 
     return b"".join(chunks)
 
 
+#: the deadline of a request's body in an app (``http.body_timeout_s``), for the handlers that read one
+BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
+
+
+async def read_json(request: web.Request, max_bytes: int) -> Any:
+    """The request's body as JSON: read as :func:`read_body` does (at most ``max_bytes``, within the app's
+    :data:`BODY_TIMEOUT`) and decoded as :func:`decode_json` does. BodyError (the answer to give) or
+    ValueError (a 400 with its reason): never what a handler would answer 500, such as a plain body
+    labelled gzip."""
+    timeout_s = request.app.get(BODY_TIMEOUT, HttpLimits().body_timeout_s)
+    return decode_json(request, await read_body(request, max_bytes, timeout_s))
+
+
 def _force_close(request: web.BaseRequest) -> None:
     protocol = request.protocol
     if protocol is not None:
