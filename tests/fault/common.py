@@ -84,17 +84,19 @@ def start_engine(
     env: dict[str, str] | None = None,
     wait: bool = True,
     everything: bool = False,
+    rule_paths: list[Path] | None = None,
     **extra: Any,
 ) -> Daemon:
     """A real engine on a free loopback port. ``fake``: the slurm section from :func:`fake_slurm` (and its
     ``env``). ``everything``: every endpoint answers (:data:`EVERYTHING`: the in-memory scheduler with
-    :data:`NODES`, the checks with the fake runner, the drains view)."""
+    :data:`NODES`, the checks with the fake runner, the drains view). ``rule_paths``: rule files or folders
+    in place of ``rules``."""
     token = tmp / "token"
     token.write_text(TOKEN)
     rules_path = tmp / f"rules-{uuid.uuid4().hex[:6]}.yaml"
     rules_path.write_text(rules)
     config = engine_config(free_port(), token, mode, None)
-    config["rules"] = [str(rules_path)]
+    config["rules"] = [str(p) for p in rule_paths] if rule_paths is not None else [str(rules_path)]
     config["default_rules"] = False  # these rules alone
     config["reload"] = {"watch_files": False}
     if fake is not None:
