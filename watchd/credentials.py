@@ -130,7 +130,7 @@ def _walk(path: Path) -> tuple[str | None, os.stat_result]:
             return f"the directory {here} is owned by uid {folder.st_uid} (not root, not us)", folder
         entry = here / name
         st = os.lstat(entry)
-        kind = "the link" if stat.S_ISLNK(st.st_mode) else "it"
+        kind = "the link" if stat.S_ISLNK(st.st_mode) else "the entry"
         writers = _writable_by(folder.st_mode)
         if writers is not None:
             mode = f"{stat.S_IMODE(folder.st_mode):04o}"
