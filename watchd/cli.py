@@ -198,7 +198,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "heartbeat-token":
         from watchd.agent.heartbeat_auth import job_token
 
-        secret = load_config(AgentConfig, args.config).heartbeat.token_secret.resolve()
+        secret = load_config(AgentConfig, args.config).heartbeat.token_secret.resolve(
+            "heartbeat.token_secret"
+        )
         if secret is None:
             raise UsageError("heartbeat.token_secret is not set in the agent's config")
         print(job_token(secret.encode(), args.job))
@@ -370,7 +372,7 @@ def _run_agent(path: Path | None, check: bool, log_level: str | None = None) -> 
     from watchd.agent.runner import Agent
 
     config = load_config(AgentConfig, path)
-    config.engine.auth.resolve()
+    config.engine.auth.resolve("engine.auth")
     if config.heartbeat.socket_group is not None:
         from watchd.agent.heartbeat_server import socket_group_id
 

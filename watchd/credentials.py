@@ -30,27 +30,35 @@ class TokenSource(Strict):
             raise ValueError(f"give only one of token_file, token_env, token (got {', '.join(given)})")
         return self
 
-    def resolve(self) -> str | None:
-        """The token, or None when authentication is switched off (no source given)."""
+    def resolve(self, key: str = "auth") -> str | None:
+        """The token, or None when authentication is switched off (no source given). ``key``: where this
+        source is in the config (``auth``, ``engine.auth``, ``auth.operators[0] (alice)``), for errors."""
         if self.token is not None:
             value = self.token
         elif self.token_env is not None:
             if self.token_env not in os.environ:
-                raise ConfigError(f"auth.token_env: environment variable {self.token_env} is not set")
+                raise ConfigError(f"{key}.token_env: environment variable {self.token_env} is not set")
             value = os.environ[self.token_env]
         elif self.token_file is not None:
-            path = systemd_credential(self.token_file)
-            try:
-                check_secret_file(path, "token_file")
-                value = path.read_text()
-            except OSError as exc:
-                raise ConfigError(f"auth.token_file: cannot read {path}: {exc.strerror}") from exc
+            value = read_secret_file(self.token_file, f"{key}.token_file")
         else:
             return None
         value = value.strip()
         if not value:
-            raise ConfigError("auth: the token is empty")
+            raise ConfigError(f"{key}: the token is empty")
         return value
+
+
+def read_secret_file(configured: Path, key: str) -> str:
+    """The text of the secret file ``configured`` (systemd's copy where the unit has one), once
+    :func:`check_secret_file` accepted it; a ConfigError naming ``key`` and the file otherwise."""
+    path = systemd_credential(configured)
+    where = key if path == configured else f"{key} (systemd's credential for {configured})"
+    try:
+        check_secret_file(path, where)
+        return path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}") from exc
 
 
 def systemd_credential(path: Path) -> Path:
@@ -67,14 +75,17 @@ def systemd_credential(path: Path) -> Path:
 
 
 def check_secret_file(path: Path, key: str) -> None:
-    """A token or key file others could change is refused (ConfigError); one others may read is accepted
-    with a warning. Group- or world-writable: anyone in the group could swap the secret for their own."""
-    mode = stat.S_IMODE(os.stat(path).st_mode)
-    if mode & 0o022:
-        raise ConfigError(
-            f"{key}: {path} is writable by {'others' if mode & 0o002 else 'its group'} (mode {mode:04o}): "
-            f"anyone who can write it can swap the secret; chmod 600 {path}"
-        )
+    """A secret file others could change is refused (ConfigError naming ``key`` and the file); one others
+    may read is accepted with a warning. As OpenSSH's StrictModes (``safe_path``): the file is a regular
+    file owned by this process's user or root and writable by neither its group nor others, and so is every
+    directory on the way to it, each link followed (the directories of its target too): a directory
+    writable by others is accepted only when sticky (``/tmp``), and then only for an entry (file, folder or
+    link) of ours or root's, the one kind nobody else can remove or rename. OSError when it cannot be
+    read."""
+    problem, st = _walk(path)
+    if problem is not None:
+        raise ConfigError(f"{key}: {path}: {problem}; anyone who can change it can swap the secret")
+    mode = stat.S_IMODE(st.st_mode)
     if mode & 0o004:
         get_logger("watchd.config").warning(  # the logger the config loading has always named
             "secret_file_world_readable",
@@ -83,6 +94,70 @@ def check_secret_file(path: Path, key: str) -> None:
             mode=f"{mode:04o}",
             hint=f"chmod 600 {path}",
         )
+
+
+#: links followed on the way to a secret file, at most (the kernel's own limit)
+_MAX_LINKS = 40
+
+
+def _trusted(uid: int) -> bool:
+    return uid in (0, os.geteuid())
+
+
+def _writable_by(mode: int) -> str | None:
+    if mode & 0o002:
+        return "others"
+    return "its group" if mode & 0o020 else None
+
+
+def _walk(path: Path) -> tuple[str | None, os.stat_result]:
+    """Follow ``path`` one name at a time as the kernel resolves it, checking each directory looked in and
+    each entry found: (what is wrong, or None; the file's stat). OSError for a name that is not there."""
+    todo = list(path.absolute().parts[1:])
+    here = Path("/")  # always a real directory: no link in it
+    links = 0
+    st = os.lstat(here)
+    while todo:
+        name = todo.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            here = here.parent  # here has no link in it: its parent is the kernel's ".."
+            st = os.lstat(here)
+            continue
+        folder = os.stat(here)
+        if not _trusted(folder.st_uid):
+            return f"the directory {here} is owned by uid {folder.st_uid} (not root, not us)", folder
+        entry = here / name
+        st = os.lstat(entry)
+        kind = "the link" if stat.S_ISLNK(st.st_mode) else "the entry"
+        writers = _writable_by(folder.st_mode)
+        if writers is not None:
+            mode = f"{stat.S_IMODE(folder.st_mode):04o}"
+            if not folder.st_mode & stat.S_ISVTX:
+                return f"the directory {here} is writable by {writers} (mode {mode})", st
+            if not _trusted(st.st_uid):  # in a sticky directory only the entry's owner can replace it
+                return (
+                    f"{kind} {entry} is owned by uid {st.st_uid} in {here}, a sticky directory writable by "
+                    f"{writers} (mode {mode})"
+                ), st
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                return f"more than {_MAX_LINKS} links on the way (a loop?)", st
+            target = Path(os.readlink(entry))
+            if target.is_absolute():
+                here = Path("/")
+            todo[:0] = [p for p in target.parts if p != target.anchor]
+            continue
+        here = entry
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file", st
+    if not _trusted(st.st_uid):
+        return f"owned by uid {st.st_uid} (not root, not us: chown it)", st
+    if (writers := _writable_by(st.st_mode)) is not None:
+        return f"writable by {writers} (mode {stat.S_IMODE(st.st_mode):04o}): chmod 600 {path}", st
+    return None, st
 
 
 class NamedToken(TokenSource):
@@ -100,9 +175,10 @@ class NamedToken(TokenSource):
 class EngineAuth(TokenSource):
     """The engine's credentials. The shared token (``token_file``/``token_env``/``token``) is the agents'
     (ingest). ``operators``: named tokens that may release, discard and resume (the audit records the name);
-    ``viewers``: named tokens that may read ``/api/v1/*``. With neither, the shared token does both (the
-    name recorded is ``X-Watchd-Operator``, marked unverified). With no credential at all, everything is
-    open (``make demo``): the engine logs a warning at start."""
+    ``viewers``: named tokens that may read ``/api/v1/*``. Only the shared token ingests: operators or
+    viewers without it are refused at start. With neither, the shared token does both (the name recorded
+    is ``X-Watchd-Operator``, marked unverified). With no credential at all, everything is open (``make
+    demo``): the engine logs a warning at start."""
 
     operators: list[NamedToken] = Field(default_factory=list)
     viewers: list[NamedToken] = Field(default_factory=list)

@@ -151,6 +151,19 @@ async def read_body(request: web.BaseRequest, max_bytes: int, timeout_s: float) 
     return b"".join(chunks)
 
 
+#: the deadline of a request's body in an app (``http.body_timeout_s``), for the handlers that read one
+BODY_TIMEOUT = web.AppKey("body_timeout_s", float)
+
+
+async def read_json(request: web.Request, max_bytes: int) -> Any:
+    """The request's body as JSON: read as :func:`read_body` does (at most ``max_bytes``, within the app's
+    :data:`BODY_TIMEOUT`) and decoded as :func:`decode_json` does. BodyError (the answer to give) or
+    ValueError (a 400 with its reason): never what a handler would answer 500, such as a plain body
+    labelled gzip."""
+    timeout_s = request.app.get(BODY_TIMEOUT, HttpLimits().body_timeout_s)
+    return decode_json(request, await read_body(request, max_bytes, timeout_s))
+
+
 def _force_close(request: web.BaseRequest) -> None:
     protocol = request.protocol
     if protocol is not None:
@@ -385,10 +398,10 @@ class Credentials:
         if principal is None:
             return False
         role = principal.role
-        if need == "ingest":
-            return role == "agent" or self.shared is None
+        if need == "ingest":  # the agents' alone: never a viewer's or an operator's, whatever else is set
+            return role == "agent"
         if need == "agent_read":  # what an agent asks for a job on its node (one job's checkpoint advice)
-            return role in ("agent", "operator", "viewer") or self.shared is None
+            return role in ("agent", "operator", "viewer")
         legacy = not self.operators and not self.viewers  # the shared token does everything
         if need == "operate":
             return role == "operator" or (legacy and role == "agent")

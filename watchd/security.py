@@ -18,8 +18,10 @@ _log = get_logger("watchd.security")
 
 def engine_credentials(auth: EngineAuth) -> Credentials:
     """The engine's tokens by role; warns about an engine that lets anyone read or act."""
-    operators = {t.resolve() or "": t.name for t in auth.operators}
-    viewers = {t.resolve() or "": t.name for t in auth.viewers}
+    operators = {
+        t.resolve(f"auth.operators[{i}] ({t.name})") or "": t.name for i, t in enumerate(auth.operators)
+    }
+    viewers = {t.resolve(f"auth.viewers[{i}] ({t.name})") or "": t.name for i, t in enumerate(auth.viewers)}
     if len(operators) + len(viewers) != len(auth.operators) + len(auth.viewers):
         raise ConfigError("auth: two operators or viewers share one token: give each its own")
     credentials = Credentials(
@@ -31,17 +33,30 @@ def engine_credentials(auth: EngineAuth) -> Credentials:
     )
     if credentials.shared is not None and credentials.shared in {*operators, *viewers}:
         raise ConfigError("auth: the agents' token is also an operator's or viewer's: give each its own")
+    if credentials.shared is None and (operators or viewers):
+        # ingest is the agents' alone: without their token no agent could send events (and before, a
+        # viewer's token ingested, and so drained)
+        raise ConfigError(
+            "auth: operators or viewers are set but not the agents' token (auth.token_file, token_env or "
+            "token): agents ingest with their own token, never an operator's or a viewer's; set it"
+        )
     if credentials.open:
         _log.warning(
             "engine_unauthenticated",
             hint="anyone who reaches the engine can ingest, read the audit and release held actions: "
             "set auth (docs/security.md)",
         )
-    elif not operators:
+    elif not operators and not viewers:
         _log.warning(
             "operators_unnamed",
             hint="the agents' token also operates and X-Watchd-Operator names whoever the caller says: "
             "configure auth.operators (docs/security.md)",
+        )
+    elif not operators:
+        _log.warning(
+            "operators_none",
+            hint="viewers but no operators: nobody may release, discard or resume through the API "
+            "(the agents' token only ingests): configure auth.operators (docs/security.md)",
         )
     return credentials
 

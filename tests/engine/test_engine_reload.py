@@ -77,6 +77,30 @@ async def test_a_rules_folder_removed_and_restored_is_reloaded_not_a_crash(tmp_p
         assert engine.rules.names == ["second"]
 
 
+async def test_a_dangling_link_added_is_refused_as_rules_check_refuses_it(tmp_path: Path) -> None:
+    """Was: the watcher looked only at files it could stat, so a ``*.yaml`` link to nothing added to the
+    folder never triggered a reload: the engine ran on, said nothing, and ``watchd rules check`` refused
+    the same folder. Now the link is a change, the reload is refused as the check refuses it (the old rules
+    stay, logged, counted), and removing it is a change too."""
+    import io
+
+    from watchd.rules.commands import run_check
+
+    folder = tmp_path / "rules.d"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(GOOD)
+    async with Engine(watching(folder)) as engine:
+        ok, failures = engine.metrics.rules_reload_ok, engine.metrics.rules_reload_failures
+        (folder / "gone.yaml").symlink_to(tmp_path / "nowhere.yaml")
+        await eventually(lambda: ok._value.get() == 0, timeout=5, what="refused reload (dangling link)")
+        assert failures._value.get() == 1 and engine.rules.names == ["first"]
+        out = io.StringIO()
+        assert run_check([folder], out, defaults=False) == 1 and "dangling link" in out.getvalue()
+        (tmp_path / "nowhere.yaml").write_text(BETTER)  # the link's target appears: it loads
+        await eventually(lambda: ok._value.get() == 1, timeout=5, what="reload once the target is there")
+        assert engine.rules.names == ["first", "second"] and failures._value.get() == 1
+
+
 @pytest.mark.real
 def test_sighup_reloads_a_running_engine(tmp_path: Path) -> None:
     rules = tmp_path / "rules.yaml"

@@ -36,6 +36,21 @@ rules:
 """
 
 
+#: the nodes of the in-memory scheduler an engine started with ``everything`` has
+NODES = ("gpu-1", "gpu-2")
+#: the config that makes every endpoint of the engine answer: a scheduler (resume, validate, drains), the
+#: checks (``/api/v1/checks``, ``checks/run``, ``nodes/{node}/validate``) with the fake runner
+EVERYTHING: dict[str, Any] = {
+    "fake": {"enabled": True, "nodes": list(NODES)},
+    "checks": {
+        "enabled": True,
+        "runner": "fake",
+        "items": [{"name": "nhc", "type": "command", "command": ["/bin/true"]}],
+    },
+    "drains": {"enabled": True},
+}
+
+
 def fake_slurm(
     tmp: Path, delay_s: float = 0.0, pool: str = "gpu-[1-4]"
 ) -> tuple[dict[str, Any], dict[str, str]]:
@@ -68,16 +83,20 @@ def start_engine(
     fake: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
     wait: bool = True,
+    everything: bool = False,
+    rule_paths: list[Path] | None = None,
     **extra: Any,
 ) -> Daemon:
     """A real engine on a free loopback port. ``fake``: the slurm section from :func:`fake_slurm` (and its
-    ``env``)."""
+    ``env``). ``everything``: every endpoint answers (:data:`EVERYTHING`: the in-memory scheduler with
+    :data:`NODES`, the checks with the fake runner, the drains view). ``rule_paths``: rule files or folders
+    in place of ``rules``."""
     token = tmp / "token"
     token.write_text(TOKEN)
     rules_path = tmp / f"rules-{uuid.uuid4().hex[:6]}.yaml"
     rules_path.write_text(rules)
     config = engine_config(free_port(), token, mode, None)
-    config["rules"] = [str(rules_path)]
+    config["rules"] = [str(p) for p in rule_paths] if rule_paths is not None else [str(rules_path)]
     config["default_rules"] = False  # these rules alone
     config["reload"] = {"watch_files": False}
     if fake is not None:
@@ -85,6 +104,9 @@ def start_engine(
         config["safety"] = {"max_fraction": 1.0, "max_nodes": 100_000, "pools_refresh_s": 3600}
     if db is not None:
         config["state"] = {"path": str(db)}
+    if everything:
+        config.update(EVERYTHING)
+        config["checks"] = {**EVERYTHING["checks"], "output_dir": str(tmp / "checks-out")}
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(config.get(key), dict):
             config[key].update(value)

@@ -1,6 +1,9 @@
 """Issue 16 items 8a, 9 and 10: wrong answers to bad input, against a real ``watchd engine`` and the real
 ``watchd agent``'s heartbeat endpoint, over loopback HTTP. A bad request gets 400 with a JSON reason (never
-500, never a traceback in the daemon's log); NaN/Infinity are refused and never emitted as bare ``NaN``."""
+500, never a traceback in the daemon's log); NaN/Infinity are refused and never emitted as bare ``NaN``. The
+newer endpoints too (the fault round after them: 500 for a plain body labelled gzip on ``checks/run``, for
+``status?held_limit=`` past 2^63): every body case on ``checks/run``, out-of-range query parameters on the
+reads."""
 
 from __future__ import annotations
 
@@ -13,7 +16,16 @@ from typing import Any
 import pytest
 
 from tests.daemons import Daemon, agent_config
-from tests.fault.common import AUTH, post_events, post_json_text, request, start_engine, tracebacks, xid
+from tests.fault.common import (
+    AUTH,
+    NODES,
+    post_events,
+    post_json_text,
+    request,
+    start_engine,
+    tracebacks,
+    xid,
+)
 
 pytestmark = pytest.mark.real
 
@@ -21,7 +33,7 @@ pytestmark = pytest.mark.real
 @pytest.fixture(scope="module")
 def daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Daemon]]:
     tmp = tmp_path_factory.mktemp("bad-input")
-    engine = start_engine(tmp, mode="dry-run", db=tmp / "state.db")
+    engine = start_engine(tmp, mode="dry-run", db=tmp / "state.db", everything=True)
     log = tmp / "kern.log"
     log.write_text("")
     agent = Daemon("agent", agent_config("gpu-1", engine.port, tmp / "token", log), tmp)
@@ -89,6 +101,49 @@ def test_engine_answers_400_with_a_reason(daemons: tuple[Daemon, Daemon], case: 
     body, headers = CASES[case]
     status, raw = _post(engine, "/api/v1/events", body, headers)
     _assert_400_with_reason(engine, status, raw, before, case)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_engine_checks_run_answers_400_with_a_reason(daemons: tuple[Daemon, Daemon], case: str) -> None:
+    """Was 500 (and a traceback) for the plain body labelled gzip: the handler read the body itself."""
+    engine, _ = daemons
+    before = tracebacks(engine)
+    body, headers = CASES[case]
+    if case in ("plain_body_labelled_gzip", "brotli", "zstd"):  # a body the endpoint would otherwise take
+        body = json.dumps({"nodes": [NODES[0]]}).encode()
+        body = b"\x8b\x03\x80" + body if case == "brotli" else body
+    status, raw = _post(engine, "/api/v1/checks/run", body, headers)
+    _assert_400_with_reason(engine, status, raw, before, case)
+
+
+#: query -> the status it must get: a count past what any store holds means "all" (was 500 past 2^63)
+QUERIES = {
+    f"/api/v1/status?held_limit={2**63}": 200,
+    f"/api/v1/status?held_limit={2**64}": 200,
+    f"/api/v1/status?limit={2**64}": 200,
+    f"/api/v1/status?limit={2**63}&held_limit={2**63 - 1}": 200,
+    "/api/v1/status?held_limit=-1": 400,
+    "/api/v1/status?limit=1e3": 400,
+    "/api/v1/status?held_limit=" + "9" * 5000: 400,
+    "/api/v1/status?node=%ED%B2%80": 200,
+    f"/api/v1/actions?limit={2**64}": 200,
+    f"/api/v1/checks/history/gpu-1?limit={2**64}": 200,
+    f"/api/v1/reliability?limit={2**64}": 200,
+    "/api/v1/reliability?since=" + "9" * 5000: 400,
+    "/api/v1/reliability/job?job=" + "x" * 5000: 404,
+    "/api/v1/drains?refresh=1": 200,
+}
+
+
+@pytest.mark.parametrize("query", list(QUERIES))
+def test_engine_reads_out_of_range_queries(daemons: tuple[Daemon, Daemon], query: str) -> None:
+    engine, _ = daemons
+    before = tracebacks(engine)
+    status, raw = request(engine.url, "GET", query, headers=AUTH)
+    assert status == QUERIES[query], f"{query[:80]}: {status} {raw[:200]!r}"
+    if status == 400:
+        assert json.loads(raw).get("error"), raw
+    assert tracebacks(engine) == before, engine.log()
 
 
 def test_engine_0xff_in_authorization_is_401_or_400(daemons: tuple[Daemon, Daemon]) -> None:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.daemons import Daemon, agent_config, free_port, watchd_command
-from tests.fault.common import RULES, full_log, post_events, start_engine, xid
+from tests.fault.common import RULES, actions, full_log, post_events, start_engine, xid
 
 pytestmark = pytest.mark.real
 
@@ -64,6 +64,33 @@ def test_dangling_yaml_link_reported(tmp_path: Path) -> None:
     (folder / "gone.yaml").symlink_to(tmp_path / "nowhere.yaml")
     result = _check(folder)
     assert "gone.yaml" in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_dangling_yaml_link_refused_on_hot_reload(tmp_path: Path) -> None:
+    """A link to nothing added to a watched rules folder: was never noticed (no reload, no line, the
+    metric 1) while ``watchd rules check`` refused the folder; now the reload is refused the same way: the
+    old rules stay and act, the line names the link, the failure is counted."""
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    (folder / "ok.yaml").write_text(RULES)
+    engine = start_engine(
+        tmp_path, mode="dry-run", rule_paths=[folder], reload={"watch_files": True, "poll_interval_s": 0.2}
+    )
+    try:
+        (folder / "gone.yaml").symlink_to(tmp_path / "nowhere.yaml")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "rules_reload_failed" not in full_log(engine):
+            time.sleep(0.1)
+        failed = [ln for ln in full_log(engine).splitlines() if "rules_reload_failed" in ln]
+        assert failed and "gone.yaml" in failed[0] and "dangling link" in failed[0], full_log(engine)[-1500:]
+        assert "gone.yaml" in _check(folder).stdout  # what rules check says of the same folder
+        metrics = engine.get("/metrics")
+        assert "watchd_rules_reload_failures_total 1.0" in metrics
+        assert "watchd_rules_last_reload_successful 0.0" in metrics and "watchd_rules_loaded 1.0" in metrics
+        assert post_events(engine, [xid("gpu-3")])[0] == 200  # the old rule still drains (dry-run)
+        assert any(a["action"] == "drain" and a["node"] == "gpu-3" for a in actions(engine))
+    finally:
+        engine.stop()
 
 
 class _Always503(http.server.BaseHTTPRequestHandler):

@@ -1,8 +1,9 @@
 """Two real engines on a real PostgreSQL with checks and hot spares, on the real Slurm test cluster: only the
-leader changes the cluster. A validation asked of the follower is refused and makes no scontrol call (no
-reservation, the drain not lifted, the evidence kept); the follower never touches the spares' reservation;
-the same validation asked of the leader runs and returns the node to service. Each engine's ``scontrol`` is a
-wrapper that logs every call, so what each one asked of Slurm is counted, not inferred."""
+leader changes the cluster. A validation asked of the follower is refused (503, naming the leader) and makes
+no scontrol call (no reservation, the drain not lifted, the evidence kept); the follower never touches the
+spares' reservation; the same validation asked of the leader runs and returns the node to service. Each
+engine's ``scontrol`` is a wrapper that logs every call, so what each one asked of Slurm is counted, not
+inferred."""
 
 from __future__ import annotations
 
@@ -78,8 +79,7 @@ def test_only_the_leader_validates_or_keeps_spares(
         # the follower: refused, nothing asked of Slurm
         status, body = request(follower.url, "POST", f"/api/v1/nodes/{NODE}/validate", b"", timeout=30)
         answer = json.loads(body)
-        assert status == 502 and answer["outcome"] == "failed", answer
-        assert "not the leader" in answer["detail"]
+        assert status == 503 and "not the leader" in answer["error"], answer  # before any scheduler call
         assert cluster.reason(NODE) == EVIDENCE
         assert "watchd-validate" not in cluster.run("scontrol", "show", "res", "-o", check=False).stdout
         assert changes(logs["b"]) == []  # no reservation, no drain lifted, no spare taken or released

@@ -126,6 +126,22 @@ def test_shared_and_role_tokens_must_differ_and_names_be_unique() -> None:
         EngineAuth(operators=[NamedToken(name="a", token="x"), NamedToken(name="a", token="y")])
 
 
+def test_only_the_agents_token_ingests_whatever_else_is_configured() -> None:
+    """Was: with no agents' token, a viewer's (or an operator's) token ingested, and so drained. The config
+    is refused at start (test_role_matrix.py); credentials built without it still let no other role in."""
+    from watchd.httputil import Credentials, Principal
+    from watchd.security import engine_credentials
+
+    credentials = Credentials(operators={ALICE: "alice"}, viewers={VIEWER: "grafana"})
+    for token, role in ((ALICE, "operator"), (VIEWER, "viewer")):
+        principal = credentials.identify(f"Bearer {token}")
+        assert principal == Principal(principal.name, role, bound=True)  # type: ignore[union-attr]
+        assert not credentials.allows(principal, "ingest")
+        assert credentials.allows(principal, "agent_read")
+    with pytest.raises(ConfigError, match="agents' token"):
+        engine_credentials(EngineAuth(viewers=[NamedToken(name="grafana", token=VIEWER)]))
+
+
 def test_engine_url_must_be_http_or_https() -> None:
     with pytest.raises(ValueError, match=r"engine\.url"):
         AgentConfig.model_validate({"engine": {"url": "ftp://x"}})

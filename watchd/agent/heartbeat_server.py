@@ -78,7 +78,7 @@ class HeartbeatServer:
             max_ranks_per_job=config.max_ranks_per_job if config.verify else None,
         )
         self.identity = identity or IDENTITIES[config.identity](config.proc_root)
-        secret = config.token_secret.resolve() if config.verify else None
+        secret = config.token_secret.resolve("heartbeat.token_secret") if config.verify else None
         self._secret = secret.encode() if secret is not None else None
         self._clock = clock
         self._metrics = metrics

@@ -96,7 +96,7 @@ class Agent:
         self.shipper = Shipper(
             config.node,
             config.engine.url,
-            config.engine.auth.resolve(),
+            config.engine.auth.resolve("engine.auth"),
             self.metrics,
             queue_size=config.shipper.queue_size,
             max_batch=config.shipper.max_batch,
@@ -133,7 +133,7 @@ class Agent:
         # a job's ranks ask the agent for their checkpoint advice; the agent asks the engine with its token
         self.advice = EngineAdvice(
             e.url,
-            e.auth.resolve(),
+            e.auth.resolve("engine.auth"),
             e.timeout_s,
             engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
         )

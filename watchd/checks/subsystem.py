@@ -13,7 +13,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from watchd.checks.service import CheckService
-from watchd.httputil import error_response, json_response
+from watchd.httputil import BodyError, error_response, json_response, read_json
 from watchd.logs import get_logger
 from watchd.model.events import Event
 from watchd.subsystem import Component, Operator
@@ -22,6 +22,7 @@ __all__ = ["Checks", "Validate"]
 
 _log = get_logger("watchd.engine.checks")
 _MAX_NODES = 1000
+_MAX_BODY_BYTES = 1024 * 1024  # 1,000 node names and the checks' names fit many times over
 _BAD_RUN = f"nodes: 1 to {_MAX_NODES} node names; checks: a list of check names"
 
 #: (node, who asked as the audit says it, "enforce" for an operator or None for the engine's mode) -> the
@@ -87,9 +88,11 @@ class Checks(Component):
 
         async def run(request: web.Request) -> web.Response:
             try:
-                body = await request.json()
-            except ValueError:
-                return error_response(400, 'expected a JSON body {"nodes": [...], "checks": [...]}')
+                body = await read_json(request, _MAX_BODY_BYTES)
+            except BodyError as exc:  # too large, too slow, not what its Content-Encoding says
+                return error_response(exc.status, exc.reason)
+            except ValueError as exc:
+                return error_response(400, f'{exc}: expected a JSON body {{"nodes": [...], "checks": [...]}}')
             nodes = body.get("nodes") if isinstance(body, dict) else None
             names = body.get("checks", []) if isinstance(body, dict) else None
             if (

@@ -92,6 +92,11 @@ class EngineMetrics:
             "1 when the last rule (re)load succeeded, else 0.",
             registry=r,
         )
+        self.rules_reload_failures = Counter(
+            "watchd_rules_reload_failures_total",
+            "Rule reloads refused (as `watchd rules check` refuses the files): the old rules stayed.",
+            registry=r,
+        )
         self.rules_reload_time = Gauge(
             "watchd_rules_last_reload_success_timestamp_seconds",
             "When the rules were last (re)loaded.",

@@ -6,7 +6,6 @@ engine takes the lead over a shared store."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -98,12 +97,14 @@ class RuleKeeper(Component):
             evaluator = new.engine()
             evaluator.carry_state_from(self.evaluator)
         except ConfigError as exc:
-            _log.error("rules_reload_failed", error=str(exc))
+            _log.error("rules_reload_failed", error=str(exc), kept=len(self.rules.rules))
             self.metrics.rules_reload_ok.set(0)
+            self.metrics.rules_reload_failures.inc()
             return False
         except Exception as exc:  # a loader bug must not take the old rules (or the watcher) with it
             _log.exception("rules_reload_failed", error=f"{type(exc).__name__}: {exc}")
             self.metrics.rules_reload_ok.set(0)
+            self.metrics.rules_reload_failures.inc()
             return False
         self.rules, self.evaluator = new, evaluator
         self.metrics.rules_loaded.set(len(new.rules))
@@ -170,6 +171,9 @@ class RuleKeeper(Component):
             _log.exception("rule_state_save_failed")
 
     def file_times(self) -> dict[str, float]:
+        """What the watcher compares: each rule file's modification time, and -1 for a name that cannot be
+        read (a folder gone; a ``*.yaml`` link to nothing, which ``watchd rules check`` refuses: adding one
+        must trigger the reload that refuses it too, not pass unseen)."""
         out: dict[str, float] = {}
         for path in self.paths:
             try:  # a folder removed or renamed, or a file mid-rename: it reads as changed, not as a crash
@@ -178,8 +182,10 @@ class RuleKeeper(Component):
                 out[str(path)] = -1.0
                 continue
             for f in files:
-                with contextlib.suppress(OSError):
+                try:
                     out[str(f)] = f.stat().st_mtime
+                except OSError:
+                    out[str(f)] = -1.0
         return out
 
     async def check_files(self) -> None:

@@ -14,9 +14,11 @@ from watchd.clock import Clock
 from watchd.engine.dedup import SeenIds
 from watchd.engine.metrics import EngineMetrics
 from watchd.httputil import (
+    BODY_TIMEOUT,
     PRINCIPAL,
     BodyError,
     Credentials,
+    Handler,
     HttpLimits,
     auth_middleware,
     decode_json,
@@ -30,6 +32,7 @@ from watchd.logs import get_logger
 from watchd.model.events import INGEST_PATH, Event, WireError, batch_from_wire
 from watchd.model.registry import ALL_KINDS
 from watchd.model.reliability import JOB_ADVICE_PATH
+from watchd.store.connection import Fenced, StoreError
 from watchd.subsystem import Subsystem
 
 _log = get_logger("watchd.ingest")
@@ -282,11 +285,31 @@ def make_app(
             result = engine.discard(held_id, by)
         return json_response(result, status=404 if result["outcome"] == "not_held" else 200)
 
+    @web.middleware
+    async def leader_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """An operator's call (every POST but ingest, which answers for itself) to a follower is 503 naming
+        the leader, before its handler runs: it could only be fenced (was 500 with a traceback). A write
+        fenced meanwhile (the lease lost during the call) is 503 too, and a state database that takes no
+        write 503 with its error: the caller tries again, at the leader."""
+        operates = request.method == "POST" and request.path != INGEST_PATH
+        if operates and (following := engine.following()) is not None:
+            return error_response(503, f"not the leader: {following}; send it to the leader")
+        try:
+            return await handler(request)
+        except Fenced as exc:
+            _log.info("request_fenced", path=request.path, error=str(exc))
+            return error_response(503, f"not the leader: {exc}; send it to the leader")
+        except StoreError as exc:
+            _log.error("request_store_error", path=request.path, error=str(exc))
+            return error_response(503, f"the state database: {exc}; retry later")
+
     middlewares = [
         errors_as_json("request_failed"),
         auth_middleware(credentials, INGEST_PATH, denied, agent_reads=(JOB_ADVICE_PATH,)),
+        leader_only,
     ]
     app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
+    app[BODY_TIMEOUT] = body_timeout_s
     app.router.add_post(INGEST_PATH, ingest)
     app.router.add_get("/metrics", metrics_handler(metrics.registry))
     app.router.add_get("/healthz", healthz)

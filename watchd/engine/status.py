@@ -23,7 +23,13 @@ HELD_LIMIT = 100  # held actions in it (the newest) unless ?held_limit=; GET /ap
 TAKEN_OUT_LIMIT = 1000  # the newest nodes listed per pool of the breaker (taken_out_count counts all)
 
 
+#: a count past this (SQLite's, PostgreSQL's largest integer) means "all" as much as this one does
+_MAX_COUNT = 2**63 - 1
+
+
 def _count(query: Mapping[str, str], name: str, default: int) -> int:
+    """A non-negative integer query parameter, at most :data:`_MAX_COUNT` (the database takes no larger
+    ``LIMIT``: was a 500 past 2^63); ValueError otherwise."""
     raw = query.get(name)
     if raw is None or raw == "":
         return default
@@ -33,7 +39,7 @@ def _count(query: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"{name}: expected a non-negative integer") from None
     if value < 0:
         raise ValueError(f"{name}: expected a non-negative integer")
-    return value
+    return min(value, _MAX_COUNT)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

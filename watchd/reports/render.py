@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import time
@@ -78,22 +76,65 @@ def to_table(report: UsageReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: what a spreadsheet takes as the start of a formula (OWASP, CSV injection)
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+#: a text cell with one of these is quoted: the separators of every locale (a ``;`` inside an unquoted cell
+#: starts a new cell where ``;`` separates, and that one could be a formula), quotes and line breaks
+_QUOTED_IF = frozenset(',;\t|"\r\n')
+
+
+def _csv_cell(value: Any) -> str:
+    """One CSV cell. A text cell a spreadsheet would run as a formula (``=HYPERLINK(...)`` as an account
+    name) is shown as text the OWASP way, with a leading ``'``; a text cell with a separator of any locale,
+    a quote or a line break is quoted (its quotes doubled). Numbers as Python writes them; None empty."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        return str(value)
+    text: str = "'" + value if value.startswith(_FORMULA_START) else value
+    if _QUOTED_IF.intersection(text):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
 def to_csv(report: UsageReport) -> str:
+    """One row per group, cells by :func:`_csv_cell` (what ``csv.writer`` wrote, but for the cells that
+    could be formulas and the separators of other locales)."""
     cols = _columns(report)
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow([n for n, _ in cols])
-    for r in report.rows:
-        w.writerow(["" if (v := get(r)) is None else v for _, get in cols])
-    return buf.getvalue()
+    lines = [",".join(_csv_cell(n) for n, _ in cols)]
+    lines += [",".join(_csv_cell(get(r)) for _, get in cols) for r in report.rows]
+    return "\n".join(lines) + "\n"
+
+
+#: Markdown that would render as HTML, a link, code, or end a table cell or row: escaped or replaced
+_MARKDOWN = str.maketrans(
+    {
+        "\\": "\\\\",  # a name ending in \ must not escape the cell's separator
+        "|": "\\|",
+        "&": "&amp;",
+        "<": "&lt;",
+        ">": "&gt;",
+        "[": "\\[",
+        "]": "\\]",
+        "`": "\\`",
+        "\n": " ",
+        "\r": " ",
+    }
+)
+
+
+def _md(text: str) -> str:
+    """Text from the scheduler (names, reasons, an error) as Markdown text: no raw HTML (``&lt;``), no link
+    or code span, no line break or ``|`` that would end the table's cell or row."""
+    return text.translate(_MARKDOWN)
 
 
 def to_markdown(report: UsageReport) -> str:
     cols = _columns(report)
-    lines = [f"**{header(report)}**", "", "| " + " | ".join(n for n, _ in cols) + " |"]
+    lines = [f"**{_md(header(report))}**", "", "| " + " | ".join(n for n, _ in cols) + " |"]
     lines.append("|" + "|".join("---" for _ in cols) + "|")
     for r in report.rows:
-        lines.append("| " + " | ".join(_fmt(get(r)).replace("|", "\\|") for _, get in cols) + " |")
+        lines.append("| " + " | ".join(_md(_fmt(get(r))) for _, get in cols) + " |")
     return "\n".join(lines) + "\n"
 
 

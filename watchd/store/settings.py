@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from watchd.credentials import read_secret_file
 from watchd.errors import ConfigError
 from watchd.model.durations import Seconds
 from watchd.strict import Strict
@@ -42,10 +43,7 @@ def _secret(key: str, env: str | None, file: Path | None) -> str | None:
             raise ConfigError(f"{key}_env: environment variable {env} is not set")
         value = os.environ[env]
     elif file is not None:
-        try:
-            value = file.read_text()
-        except OSError as exc:
-            raise ConfigError(f"{key}_file: cannot read {file}: {exc.strerror}") from exc
+        value = read_secret_file(file, f"{key}_file")  # checked as every secret file (docs/security.md)
     else:
         return None
     value = value.strip()
