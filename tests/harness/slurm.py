@@ -28,9 +28,10 @@ its slurmd among its ancestors (``-N gpu-N``) and plays a reboot of that node on
 its slurmstepds and job processes killed; ``downtime`` 2 s later slurmd starts again with ``-b``, slurmd's
 own testing flag that reports its start as the machine's boot time, so slurmctld sees a new ``BootTime``).
 The restarted slurmd carries the marker like any other: ``stop()`` kills it. Per node, mode ``same-boot``
-starts slurmd with the boot time unchanged (a reboot that did not happen) and ``off`` leaves it stopped
-(:meth:`SlurmCluster.start_slurmd`). What the program did is in ``log/reboot.log``
-(:meth:`SlurmCluster.reboot_events`).
+starts slurmd with the BootTime slurmctld had for the node (a reboot that did not happen: an LD_PRELOAD
+shim, built with gcc on first use into ``run/boottime.so``, makes ``sysinfo()`` count the uptime from
+``$WATCHD_BOOT_TIME``), and ``off`` leaves it stopped (:meth:`SlurmCluster.start_slurmd`). What the program
+did is in ``log/reboot.log`` (:meth:`SlurmCluster.reboot_events`).
 
 What Slurm 22.05 does with ``scontrol reboot ASAP nextstate=DOWN reason="watchd: x" gpu-1`` on an idle node
 (measured here; all of it, busy nodes, failed reboots and the rest: ``tests/harness/REBOOT.md``)::
@@ -155,10 +156,20 @@ def node_pids(node, exclude):
             yield int(entry)
 
 
+def boot_time(node):
+    # the node's BootTime as slurmctld has it (epoch), None when it has none
+    out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True).stdout
+    for tok in out.split():
+        if tok.startswith("BootTime=") and tok[9:] not in ("None", "n/a"):
+            return int(time.mktime(time.strptime(tok[9:], "%Y-%m-%dT%H:%M:%S")))
+    return None
+
+
 def act(node, slurmd_pid):
     with open(os.path.join(RUN, "reboot.json")) as f:
         cfg = json.load(f)
     mode = cfg["modes"].get(node, "reboot")
+    old_boot = boot_time(node)
     time.sleep(cfg["delay"])
     log(node, "stopping", pid=slurmd_pid, mode=mode)
     os.kill(slurmd_pid, signal.SIGTERM)
@@ -178,13 +189,22 @@ def act(node, slurmd_pid):
     if mode == "off":
         log(node, "off")
         return
-    argv = [a.replace("{node}", node) for a in cfg["slurmd_argv"]] + (["-b"] if mode == "reboot" else [])
+    argv = [a.replace("{node}", node) for a in cfg["slurmd_argv"]]
+    env = dict(os.environ)
+    if mode == "reboot":
+        argv.append("-b")
+    elif old_boot is not None:  # same-boot: slurmd reports the boot time it had
+        shim = os.path.join(RUN, "boottime.so")
+        if not os.path.exists(shim):
+            subprocess.run([*cfg["shim_cc"], shim + ".tmp"], check=True)
+            os.rename(shim + ".tmp", shim)
+        env.update(LD_PRELOAD=shim, WATCHD_BOOT_TIME=str(old_boot))
     with open(os.path.join(D, "log", f"slurmd-{node}.out"), "ab") as out:
         proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/",
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/", env=env,
             start_new_session=True,
         )
-    log(node, "started", pid=proc.pid, new_boot=mode == "reboot")
+    log(node, "started", pid=proc.pid, new_boot=mode == "reboot", boot=None if mode == "reboot" else old_boot)
 
 
 if sys.argv[1:2] == ["act"]:
@@ -197,6 +217,32 @@ else:
             [sys.executable, os.path.abspath(__file__), "act", node, str(slurmd_pid)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/", start_new_session=True,
         )
+"""
+
+#: An LD_PRELOAD shim for a slurmd that must report a given boot time: slurmd's uptime is sysinfo()'s
+#: (src/slurmd/slurmd/get_mach_stat.c), slurmctld's BootTime is its clock minus that uptime.
+_BOOT_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <sys/sysinfo.h>
+#include <time.h>
+
+int sysinfo(struct sysinfo *info)
+{
+    static int (*real)(struct sysinfo *);
+    const char *boot = getenv("WATCHD_BOOT_TIME");
+    int rc;
+
+    if (!real)
+        real = (int (*)(struct sysinfo *))dlsym(RTLD_NEXT, "sysinfo");
+    rc = real(info);
+    if (rc == 0 && boot && *boot) {
+        long up = (long)time(NULL) - strtol(boot, NULL, 10);
+        info->uptime = up > 0 ? up : 0;
+    }
+    return rc;
+}
 """
 
 #: What a node's reboot (``scontrol reboot``, through the RebootProgram) does after its slurmd stops:
@@ -543,11 +589,11 @@ class SlurmCluster:
             )
         return "\n".join(line for line in lines if line) + "\n"
 
-    def _spawn(self, argv: list[str], out: Path) -> None:
+    def _spawn(self, argv: list[str], out: Path, env: Mapping[str, str] | None = None) -> None:
         with out.open("ab") as fh:
             proc = subprocess.Popen(
                 argv,
-                env=self._env,
+                env={**self._env, **(env or {})},
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -734,6 +780,7 @@ class SlurmCluster:
             "downtime": downtime,
             "modes": modes,
             "slurmd_argv": self._slurmd_argv("{node}"),
+            "shim_cc": self._shim_cc(),
         }
         tmp = self.dir / "run" / "reboot.json.tmp"
         tmp.write_text(json.dumps(cfg))
@@ -768,12 +815,32 @@ class SlurmCluster:
                 )
             time.sleep(0.05)
 
-    def start_slurmd(self, node: str, *, new_boot: bool = True) -> None:
-        """Start ``node``'s slurmd (one left stopped by a reboot in mode ``off``); ``new_boot``: as on a
-        machine that just booted (``slurmd -b``: it reports its start as the boot time)."""
+    def _shim_cc(self) -> list[str]:
+        """The compiler command of the boot-time shim, less its output path (the reboot program runs it
+        the first time it needs the shim; gcc: Debian's build-essential)."""
         assert self.dir is not None
-        argv = self._slurmd_argv(node) + (["-b"] if new_boot else [])
-        self._spawn(argv, self.dir / "log" / f"slurmd-{node}.out")
+        src = self.dir / "run" / "boottime.c"
+        if not src.exists():
+            src.write_text(_BOOT_SHIM)
+        return ["gcc", "-shared", "-fPIC", "-O2", str(src), "-ldl", "-o"]
+
+    def start_slurmd(self, node: str, *, new_boot: bool = True) -> None:
+        """Start ``node``'s slurmd (one left stopped by a reboot in mode ``off``): ``new_boot``, as on a
+        machine that just booted (``slurmd -b``: it reports its start as the boot time); else with the
+        BootTime slurmctld has for the node (the boot-time shim)."""
+        assert self.dir is not None
+        argv = self._slurmd_argv(node)
+        env: dict[str, str] = {}
+        boot = None if new_boot else self.boot_time(node)
+        if new_boot:
+            argv.append("-b")
+        elif boot is not None:
+            shim = self.dir / "run" / "boottime.so"
+            if not shim.exists():
+                subprocess.run([*self._shim_cc(), f"{shim}.tmp"], check=True, capture_output=True)
+                Path(f"{shim}.tmp").rename(shim)
+            env = {"LD_PRELOAD": str(shim), "WATCHD_BOOT_TIME": str(int(boot))}
+        self._spawn(argv, self.dir / "log" / f"slurmd-{node}.out", env)
 
     def sacctmgr(self, *args: str) -> str:
         """``sacctmgr -i`` (no confirmation) against this cluster's slurmdbd (``accounting=True``)."""
