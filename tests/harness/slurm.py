@@ -19,11 +19,33 @@ Every process the harness starts, and every job process, carries the environment
 ``WATCHD_SLURM_HARNESS=<temp dir>`` (slurmstepd, which overwrites its environment, is found by the files it
 keeps open under the temp dir): ``stop()`` kills exactly those, and ``start()`` reaps the leftovers of a
 crashed earlier run (a harness dir whose owner pid is dead).
+
+Reboots: ``scontrol reboot [ASAP] [nextstate=...] [reason=...] gpu-N`` works. The cluster's ``RebootProgram``
+(``run/reboot-program``, always configured; ``ResumeTimeout`` is ``reboot_timeout``) is run by the node's
+slurmd through ``system()``, which waits for it: it detaches a child and returns at once. The child finds
+its slurmd among its ancestors (``-N gpu-N``) and plays a reboot of that node only, as
+:meth:`SlurmCluster.configure_reboots` says (default: ``delay`` 1 s, then the node's slurmd is stopped and
+its slurmstepds and job processes killed; ``downtime`` 2 s later slurmd starts again with ``-b``, slurmd's
+own testing flag that reports its start as the machine's boot time, so slurmctld sees a new ``BootTime``).
+The restarted slurmd carries the marker like any other: ``stop()`` kills it. Per node, mode ``same-boot``
+starts slurmd with the BootTime slurmctld had for the node (a reboot that did not happen: an LD_PRELOAD
+shim, built with gcc on first use into ``run/boottime.so``, makes ``sysinfo()`` count the uptime from
+``$WATCHD_BOOT_TIME``), and ``off`` leaves it stopped (:meth:`SlurmCluster.start_slurmd`). What the program
+did is in ``log/reboot.log`` (:meth:`SlurmCluster.reboot_events`).
+
+What Slurm 22.05 does with ``scontrol reboot ASAP nextstate=DOWN reason="watchd: x" gpu-1`` on an idle node
+(measured here; all of it, busy nodes, failed reboots and the rest: ``tests/harness/REBOOT.md``)::
+
+    requested   State=IDLE+DRAIN+REBOOT_REQUESTED NextState=DOWN  Reason=watchd: x           sinfo %T: reboot
+    issued      State=DOWN+DRAIN+REBOOT_ISSUED    NextState=DOWN  Reason=watchd: x : reboot issued   reboot^
+    (slurmd gone: nothing changes; a node told to reboot is not pinged)
+    back        State=DOWN  (new BootTime)   Reason=watchd: x : reboot issued : reboot complete      down
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -34,9 +56,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from tests.harness import accounting as _accounting
 from tests.harness.process import pid_alive, reap_stale_dirs
@@ -72,6 +95,161 @@ while True:
     c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     c.close()
 """
+
+
+_REBOOT_PROGRAM = r"""
+# The cluster's RebootProgram (tests/harness/slurm.py): plays a reboot of the node whose slurmd runs it.
+# slurmd runs it through system() and waits (holding its config lock): it detaches a child and returns.
+import json, os, signal, subprocess, sys, time
+
+RUN = os.path.dirname(os.path.abspath(__file__))
+D = os.path.dirname(RUN)
+LOG = os.path.join(D, "log", "reboot.log")
+
+
+def log(node, event, **kw):
+    with open(LOG, "a") as f:  # O_APPEND, one write per line: the two processes may both write
+        f.write(json.dumps({"t": time.time(), "node": node, "event": event, **kw}) + "\n")
+
+
+def stat(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def alive(pid):
+    try:
+        return stat(pid)[0] != "Z"
+    except OSError:
+        return False
+
+
+def find_slurmd():
+    pid = os.getppid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        if os.path.basename(argv[0]) == b"slurmd" and b"-N" in argv:
+            return pid, argv[argv.index(b"-N") + 1].decode()
+        pid = int(stat(pid)[1])
+    sys.exit("reboot-program: no slurmd among my ancestors")
+
+
+def node_pids(node, exclude):
+    # the node's slurmstepds (they keep its log or spool open) and job processes ($SLURMD_NODENAME)
+    marker = f"WATCHD_SLURM_HARNESS={D}".encode()
+    job = f"SLURMD_NODENAME={node}".encode()
+    files = (os.path.join(D, "log", f"slurmd-{node}.log"), os.path.join(D, "spool", node))
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            links = [os.readlink(f"/proc/{entry}/cwd")]
+            links += [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except OSError:
+            continue
+        if (marker in env and job in env) or any(
+            link == files[0] or link == files[1] or link.startswith(files[1] + "/") for link in links
+        ):
+            yield int(entry)
+
+
+def boot_time(node):
+    # the node's BootTime as slurmctld has it (epoch), None when it has none
+    out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True).stdout
+    for tok in out.split():
+        if tok.startswith("BootTime=") and tok[9:] not in ("None", "n/a"):
+            return int(time.mktime(time.strptime(tok[9:], "%Y-%m-%dT%H:%M:%S")))
+    return None
+
+
+def act(node, slurmd_pid):
+    with open(os.path.join(RUN, "reboot.json")) as f:
+        cfg = json.load(f)
+    mode = cfg["modes"].get(node, "reboot")
+    old_boot = boot_time(node)
+    time.sleep(cfg["delay"])
+    log(node, "stopping", pid=slurmd_pid, mode=mode)
+    os.kill(slurmd_pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while alive(slurmd_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive(slurmd_pid):
+        os.kill(slurmd_pid, signal.SIGKILL)
+    victims = list(node_pids(node, {os.getpid(), slurmd_pid}))
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    log(node, "stopped", pid=slurmd_pid, killed=victims)
+    time.sleep(cfg["downtime"])
+    if mode == "off":
+        log(node, "off")
+        return
+    argv = [a.replace("{node}", node) for a in cfg["slurmd_argv"]]
+    env = dict(os.environ)
+    if mode == "reboot":
+        argv.append("-b")
+    elif old_boot is not None:  # same-boot: slurmd reports the boot time it had
+        shim = os.path.join(RUN, "boottime.so")
+        if not os.path.exists(shim):
+            subprocess.run([*cfg["shim_cc"], shim + ".tmp"], check=True)
+            os.rename(shim + ".tmp", shim)
+        env.update(LD_PRELOAD=shim, WATCHD_BOOT_TIME=str(old_boot))
+    with open(os.path.join(D, "log", f"slurmd-{node}.out"), "ab") as out:
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/", env=env,
+            start_new_session=True,
+        )
+    log(node, "started", pid=proc.pid, new_boot=mode == "reboot", boot=None if mode == "reboot" else old_boot)
+
+
+if sys.argv[1:2] == ["act"]:
+    act(sys.argv[2], int(sys.argv[3]))
+else:
+    slurmd_pid, node = find_slurmd()
+    log(node, "called", slurmd_pid=slurmd_pid, args=sys.argv[1:])
+    with open(os.path.join(D, "log", "reboot-program.out"), "ab") as out:
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "act", node, str(slurmd_pid)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/", start_new_session=True,
+        )
+"""
+
+#: An LD_PRELOAD shim for a slurmd that must report a given boot time: slurmd's uptime is sysinfo()'s
+#: (src/slurmd/slurmd/get_mach_stat.c), slurmctld's BootTime is its clock minus that uptime.
+_BOOT_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <sys/sysinfo.h>
+#include <time.h>
+
+int sysinfo(struct sysinfo *info)
+{
+    static int (*real)(struct sysinfo *);
+    const char *boot = getenv("WATCHD_BOOT_TIME");
+    int rc;
+
+    if (!real)
+        real = (int (*)(struct sysinfo *))dlsym(RTLD_NEXT, "sysinfo");
+    rc = real(info);
+    if (rc == 0 && boot && *boot) {
+        long up = (long)time(NULL) - strtol(boot, NULL, 10);
+        info->uptime = up > 0 ? up : 0;
+    }
+    return rc;
+}
+"""
+
+#: What a node's reboot (``scontrol reboot``, through the RebootProgram) does after its slurmd stops:
+#: ``reboot`` starts it again as on a machine that just booted (a new BootTime); ``same-boot`` starts it
+#: with the boot time unchanged (a reboot that did not happen); ``off`` leaves it stopped
+#: (:meth:`SlurmCluster.start_slurmd` starts it later).
+REBOOT_MODES = ("reboot", "same-boot", "off")
 
 
 class SlurmHarnessError(RuntimeError):
@@ -191,6 +369,8 @@ class SlurmCluster:
         base_dir: str | None = None,
         accounting: bool = False,
         gpus_per_node: int = 0,
+        reboot_timeout: int = 60,
+        return_to_service: int = 2,
     ) -> None:
         if real_nodes < 1:
             raise ValueError("real_nodes must be >= 1")
@@ -211,6 +391,11 @@ class SlurmCluster:
         self.acct: _accounting.Accounting | None = None
         #: count-only ``gres/gpu`` on the real nodes (GPU TRES are accounted)
         self.gpus_per_node = gpus_per_node
+        #: ``ResumeTimeout``: how long slurmctld waits for a node it told to reboot (then DOWN, "reboot timed
+        #: out"); Slurm's default is 60
+        self.reboot_timeout = reboot_timeout
+        #: ``ReturnToService``: 2 (any registering slurmd brings its DOWN node back) unless a test needs 0/1
+        self.return_to_service = return_to_service
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> SlurmCluster:
@@ -276,6 +461,10 @@ class SlurmCluster:
                 f"NodeName={','.join(self.real_node_names)} Name=gpu "
                 f"File={d / 'dev'}/gpu[0-{self.gpus_per_node - 1}]\n"
             )
+        program = d / "run" / "reboot-program"
+        program.write_text(f"#!{sys.executable}\n{_REBOOT_PROGRAM}")
+        program.chmod(0o755)
+        self.configure_reboots()
         self.conf_path.write_text(self._config(d, ctld_port, slurmd_port, sim_port, node_ports))
         if self.acct is not None:  # sacctmgr reads slurm.conf: after it is written, before slurmctld
             auth = f"AuthInfo=socket={self._munge_socket}" if self._munge_socket else ""
@@ -286,10 +475,11 @@ class SlurmCluster:
         self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf_path)], d / "log" / "slurmctld.out")
         self._wait(self._ctld_up, "slurmctld did not answer `scontrol ping`")
         for name in self.real_node_names:
-            self._spawn(
-                ["slurmd", "-D", "-N", name, "-f", str(self.conf_path)], d / "log" / f"slurmd-{name}.out"
-            )
+            self._spawn(self._slurmd_argv(name), d / "log" / f"slurmd-{name}.out")
         self._wait(self._real_nodes_idle, "real nodes did not become idle")
+
+    def _slurmd_argv(self, name: str) -> list[str]:
+        return ["slurmd", "-D", "-N", name, "-f", str(self.conf_path)]
 
     def _start_munged(self, d: Path) -> None:
         sock = str(d / "munge.socket")
@@ -358,7 +548,9 @@ class SlurmCluster:
             "JobCompType=jobcomp/none",
             "MpiDefault=none",
             "MailProg=/bin/true",
-            "ReturnToService=2",
+            f"ReturnToService={self.return_to_service}",
+            f"RebootProgram={d / 'run' / 'reboot-program'}",
+            f"ResumeTimeout={self.reboot_timeout}",
             "SlurmdTimeout=3600",
             "SlurmctldTimeout=30",
             "MessageTimeout=10",
@@ -397,11 +589,11 @@ class SlurmCluster:
             )
         return "\n".join(line for line in lines if line) + "\n"
 
-    def _spawn(self, argv: list[str], out: Path) -> None:
+    def _spawn(self, argv: list[str], out: Path, env: Mapping[str, str] | None = None) -> None:
         with out.open("ab") as fh:
             proc = subprocess.Popen(
                 argv,
-                env=self._env,
+                env={**self._env, **(env or {})},
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -412,7 +604,8 @@ class SlurmCluster:
     def _wait(self, cond: Callable[[], bool], what: str, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (timeout if timeout is not None else self.start_timeout)
         while True:
-            dead = [p for p in self._procs if p.poll() is not None]
+            rebooted = {e["pid"] for e in self.reboot_events() if e["event"] == "stopping"}
+            dead = [p for p in self._procs if p.poll() is not None and p.pid not in rebooted]
             if dead:
                 names = ", ".join(
                     f"{' '.join(map(str, p.args[:3]))} (rc={p.returncode})"  # type: ignore[index]
@@ -570,6 +763,85 @@ class SlurmCluster:
             "slurmdbd did not come back",
         )
 
+    # ---------------------------------------------------------------- reboots
+    def configure_reboots(
+        self, *, delay: float = 1.0, downtime: float = 2.0, modes: Mapping[str, str] | None = None
+    ) -> None:
+        """How the RebootProgram plays the next reboots: ``delay`` seconds after slurmd runs it, the node's
+        slurmd, slurmstepds and job processes are killed; ``downtime`` seconds later slurmd starts again
+        as ``modes[node]`` says (:data:`REBOOT_MODES`; default ``reboot``, a new BootTime)."""
+        assert self.dir is not None
+        modes = dict(modes or {})
+        bad = {m for m in modes.values() if m not in REBOOT_MODES}
+        if bad:
+            raise ValueError(f"unknown reboot modes {sorted(bad)}: use {REBOOT_MODES}")
+        cfg = {
+            "delay": delay,
+            "downtime": downtime,
+            "modes": modes,
+            "slurmd_argv": self._slurmd_argv("{node}"),
+            "shim_cc": self._shim_cc(),
+        }
+        tmp = self.dir / "run" / "reboot.json.tmp"
+        tmp.write_text(json.dumps(cfg))
+        tmp.rename(self.dir / "run" / "reboot.json")
+
+    def reboot_events(self, node: str | None = None) -> list[dict[str, Any]]:
+        """What the RebootProgram did, oldest first: ``{"t": epoch, "node", "event", ...}`` with event
+        ``called`` (slurmd ran it), ``stopping`` (``pid``: the slurmd it stops), ``stopped`` (``killed``: the
+        node's other processes), ``started`` (``pid``, ``new_boot``) or ``off``."""
+        if self.dir is None:
+            return []
+        try:
+            lines = (self.dir / "log" / "reboot.log").read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        events = [json.loads(line) for line in lines if line.strip()]
+        return [e for e in events if node is None or e["node"] == node]
+
+    def wait_reboot_event(
+        self, node: str, event: str, *, after: float = 0.0, timeout: float = 30
+    ) -> dict[str, Any]:
+        """The first ``event`` of ``node``'s reboots at or after epoch ``after``; raise after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for e in self.reboot_events(node):
+                if e["event"] == event and e["t"] >= after:
+                    return e
+            if time.monotonic() > deadline:
+                raise SlurmHarnessError(
+                    f"no reboot event {event!r} of {node} within {timeout}s: {self.reboot_events(node)}\n"
+                    f"{self.log_tails()}"
+                )
+            time.sleep(0.05)
+
+    def _shim_cc(self) -> list[str]:
+        """The compiler command of the boot-time shim, less its output path (the reboot program runs it
+        the first time it needs the shim; gcc: Debian's build-essential)."""
+        assert self.dir is not None
+        src = self.dir / "run" / "boottime.c"
+        if not src.exists():
+            src.write_text(_BOOT_SHIM)
+        return ["gcc", "-shared", "-fPIC", "-O2", str(src), "-ldl", "-o"]
+
+    def start_slurmd(self, node: str, *, new_boot: bool = True) -> None:
+        """Start ``node``'s slurmd (one left stopped by a reboot in mode ``off``): ``new_boot``, as on a
+        machine that just booted (``slurmd -b``: it reports its start as the boot time); else with the
+        BootTime slurmctld has for the node (the boot-time shim)."""
+        assert self.dir is not None
+        argv = self._slurmd_argv(node)
+        env: dict[str, str] = {}
+        boot = None if new_boot else self.boot_time(node)
+        if new_boot:
+            argv.append("-b")
+        elif boot is not None:
+            shim = self.dir / "run" / "boottime.so"
+            if not shim.exists():
+                subprocess.run([*self._shim_cc(), f"{shim}.tmp"], check=True, capture_output=True)
+                Path(f"{shim}.tmp").rename(shim)
+            env = {"LD_PRELOAD": str(shim), "WATCHD_BOOT_TIME": str(int(boot))}
+        self._spawn(argv, self.dir / "log" / f"slurmd-{node}.out", env)
+
     def sacctmgr(self, *args: str) -> str:
         """``sacctmgr -i`` (no confirmation) against this cluster's slurmdbd (``accounting=True``)."""
         return self.run("sacctmgr", "-i", *args).stdout
@@ -581,6 +853,12 @@ class SlurmCluster:
     def node(self, name: str) -> dict[str, str]:
         res = self.run("scontrol", "show", "node", "-o", name)
         return parse_key_values(res.stdout.strip())
+
+    def boot_time(self, name: str) -> float | None:
+        """The node's ``BootTime`` (epoch seconds); None while slurmctld has none (``BootTime=None``: after
+        ``State=RESUME`` until the node registers again)."""
+        raw = self.node(name).get("BootTime", "None")
+        return None if raw in ("None", "n/a", "") else time.mktime(time.strptime(raw, "%Y-%m-%dT%H:%M:%S"))
 
     def node_state(self, name: str) -> str:
         """The State field as scontrol prints it, e.g. ``IDLE``, ``IDLE+DRAIN``, ``MIXED+DRAIN``."""
