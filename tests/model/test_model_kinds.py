@@ -67,6 +67,8 @@ def test_the_registry_names_every_kind_and_its_fields() -> None:
         *trainlog,
         "checkpoint_interval",  # issue 17
         "node_unavailable",
+        "node_rebooted",  # a reboot watchd asked for is over
+        "node_reboot_overdue",
     }
     assert set(KINDS) | {"node_repaired"} == ALL_KINDS
     for kind, cls in KINDS.items():

@@ -29,7 +29,13 @@ def _encode(node: str, events: list[Event]) -> bytes:
 
 
 # kinds the engine makes itself and no agent ever ships: issue 21's check results, issue 17's advice
-ENGINE_MADE = {"check_result", "checkpoint_interval", "node_unavailable"}
+ENGINE_MADE = {
+    "check_result",
+    "checkpoint_interval",
+    "node_unavailable",
+    "node_rebooted",  # the engine's watch over the reboots it asked for
+    "node_reboot_overdue",
+}
 
 
 def test_every_kind_the_agents_send_is_recorded() -> None:
