@@ -4,9 +4,11 @@ no reboot pending: validation starts by itself), ``node_reboot_overdue`` when it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import ClassVar
 
+from watchd.model.events import Scalar
 from watchd.model.kinds import Attrs
 
 __all__ = ["OVERDUE_KIND", "REBOOTED_KIND", "SOURCE", "NodeRebootOverdue", "NodeRebooted"]
@@ -23,6 +25,7 @@ class NodeRebooted(Attrs):
     requested_at: float  # when watchd asked for the reboot (epoch seconds)
     after_s: float  # from the request to the node seen back
     boot_id: str  # the new boot (Slurm: its BootTime; Kubernetes: its bootID)
+    extra: Mapping[str, Scalar] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,3 +35,4 @@ class NodeRebootOverdue(Attrs):
     requested_at: float
     after_s: float  # how long it has been
     state: str  # the node's state as the scheduler shows it now
+    extra: Mapping[str, Scalar] = field(default_factory=dict)

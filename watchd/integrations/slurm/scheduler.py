@@ -67,6 +67,12 @@ from watchd.model.nodes import (
     refuse_resume,
 )
 
+#: ReturnToService=2 puts a node back in service when its slurmd registers, whatever its reason: a node
+#: rebooted with nextstate=DOWN would serve again before it was validated
+_RTS_REFUSAL = (
+    "not rebooted: slurm.conf has ReturnToService=2, which returns a rebooted node to service before watchd"
+    " validates it (set ReturnToService=0 or 1)"
+)
 # Job states in which a job holds a node and can be requeued.
 _ACTIVE_JOB_STATES = ("RUNNING", "CONFIGURING", "SUSPENDED")
 # One argv entry must stay under MAX_ARG_STRLEN (128 KiB); keep node lists well below it.
@@ -267,6 +273,7 @@ class SlurmScheduler:
         )
         self._session_retry_at = 0.0
         self.session_fallbacks = 0  # calls retried one-shot after a session failure
+        self._rts: str | None = None
 
     async def aclose(self) -> None:
         """Stop the interactive scontrol (if one is running). The scheduler stays usable: a later call starts
@@ -495,10 +502,21 @@ class SlurmScheduler:
         assert st is not None
         if st.reboot_pending:
             return RebootResult(node, "rebooting", f"a reboot is pending already ({describe(st)})")
+        if await self._return_to_service() == "2":
+            return RebootResult(node, "refused", _RTS_REFUSAL)
         shown = drain_reason(reason, self.reason_prefix)
         # ASAP: no new job starts there, a running one ends first; DOWN: back from the reboot out of service
-        await self._scontrol("reboot", "ASAP", "nextstate=DOWN", f"Reason={shown}", node)
+        # one argv word, unquoted: scontrol reboot keeps quotes in the reason (update strips them)
+        await self._exec(self.scontrol, "reboot", "ASAP", "nextstate=DOWN", f"reason={shown}", node)
         return RebootResult(node, "rebooting", shown)
+
+    async def _return_to_service(self) -> str | None:
+        """slurm.conf's ReturnToService (read once; None when scontrol does not say)."""
+        if self._rts is None:
+            _, out, _ = await self._exec(self.scontrol, "show", "config")
+            m = re.search(r"^ReturnToService\s*=\s*(\S+)", out, re.MULTILINE)
+            self._rts = m.group(1) if m else ""
+        return self._rts or None
 
     async def privileges(self) -> Privileges:
         return await probe(self.scontrol, self._exec)

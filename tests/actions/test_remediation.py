@@ -1,0 +1,93 @@
+"""The remediation subsystem over the fake scheduler (which behaves as Slurm 22.05 does): a reboot is followed
+until the node has a new boot, announced once; overdue once; rebuilt from the audit trail at start."""
+
+from __future__ import annotations
+
+import asyncio
+
+from watchd.actions.audit import AuditRecord
+from watchd.actions.remediation import Remediation, awaiting_from
+from watchd.actions.settings import RemediationConfig
+from watchd.clock import FakeClock
+from watchd.integrations.fake.scheduler import FakeScheduler
+from watchd.model.events import Event
+
+
+class Trail:
+    def __init__(self, records: list[AuditRecord]) -> None:
+        self.records = records
+
+    def recent(self, limit: int = 100, node: str | None = None) -> list[AuditRecord]:
+        return [r for r in self.records if node is None or r.node == node][-limit:]
+
+
+def reboot_record(t: float, node: str = "gpu-1", boot: str = "boot-1") -> AuditRecord:
+    return AuditRecord(
+        t, "xid-fatal-hardware", "e", node, "reboot", "enforce", "rebooting",
+        result={"requested_at": t, "boot_id": boot},
+    )  # fmt: skip
+
+
+async def test_a_reboot_is_followed_until_the_node_has_a_new_boot() -> None:
+    fake = FakeScheduler()
+    fake.add_node("gpu-1", flags={"DRAIN"}, reason="watchd: Xid 79")
+    assert (await fake.reboot("gpu-1", "reboot after Xid 79")).outcome == "rebooting"
+    assert (await fake.reboot("gpu-1", "again")).detail == "a reboot is pending already"  # never twice
+    clock = FakeClock(1000.0)
+    emitted: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        emitted.append(event)
+
+    watch = Remediation(fake, Trail([reboot_record(1000.0)]), RemediationConfig(), clock, emit, lambda: True)
+    await watch.start()
+    assert set(watch.awaited) == {"gpu-1"}
+    await watch.poll()
+    assert emitted == []  # REBOOT_ISSUED: not back yet
+    fake.complete_reboot("gpu-1", "boot-2")
+    clock.advance(40)
+    await watch.poll()
+    [back] = emitted
+    assert (back.kind, back.node, back.attrs["after_s"], back.attrs["boot_id"]) == (
+        "node_rebooted", "gpu-1", 40.0, "boot-2",
+    )  # fmt: skip
+    await watch.poll()
+    assert len(emitted) == 1 and watch.awaited == {}
+
+
+async def test_a_node_not_back_in_time_is_reported_once_and_a_follower_reads_nothing() -> None:
+    fake = FakeScheduler()
+    fake.add_node("gpu-1", flags={"DRAIN", "REBOOT_ISSUED"}, reason="watchd: x")
+    clock = FakeClock(1000.0)
+    emitted: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        emitted.append(event)
+
+    leading = [False]
+    config = RemediationConfig(return_timeout_s=600)
+    watch = Remediation(fake, Trail([reboot_record(1000.0)]), config, clock, emit, lambda: leading[0])
+    await watch.start()
+    clock.advance(700)
+    await watch.poll()
+    assert emitted == [] and ("node_states", ["gpu-1"]) not in fake.calls  # a follower asks nothing
+    leading[0] = True
+    await watch.poll()
+    await watch.poll()
+    assert [e.kind for e in emitted] == ["node_reboot_overdue"]
+
+
+def test_what_is_awaited_comes_from_the_trail() -> None:
+    validated = AuditRecord(50, "validate", "e", "gpu-1", "validate", "enforce", "resumed")
+    dry = AuditRecord(60, "r", "e", "gpu-3", "reboot", "dry-run", "dry_run")
+    records = [reboot_record(10), validated, reboot_record(20, "gpu-2", "b"), dry]
+    assert set(awaiting_from(records)) == {"gpu-2"}
+
+
+def test_the_watch_polls_only_with_a_scheduler() -> None:
+    async def emit(event: Event) -> None:
+        return None
+
+    watch = Remediation(None, Trail([]), RemediationConfig(), FakeClock(0.0), emit, lambda: True)
+    assert watch.jobs() == ()
+    asyncio.run(watch.start())

@@ -1,0 +1,175 @@
+"""The break-fix loop, closed without a person, on a real Slurm cluster: an Xid 79 line in a node's kernel log
+(read by a real ``watchd agent``) -> a real ``watchd engine`` on the shipped default rules drains the node,
+requeues its job and asks Slurm to reboot it (``scontrol reboot ASAP nextstate=DOWN``); the cluster's
+RebootProgram restarts the node's slurmd with a new boot time, as a reboot would; the engine sees the node
+back, validates it (stand-in checks printing real nccl-tests and dcgmi outputs) and resumes it only on a pass.
+Every step is in the audit trail and in ``watchd node history``. A node whose validation fails after its
+reboot stays drained; one with three remediations in the week is left for a person; a cluster with
+ReturnToService=2 (which would put a rebooted node back by itself) is not rebooted.
+
+The cluster is a private one with ``ReturnToService=1`` (the session cluster's 2 would return a rebooted
+node to service on its own), and checks configured as a site would; everything else is the defaults."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.checks.conftest import behave
+from tests.checks.conftest import standins as standins  # the stand-in checks fixture
+from tests.checks.test_validation_kill9 import TOKEN
+from tests.checks.test_validation_kill9 import engine_config as checks_engine_config
+from tests.daemons import Daemon, agent_config, watchd_command
+from tests.harness.slurm import SlurmCluster, available
+from tests.support import real_components_required, wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.real]
+
+NODE = "gpu-1"
+XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+
+
+@pytest.fixture(scope="module")
+def rebooting_cluster() -> Iterator[SlurmCluster]:
+    ok, why = available()
+    if not ok:
+        if real_components_required():
+            pytest.fail(f"Slurm test cluster required but unavailable: {why}")
+        pytest.skip(why)
+    with SlurmCluster(real_nodes=2, return_to_service=1, reboot_timeout=60) as cluster:
+        cluster.configure_reboots(delay=1.0, downtime=2.0)
+        yield cluster
+
+
+def _actions(engine: Daemon, node: str = NODE) -> list[dict[str, Any]]:
+    return [a for a in engine.get_json("/api/v1/actions?limit=500")["actions"] if a["node"] == node]
+
+
+def _start(cluster: SlurmCluster, standins: Path, tmp_path: Path) -> tuple[Daemon, Daemon, Path]:
+    real = subprocess.run(["which", "scontrol"], capture_output=True, text=True, check=True).stdout.strip()
+    config = checks_engine_config(cluster, standins, tmp_path, Path(real))
+    config["auth"] = {"token_file": str(tmp_path / "token")}
+    (tmp_path / "token").write_text(TOKEN)
+    (tmp_path / "token").chmod(0o600)
+    engine = Daemon("engine", config, tmp_path)
+    engine.wait_ready()
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    agent = Daemon("agent", agent_config(NODE, engine.port, tmp_path / "token", kernel_log), tmp_path)
+    agent.wait_ready()
+    return engine, agent, kernel_log
+
+
+def _wait(cond: Any, timeout: float, what: str, engine: Daemon, cluster: SlurmCluster) -> None:
+    try:
+        wait_for(cond, timeout=timeout, what=what)
+    except AssertionError as exc:
+        state = cluster.run("scontrol", "show", "node", NODE, "-o", check=False).stdout
+        steps = [(a["action"], a["outcome"], a["detail"]) for a in _actions(engine)]
+        raise AssertionError(
+            f"{exc}\n{steps}\n{state}\n{cluster.reboot_events(NODE)}\n{engine.log()}"
+        ) from None
+
+
+def _back_in_service(cluster: SlurmCluster, engine: Daemon) -> bool:
+    """Resumed by a validation that passed (during the validation the node is idle in its reservation)."""
+    validated = any(a["action"] == "validate" and a["outcome"] == "resumed" for a in _actions(engine))
+    return validated and cluster.node_state(NODE) == "IDLE" and cluster.reason(NODE) is None
+
+
+def test_xid_to_reboot_to_validated_return_without_a_person(
+    rebooting_cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    cluster = rebooting_cluster
+    cluster.reset_nodes([NODE])
+    behave(standins, gpu_1="pass")
+    boot_before = cluster.boot_time(NODE)
+    job = cluster.submit("sleep 600", nodes=1, extra_args=["-w", NODE])
+    cluster.wait_job_running(job)
+    engine, agent, kernel_log = _start(cluster, standins, tmp_path)
+    try:
+        started = time.time()
+        with open(kernel_log, "a") as f:
+            f.write(XID79 + "\n")
+        _wait(
+            lambda: _back_in_service(cluster, engine),
+            150,
+            "the node validated and back in service",
+            engine,
+            cluster,
+        )
+        back = time.time()
+        steps = [(a["action"], a["outcome"]) for a in _actions(engine) if a["action"] != "alert"]
+        assert steps[:3] == [("drain", "drained"), ("requeue", "requeued"), ("reboot", "rebooting")], steps
+        assert ("validate", "resumed") in steps, steps
+        assert cluster.boot_time(NODE) != boot_before, "Slurm saw a new boot"
+        assert [e["event"] for e in cluster.reboot_events(NODE)].count("called") == 1, "rebooted once"
+        [validate] = [a for a in _actions(engine) if a["action"] == "validate"]
+        assert validate["detail"].startswith("auto: node_rebooted"), validate
+        assert [r["outcome"] for r in validate["result"]["results"]] == ["passed", "passed"]
+        # one incident, from the Xid to the return, in the API and the CLI
+        history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
+        assert history[0]["state"] == "returned" and history[0]["evidence"].startswith("watchd: Xid 79")
+        assert [s["action"] for s in history[0]["steps"]][:3] == ["drain", "requeue", "reboot"]
+        out = subprocess.run(
+            [*watchd_command(), "node", "history", NODE, "--url", engine.url],
+            capture_output=True,
+            text=True,
+            env={"WATCHD_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
+            check=True,
+        ).stdout
+        assert f"{NODE}: returned" in out and "reboot" in out and "validate" in out, out
+        audit = {a["action"]: a["time"] for a in _actions(engine)}
+        events = {e["event"]: e["t"] for e in cluster.reboot_events(NODE)}
+        total = back - started
+        slurm_s = events["started"] - events["called"]  # the reboot itself, the cluster's part
+        print(
+            json.dumps(
+                {
+                    "xid_to_back_in_service_s": round(total, 1),
+                    "xid_to_drain_s": round(audit["drain"] - started, 2),
+                    "reboot_asked_to_slurm_ran_it_s": round(events["called"] - audit["reboot"], 2),
+                    "reboot_s": round(slurm_s, 1),
+                    "back_to_validated_s": round(back - events["started"], 1),
+                }
+            )
+        )
+    finally:
+        agent.stop()
+        engine.stop()
+        cluster.run("scancel", job, check=False)
+        cluster.reset_nodes([NODE])
+
+
+def test_a_node_that_fails_validation_after_its_reboot_stays_drained(
+    rebooting_cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    cluster = rebooting_cluster
+    cluster.reset_nodes([NODE])
+    behave(standins, gpu_1="low")  # the checks find the bus bandwidth below its baseline
+    engine, agent, kernel_log = _start(cluster, standins, tmp_path)
+    try:
+        with open(kernel_log, "a") as f:
+            f.write(XID79 + "\n")
+        _wait(
+            lambda: any(a["action"] == "validate" for a in _actions(engine)),
+            150,
+            "validation",
+            engine,
+            cluster,
+        )
+        [validate] = [a for a in _actions(engine) if a["action"] == "validate"]
+        assert validate["outcome"] == "drained", validate
+        assert "DRAIN" in cluster.node_state(NODE) and "nccl busbw" in (cluster.reason(NODE) or "")
+        history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
+        assert history[0]["state"] == "open"
+    finally:
+        agent.stop()
+        engine.stop()
+        cluster.reset_nodes([NODE])
