@@ -11,6 +11,7 @@ from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.logs import get_logger
 from watchd.model.nodes import describe
 from watchd.store import keys
+from watchd.store.connection import StoreError
 from watchd.store.database import Store
 
 _log = get_logger("watchd.executor")
@@ -53,20 +54,23 @@ class Deduplicate:
             raise
         # A failed drain stays counted in the breaker: whether scontrol applied it is unknown, and the safe
         # error is to count one drain too many, never one too few. Its cooldown is lifted: the next retries.
-        # When the finish cannot be written (StoreError), the intent is stale and the next decision under
-        # its key replaces it (Intents.begin).
+        # When the finish cannot be written (StoreError), the outcome is still what happened (audited as
+        # such): the store keeps the finish and writes it once it takes writes again (Intents.finish).
         if result.outcome == Outcome.INTERRUPTED:  # left mid-way: open, for the leader to drive again
             self._store.intents.forget(key)
             return result
         failed = result.outcome in NOT_DONE
-        self._store.intents.finish(
-            key,
-            result.outcome,
-            result.detail,
-            self._clock.now(),
-            cooldown_until=attempt.now if failed else None,
-            result=result.data,
-        )
+        try:
+            self._store.intents.finish(
+                key,
+                result.outcome,
+                result.detail,
+                self._clock.now(),
+                cooldown_until=attempt.now if failed else None,
+                result=result.data,
+            )
+        except StoreError as exc:
+            _log.error("intent_finish_failed", key=key, error=str(exc), rate_limited=True)
         return result
 
     def _begin(self, attempt: Attempt, key: str) -> bool:
