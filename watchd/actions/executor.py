@@ -101,7 +101,11 @@ class ActionExecutor:
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
         self._deciding: set[asyncio.Future[None]] = set()  # of the decisions submitted, not yet recorded
-        self._batcher = DrainBatcher(scheduler) if scheduler is not None else None
+        self._batcher = (
+            DrainBatcher(scheduler, lambda result: metrics.drain_store_failures.labels(result).inc())
+            if scheduler is not None
+            else None
+        )
         self._safety = Safety(self.store, limits or BreakerLimits(), pools or Pools())
         trail = AuditTrail(audit, self.store)
         self.alerts = AlertKeeper(
