@@ -263,6 +263,17 @@ async def test_a_finished_intent_never_audited_is_audited_as_recovered_once(tmp_
         assert [(a.node, a.event_id) for a in store.audit.recent(10)] == [("n2", "e-n2"), ("n1", "e-n1")]
 
 
+def test_a_deduplicated_record_of_a_resent_event_is_not_the_audit_of_its_intent(store: Store) -> None:
+    """The batch was answered 503 (another write failed), the agent sent it again: the re-sent decision is
+    de-duplicated and audited as such, while the first one's own audit record could not be written."""
+    assert begin(store)
+    assert store.intents.finish("drain:gpu-1", "drained", "", 101.0)
+    store.audit.append(AuditRecord(102.0, "xid-79", "e1", "gpu-1", "drain", "enforce", "deduplicated"))
+    assert [i.key for i in store.intents.unaudited(0.0)] == ["drain:gpu-1"]
+    store.audit.append(AuditRecord(103.0, "xid-79", "e1", "gpu-1", "drain", "enforce", "drained"))
+    assert store.intents.unaudited(0.0) == []
+
+
 async def test_dry_run_a_redriven_drain_gets_its_requeue(tmp_path: Any) -> None:
     db = tmp_path / "state.db"
     now = 1_700_000_000.0
@@ -375,3 +386,71 @@ async def test_a_decision_counts_as_recorded_once_its_intent_is_written() -> Non
         gate.set()
         await executor.drain_in_flight(5)
     assert executor.store.intents.unfinished() == []
+
+
+async def test_a_requeue_whose_safety_count_fails_on_the_store_is_driven_again_once_it_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1"])
+    fake.add_job("7", ["gpu-1"], requeue=True)
+    executor, audit, _ = make(fake)
+    real_record = executor.store.breaker.record_all
+    calls = [0]
+
+    def record_all(*args: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 2:  # the requeue's count (the drain's was the first)
+            raise StoreError("postgresql://watchd@db/watchd: recording a disruption of gpu-1: server closed")
+        real_record(*args)
+
+    monkeypatch.setattr(executor.store.breaker, "record_all", record_all)
+    async with executor:
+        for decision in rule_engine().evaluate(xid_event("gpu-1")):
+            executor.submit(decision, 0.0)
+        await executor.drain_in_flight(5)
+        assert [i.key for i in executor.store.intents.unfinished()] == ["requeue:gpu-1"]  # open, not failed
+        assert executor.catch_up() == 1
+        await executor.drain_in_flight(5)
+    assert [(a.action, a.outcome) for a in audit.entries] == [
+        ("drain", "drained"),
+        ("requeue", "interrupted"),
+        ("requeue", "requeued"),
+    ], audit.entries
+    assert fake.jobs["7"].state == "pending"
+    assert executor.store.intents.unfinished() == []
+
+
+async def test_a_requeue_whose_intent_could_not_be_written_is_done_once_the_store_takes_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1"])
+    fake.add_job("7", ["gpu-1"], requeue=True)
+    executor, audit, _ = make(fake)
+    failing = _FailingWrites(monkeypatch)
+    real_begin = executor.store.intents.begin
+    fail_once = [True]
+
+    def begin(key: str, *args: Any, **kw: Any) -> bool:
+        failing.on = fail_once[0] and key == "requeue:gpu-1"
+        fail_once[0] = fail_once[0] and not failing.on
+        try:
+            return real_begin(key, *args, **kw)
+        finally:
+            failing.on = False
+
+    monkeypatch.setattr(executor.store.intents, "begin", begin)
+    async with executor:
+        for decision in rule_engine().evaluate(xid_event("gpu-1")):
+            executor.submit(decision, 0.0)
+        await executor.drain_in_flight(5)
+        assert fake.jobs["7"].state == "running"
+        executor.catch_up()
+        await executor.drain_in_flight(5)
+        executor.catch_up()  # nothing failed since: nothing more
+        await executor.drain_in_flight(5)
+    got = [(a.action, a.outcome) for a in audit.entries]
+    assert got == [("drain", "drained"), ("requeue", "failed"), ("requeue", "requeued")], got
+    assert audit.entries[2].detail.startswith("once the state database took writes again")
+    assert fake.jobs["7"].state == "pending"

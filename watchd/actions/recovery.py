@@ -25,7 +25,7 @@ from watchd.clock import Clock
 from watchd.logs import get_logger
 from watchd.rules.decision import Decision, PlannedAction
 from watchd.store import keys
-from watchd.store.connection import StoreError
+from watchd.store.connection import StoreError, store_failed
 from watchd.store.database import Store
 from watchd.store.intents import Intent
 
@@ -77,6 +77,7 @@ class Recovery:
         self._spawn = spawn
         self._retry_at: dict[str, float] = {}  # stale intent key -> when it may be driven again
         self._retry_in: dict[str, float] = {}  # ... and the wait after that (doubling)
+        self._failures_seen = 0  # the store's failed writes when catch_up last caught up
 
     def start(self) -> None:
         """The audit records a crash kept from following their finished intent, the requeues it kept from
@@ -95,18 +96,26 @@ class Recovery:
             self._spawn(self._redrive(intent))
 
     def catch_up(self) -> int:
-        """Once the store takes writes again (the leader only): write the finishes that could not be
-        written, audit the finished actions whose audit record could not be written, and drive again what
+        """Once the store takes writes again (the leader only), when a write failed since the last call:
+        write the finishes that could not be written, audit the finished actions whose audit record could
+        not be written, requeue after the drains whose requeue could not be recorded; then drive again what
         was interrupted (:meth:`redrive_stale`). Returns how many are driven again; a StoreError (the store
         failed again) leaves the rest for the next call."""
-        self._store.intents.write_unwritten()
-        if self._audit.missed:
-            self._audit.missed = False
-            try:
-                self._audit_unaudited(AFTER_STORE)
-            except StoreError:
-                self._audit.missed = True
-                raise
+        failures = self._store.health.failures
+        if failures != self._failures_seen:  # a write failed since the last call
+            self._store.intents.write_unwritten()
+            if self._audit.missed:
+                self._audit.missed = False
+                try:
+                    self._audit_unaudited(AFTER_STORE)
+                except StoreError:
+                    self._audit.missed = True
+                    raise
+            # a requeue whose intent could not be written after its drain: done now (de-duplicated)
+            self._requeue_missed(
+                "once the state database took writes again, the requeue that follows the drain"
+            )
+            self._failures_seen = failures
         return self.redrive_stale()
 
     def redrive_stale(self) -> int:
@@ -151,9 +160,10 @@ class Recovery:
                 )
             )
 
-    def _requeue_missed(self) -> None:
+    def _requeue_missed(self, note: str = "after a restart, the requeue that follows the drain") -> None:
         """A drain that took its node out within the cooldown, decided with a requeue after it, and no
-        requeue of the node decided since: the crash came between the two. Requeue now (de-duplicated)."""
+        requeue of the node decided since: a crash came between the two, or the store failed to record the
+        requeue. Requeue now (de-duplicated), ``note`` before its outcome."""
         for drain in self._store.intents.since(DRAIN.kind, self._clock.now() - self._cooldown):
             if not drain.params.get(REQUEUE_FOLLOWS) or drain.outcome not in DRAINED_BY_US:
                 continue
@@ -161,14 +171,19 @@ class Recovery:
             if requeues and requeues[-1].decided_at >= drain.decided_at:
                 continue
             _log.warning("requeue_after_restart", node=drain.node, rule=drain.rule)
-            self._spawn(self._requeue_after(drain))
+            self._spawn(self._requeue_after(drain, note=note))
 
-    async def _requeue_after(self, drain: Intent, drained: str | None = None) -> None:
+    async def _requeue_after(
+        self,
+        drain: Intent,
+        drained: str | None = None,
+        note: str = "after a restart, the requeue that follows the drain",
+    ) -> None:
         # a dry-run drain (a dry-run engine, or a rule in dry-run) is followed by a dry-run requeue
         mode: Mode = "dry-run" if (drained or drain.outcome) == Outcome.DRY_RUN else self._mode
         requeue = PlannedAction(REQUEUE.kind, drain.node, {})
         attempt = self._attempt(requeue, drain.rule, drain.event_id, check_safety=False, mode=mode)
-        attempt.note = "after a restart, the requeue that follows the drain"
+        attempt.note = note
         await self._requeue_pipeline.run(attempt)
 
     def _record(self, entry: AuditRecord) -> None:
@@ -226,9 +241,9 @@ class FinishIntent:
     async def __call__(self, attempt: Attempt, next: Next) -> ActionResult:
         try:
             result = await next(attempt)
-        except StoreError as exc:
-            _log.error("redrive_not_recorded", key=attempt.event_id, error=str(exc), rate_limited=True)
-            result = ActionResult(Outcome.FAILED, f"not recorded: {exc}")
+        except StoreError as exc:  # mid-way: still open, driven again once the store answers
+            _log.error("redrive_interrupted", key=attempt.event_id, error=str(exc), rate_limited=True)
+            result = ActionResult(Outcome.INTERRUPTED, f"{store_failed(exc)}; driven again once it answers")
         except Exception as exc:
             _log.exception("redrive_crashed", key=attempt.event_id)
             result = ActionResult(Outcome.FAILED, f"internal error: {exc!r}")

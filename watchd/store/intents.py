@@ -25,6 +25,8 @@ from watchd.store.connection import Connection, Row, StoreError, Tx, dump, text
 
 #: the outcome given to a stale unfinished intent when a new decision under its key replaces it
 ABANDONED = "abandoned"
+#: the outcome of a decision de-duplicated by an intent (its audit record is not that intent's)
+DEDUPLICATED = "deduplicated"
 
 _COLS = "id, key, kind, node, rule, event_id, params, decided_at, finished_at, outcome, detail, result"
 
@@ -200,15 +202,17 @@ class Intents:
     def unaudited(self, since: float) -> list[Intent]:
         """Intents finished at or after ``since`` (not abandoned) that have no audit record: of their node and
         action (or, for an operator's release of a held action, its event), under their event id or their
-        key (a re-driven action is audited under its key), written since they were decided. After a crash
-        between the finish and the audit, oldest first."""
+        key (a re-driven action is audited under its key), written since they were decided, and not the
+        record of a re-sent event's de-duplicated decision (it begins no intent). After a crash between the
+        finish and the audit, or an audit record the store failed to write, oldest first."""
         rows = self._db.all(
             "reading unaudited intents",
             f"SELECT {_COLS} FROM intents i WHERE finished_at IS NOT NULL AND finished_at >= ?"
             " AND outcome != ? AND NOT EXISTS (SELECT 1 FROM audit a WHERE a.node = i.node"
             " AND (a.action = i.kind OR a.event_id LIKE 'held-%')"
-            " AND a.event_id IN (i.event_id, i.key) AND a.time >= i.decided_at) ORDER BY id",
-            (since, ABANDONED),
+            " AND a.event_id IN (i.event_id, i.key) AND a.time >= i.decided_at AND a.outcome != ?)"
+            " ORDER BY id",
+            (since, ABANDONED, DEDUPLICATED),
         )
         return [_intent(r) for r in rows]
 

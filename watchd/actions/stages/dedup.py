@@ -11,7 +11,7 @@ from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.logs import get_logger
 from watchd.model.nodes import describe
 from watchd.store import keys
-from watchd.store.connection import StoreError
+from watchd.store.connection import StoreError, store_failed
 from watchd.store.database import Store
 
 _log = get_logger("watchd.executor")
@@ -43,6 +43,9 @@ class Deduplicate:
             attempt.on_recorded()  # the intent is durable: a crash from here on is re-driven at next start
         try:
             result = await next(attempt)
+        except StoreError as exc:  # mid-way (a safety gate's count, a hold): open, driven again (catch_up)
+            _log.error("action_interrupted", key=key, error=str(exc), rate_limited=True)
+            result = ActionResult(Outcome.INTERRUPTED, f"{store_failed(exc)}; driven again once it answers")
         except Exception as exc:
             # a crash of the action must not leave its intent open (nor in flight here) for ever
             self._store.intents.finish(
