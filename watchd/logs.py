@@ -37,7 +37,9 @@ class RepeatLimiter:
     pass; later ones are dropped and counted. When a key's interval has ended, the next log call (of any key)
     first writes one ``log_lines_suppressed`` line for it (``suppressed_event``, ``suppressed_logger``,
     ``suppressed``, ``interval_s``), rendered by ``render`` and written to the logger the key last used;
-    :meth:`flush` writes every pending one (at exit). Errors and above are never suppressed."""
+    :meth:`flush` writes every pending one (at exit). Errors and above are never suppressed, except a line
+    that says it may be (``rate_limited=True``, taken out of the line): an error a fault repeats once per
+    action or event (the state database failing under a burst), which the metrics count in full."""
 
     def __init__(
         self,
@@ -56,7 +58,8 @@ class RepeatLimiter:
         self._lock = threading.Lock()
 
     def __call__(self, logger: Any, method_name: str, event_dict: EventDict) -> EventDict:
-        if method_name in ("error", "critical", "exception", "fatal"):
+        limited = event_dict.pop("rate_limited", False)
+        if method_name in ("error", "critical", "exception", "fatal") and not limited:
             return event_dict
         now = self.clock()
         key = (str(event_dict.get("logger", getattr(logger, "name", ""))), str(event_dict.get("event", "")))

@@ -83,7 +83,7 @@ def test_any_driver_exception_is_a_store_error_naming_the_file(store: Store) -> 
 # ------------------------------------------------------------------------------------------- stale intents
 
 
-def test_an_intent_whose_finish_failed_is_replaced_by_the_next_decision(
+def test_a_finish_not_written_is_written_by_the_next_decision_then_its_cooldown_applies(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     failing = _FailingWrites(monkeypatch)
@@ -91,22 +91,60 @@ def test_an_intent_whose_finish_failed_is_replaced_by_the_next_decision(
     assert store.intents.in_flight("drain:gpu-1")
     failing.on = True
     with pytest.raises(StoreError, match="disk is full"):
-        store.intents.finish("drain:gpu-1", "drained", "", 101.0)
+        store.intents.finish("drain:gpu-1", "drained", "watchd: x", 101.0)
     failing.on = False
     assert not store.intents.in_flight("drain:gpu-1")
-    # its cooldown (set at begin) does not count: the intent is stale, the next decision acts
-    assert begin(store, at=102.0)
+    assert store.intents.unwritten() == 1 and store.intents.stale() == []  # known: not to be driven again
+    # the next decision under its key writes the finish as it was (not abandoned), and its cooldown holds
+    assert not begin(store, at=102.0)
     intents = store.intents.under("drain:gpu-1")
-    assert [(i.outcome, i.finished) for i in intents] == [(ABANDONED, True), (None, False)]
-    assert not begin(store, at=103.0)  # the new one is in flight here: de-duplicated
-    assert store.intents.finish("drain:gpu-1", "drained", "", 104.0)
-    assert not begin(store, at=105.0)  # and then within its cooldown
+    assert [(i.outcome, i.detail, i.finished_at) for i in intents] == [("drained", "watchd: x", 101.0)]
+    assert store.intents.unwritten() == 0
+    assert begin(store, at=701.0)  # past the cooldown
+
+
+def test_a_failed_action_whose_finish_was_not_written_lets_the_next_decision_act(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = _FailingWrites(monkeypatch)
+    assert begin(store)
+    failing.on = True
+    with pytest.raises(StoreError):
+        store.intents.finish("drain:gpu-1", "failed", "scontrol: refused", 101.0, cooldown_until=100.0)
+    failing.on = False
+    assert begin(store, at=102.0)  # its cooldown was lifted with its finish
+    assert [(i.outcome, i.finished) for i in store.intents.under("drain:gpu-1")] == [
+        ("failed", True),
+        (None, False),
+    ]
+
+
+def test_finishes_not_written_are_written_once_the_store_takes_writes(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = _FailingWrites(monkeypatch)
+    for node in ("gpu-1", "gpu-2"):
+        assert store.intents.begin(f"drain:{node}", "drain", node, "r", "e", {}, 100.0, 700.0)
+    failing.on = True
+    for node in ("gpu-1", "gpu-2"):
+        with pytest.raises(StoreError):
+            store.intents.finish(f"drain:{node}", "drained", "", 101.0)
+    with pytest.raises(StoreError):
+        store.intents.write_unwritten()  # still full: kept
+    assert store.intents.unwritten() == 2
+    failing.on = False
+    assert store.intents.write_unwritten() == 2
+    assert store.intents.unfinished() == [] and store.intents.unwritten() == 0
+    assert store.intents.write_unwritten() == 0
 
 
 def test_a_cancelled_action_leaves_its_intent_stale_not_blocking(store: Store) -> None:
     assert begin(store)
     store.intents.forget("drain:gpu-1")
-    assert begin(store, at=101.0)
+    assert [i.key for i in store.intents.stale()] == ["drain:gpu-1"]  # outcome unknown: driven again
+    assert begin(store, at=101.0)  # ... or replaced by the next decision, its cooldown not counted
+    intents = store.intents.under("drain:gpu-1")
+    assert [(i.outcome, i.finished) for i in intents] == [(ABANDONED, True), (None, False)]
 
 
 def test_an_unfinished_intent_of_another_process_still_holds_its_key(tmp_path: Any) -> None:
@@ -178,8 +216,10 @@ async def test_a_drain_whose_finish_failed_does_not_block_the_next_one(
             executor.submit(decision, 0.0)
         await executor.drain_in_flight(5)
     drains = [a.outcome for a in audit.entries if a.action == "drain"]
-    # the first drain ran but could not be recorded; the next fault acts again (idempotent), not deduplicated
-    assert drains[0] == "failed" and drains[1] in ("drained", "already_drained"), drains
+    # the first drain ran and is audited as it went; its finish, kept, is written by the next decision on
+    # the node, which is within the cooldown: de-duplicated, the node drained once
+    assert drains == ["drained", "deduplicated"], drains
+    assert [list(c[1]) for c in fake.calls if c[0] == "drain"] == [["gpu-1"]]
     assert executor.store.intents.unfinished() == []
     assert executor.store.health.writable
 
@@ -223,6 +263,17 @@ async def test_a_finished_intent_never_audited_is_audited_as_recovered_once(tmp_
         assert [(a.node, a.event_id) for a in store.audit.recent(10)] == [("n2", "e-n2"), ("n1", "e-n1")]
 
 
+def test_a_deduplicated_record_of_a_resent_event_is_not_the_audit_of_its_intent(store: Store) -> None:
+    """The batch was answered 503 (another write failed), the agent sent it again: the re-sent decision is
+    de-duplicated and audited as such, while the first one's own audit record could not be written."""
+    assert begin(store)
+    assert store.intents.finish("drain:gpu-1", "drained", "", 101.0)
+    store.audit.append(AuditRecord(102.0, "xid-79", "e1", "gpu-1", "drain", "enforce", "deduplicated"))
+    assert [i.key for i in store.intents.unaudited(0.0)] == ["drain:gpu-1"]
+    store.audit.append(AuditRecord(103.0, "xid-79", "e1", "gpu-1", "drain", "enforce", "drained"))
+    assert store.intents.unaudited(0.0) == []
+
+
 async def test_dry_run_a_redriven_drain_gets_its_requeue(tmp_path: Any) -> None:
     db = tmp_path / "state.db"
     now = 1_700_000_000.0
@@ -251,7 +302,7 @@ async def test_dry_run_a_redriven_drain_gets_its_requeue(tmp_path: Any) -> None:
     assert fake.jobs["j1"].state == "running"  # dry-run touched nothing
 
 
-async def test_an_action_whose_finish_failed_is_redriven_once_the_store_takes_writes(
+async def test_a_finish_not_written_is_written_once_the_store_takes_writes_not_driven_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fake = FakeScheduler()
@@ -274,13 +325,45 @@ async def test_an_action_whose_finish_failed_is_redriven_once_the_store_takes_wr
         for decision in rule_engine().evaluate(xid_event("gpu-1")):
             executor.submit(decision, 0.0)
         await executor.drain_in_flight(5)
-        assert [i.key for i in executor.store.intents.stale()] == ["drain:gpu-1"]
-        assert executor.redrive_stale() == 1
+        assert [i.key for i in executor.store.intents.unfinished()] == ["drain:gpu-1"]
+        assert executor.store.intents.stale() == []  # its outcome is known: nothing to drive again
+        assert executor.catch_up() == 0
         await executor.drain_in_flight(5)
-        assert executor.redrive_stale() == 0
+    [intent] = executor.store.intents.under("drain:gpu-1")
+    assert intent.outcome == "drained"
+    assert [(a.action, a.outcome) for a in audit.entries if a.action == "drain"] == [("drain", "drained")]
+    assert [list(c[1]) for c in fake.calls if c[0] == "drain"] == [["gpu-1"]]
+
+
+async def test_an_audit_record_not_written_is_written_once_the_store_takes_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1"])
+    executor, _, _ = make(fake)
+    failing = _FailingWrites(monkeypatch)
+    real_append = executor.store.audit.append
+
+    def append(entry: AuditRecord) -> None:
+        failing.on = entry.action == "drain" and not entry.detail.startswith("audited once")
+        try:
+            real_append(entry)
+        finally:
+            failing.on = False
+
+    monkeypatch.setattr(executor.store.audit, "append", append)
+    async with executor:
+        for decision in rule_engine().evaluate(xid_event("gpu-1")):
+            executor.submit(decision, 0.0)
+        await executor.drain_in_flight(5)
+        assert [a for a in executor.store.audit.recent(10, node="gpu-1") if a.action == "drain"] == []
+        executor.catch_up()
+        executor.catch_up()  # a second call adds nothing
+    [record] = [a for a in executor.store.audit.recent(10, node="gpu-1") if a.action == "drain"]
+    assert record.outcome == "drained" and record.detail.startswith(
+        "audited once the state database took writes again"
+    ), record
     assert executor.store.intents.unfinished() == []
-    redriven = [a for a in audit.entries if a.detail.startswith("re-driven once the state database")]
-    assert [(a.action, a.outcome) for a in redriven] == [("drain", "already_drained")], audit.entries
 
 
 async def test_a_decision_counts_as_recorded_once_its_intent_is_written() -> None:
@@ -303,3 +386,71 @@ async def test_a_decision_counts_as_recorded_once_its_intent_is_written() -> Non
         gate.set()
         await executor.drain_in_flight(5)
     assert executor.store.intents.unfinished() == []
+
+
+async def test_a_requeue_whose_safety_count_fails_on_the_store_is_driven_again_once_it_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1"])
+    fake.add_job("7", ["gpu-1"], requeue=True)
+    executor, audit, _ = make(fake)
+    real_record = executor.store.breaker.record_all
+    calls = [0]
+
+    def record_all(*args: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 2:  # the requeue's count (the drain's was the first)
+            raise StoreError("postgresql://watchd@db/watchd: recording a disruption of gpu-1: server closed")
+        real_record(*args)
+
+    monkeypatch.setattr(executor.store.breaker, "record_all", record_all)
+    async with executor:
+        for decision in rule_engine().evaluate(xid_event("gpu-1")):
+            executor.submit(decision, 0.0)
+        await executor.drain_in_flight(5)
+        assert [i.key for i in executor.store.intents.unfinished()] == ["requeue:gpu-1"]  # open, not failed
+        assert executor.catch_up() == 1
+        await executor.drain_in_flight(5)
+    assert [(a.action, a.outcome) for a in audit.entries] == [
+        ("drain", "drained"),
+        ("requeue", "interrupted"),
+        ("requeue", "requeued"),
+    ], audit.entries
+    assert fake.jobs["7"].state == "pending"
+    assert executor.store.intents.unfinished() == []
+
+
+async def test_a_requeue_whose_intent_could_not_be_written_is_done_once_the_store_takes_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeScheduler()
+    fake.add_nodes(["gpu-1"])
+    fake.add_job("7", ["gpu-1"], requeue=True)
+    executor, audit, _ = make(fake)
+    failing = _FailingWrites(monkeypatch)
+    real_begin = executor.store.intents.begin
+    fail_once = [True]
+
+    def begin(key: str, *args: Any, **kw: Any) -> bool:
+        failing.on = fail_once[0] and key == "requeue:gpu-1"
+        fail_once[0] = fail_once[0] and not failing.on
+        try:
+            return real_begin(key, *args, **kw)
+        finally:
+            failing.on = False
+
+    monkeypatch.setattr(executor.store.intents, "begin", begin)
+    async with executor:
+        for decision in rule_engine().evaluate(xid_event("gpu-1")):
+            executor.submit(decision, 0.0)
+        await executor.drain_in_flight(5)
+        assert fake.jobs["7"].state == "running"
+        executor.catch_up()
+        await executor.drain_in_flight(5)
+        executor.catch_up()  # nothing failed since: nothing more
+        await executor.drain_in_flight(5)
+    got = [(a.action, a.outcome) for a in audit.entries]
+    assert got == [("drain", "drained"), ("requeue", "failed"), ("requeue", "requeued")], got
+    assert audit.entries[2].detail.startswith("once the state database took writes again")
+    assert fake.jobs["7"].state == "pending"

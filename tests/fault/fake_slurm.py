@@ -10,6 +10,9 @@ Knobs (environment, inherited from the engine):
   before logging ``done``: a slow scheduler, so a test can kill the engine in the middle of the call.
 - ``FAKE_SLURM_PRE_DELAY_S``: sleep this long before anything else in ``update``/``requeue`` (the call has
   been launched, nothing has reached the scheduler yet).
+- ``FAKE_SLURM_SHOW_DELAY_S``: sleep this long inside every ``show node`` (the engine reading node states,
+  as a drain round starts), after logging it (``call`` ``show``, with its nodes): a test can time a fault
+  between a round's read of the states and its safety gates.
 - ``FAKE_SLURM_DELAY_ON``: ``drain`` or ``requeue``: the delays apply to that call only (default: all).
 - ``FAKE_SLURM_STOP_PARENT_AFTER``: ``drain`` or ``requeue``: after logging ``done`` of that call, send
   SIGSTOP to the parent (the engine: the wrappers ``exec``), so a test can kill it -9 after the scheduler
@@ -100,7 +103,14 @@ def scontrol(args: list[str], root: Path) -> int:
     if args[:2] == ["show", "node"]:
         names = expand(next(a for a in args[2:] if a != "-o"))
         st = State(root)
+        show_delay = float(os.environ.get("FAKE_SLURM_SHOW_DELAY_S", "0"))
+        if show_delay:
+            st.log(call="show", phase="start", nodes=names)
         st.release()
+        time.sleep(show_delay)
+        if show_delay:  # the states as they are now
+            st = State(root)
+            st.release()
         for n in names:
             reason = st.drained.get(n)
             state = "IDLE+DRAIN" if reason is not None else "IDLE"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from typing import Any
@@ -61,6 +62,21 @@ def test_keys_are_independent_and_errors_never_suppressed() -> None:
     assert _run(limiter, sink, "a", 10) == 2
     assert _run(limiter, sink, "b", 10) == 2
     assert _run(limiter, sink, "a", 10, method="error") == 10
+
+
+def test_an_error_that_says_it_repeats_is_limited_like_any_line() -> None:
+    clock, sink = Clock(), Sink()
+    limiter = RepeatLimiter(_render, limit=2, interval_s=10, clock=clock)
+    passed = []
+    for i in range(10):
+        with contextlib.suppress(structlog.DropEvent):
+            passed.append(limiter(sink, "error", {"event": "audit_failed", "i": i, "rate_limited": True}))
+    assert [p["i"] for p in passed] == [0, 1] and all("rate_limited" not in p for p in passed)
+    clock.t += 10
+    assert _run(limiter, sink, "other", 1) == 1
+    [summary] = [json.loads(s) for s in sink.lines]
+    assert (summary["suppressed_event"], summary["suppressed"]) == ("audit_failed", 8)
+    assert _run(limiter, sink, "audit_failed", 5, method="error") == 5  # without it: never suppressed
 
 
 def test_flush_reports_pending_counts_once() -> None:

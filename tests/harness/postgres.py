@@ -133,6 +133,12 @@ class PostgresServer:
             raise RuntimeError(f"initdb failed: {init.stderr[-2000:]}")
         pwfile.unlink()
         self.port = _free_port()
+        self._pg_ctl("start")
+
+    def _pg_ctl(self, action: str, *args: str) -> None:
+        bin_ = bindir()
+        assert bin_ is not None and self.dir is not None
+        data, run = self.dir / "data", self.dir / "run"
         opts = (
             f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={run}"
             " -c fsync=off -c max_connections=200 -c shared_buffers=32MB"
@@ -145,15 +151,40 @@ class PostgresServer:
             str(run / "server.log"),
             "-o",
             opts,
+            *args,
             "-w",
             "-t",
             "60",
-            "start",
+            action,
         )
         if started.returncode != 0:
             log = (run / "server.log").read_text() if (run / "server.log").exists() else ""
-            raise RuntimeError(f"pg_ctl start failed: {started.stderr[-1000:]} {log[-2000:]}")
+            raise RuntimeError(f"pg_ctl {action} failed: {started.stderr[-1000:]} {log[-2000:]}")
         self._wait_ready()
+
+    def restart(self, mode: str = "fast") -> None:
+        """Stop the server (``fast``: every session ended at once, as a restart by an operator or a
+        failover does) and start it again on the same port and data: the clients' connections break."""
+        self._pg_ctl("restart", "-m", mode)
+
+    def terminate_sessions(self, application_name: str) -> int:
+        """``pg_terminate_backend`` of every session of ``application_name`` (the engine's is
+        ``watchd-engine``): the client sees its connection broken at its next statement. How many."""
+        import psycopg
+
+        with psycopg.connect(self.dsn_with_password(), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s AND pid <> pg_backend_pid()",
+                (application_name,),
+            ).fetchall()
+        return sum(1 for r in rows if r[0])
+
+    def chown_to_server(self, path: Path) -> None:
+        """Give ``path`` to the user the server runs as (a tablespace's directory must be its)."""
+        if self._as_postgres:
+            pg = pwd.getpwnam("postgres")
+            os.chown(path, pg.pw_uid, pg.pw_gid)
 
     def _wait_ready(self) -> None:
         import psycopg

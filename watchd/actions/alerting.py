@@ -61,8 +61,8 @@ class AlertKeeper:
         }
         try:
             self._store.alerts.set(key, record, self._clock.now() + resolve_after)
-        except StoreError:
-            _log.exception("firing_alert_not_recorded", key=key)
+        except StoreError as exc:  # a traceback per alert helps nobody: the store's metrics count it
+            _log.error("firing_alert_not_recorded", key=key, error=str(exc), rate_limited=True)
         pool = keys.breaker_pool(key)
         self._expire(key, resolve_after, None if pool is None else lambda: self.holding(pool))
 

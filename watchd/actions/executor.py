@@ -21,6 +21,7 @@ idempotent): :mod:`watchd.actions.recovery`. Held actions are released or discar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
@@ -54,13 +55,17 @@ from watchd.integrations.alerts import AlertSink
 from watchd.integrations.base import Scheduler
 from watchd.integrations.leadership import Leadership
 from watchd.integrations.webhook.sender import WebhookSender
+from watchd.logs import get_logger
 from watchd.model.events import Event
 from watchd.rules import Decision
 from watchd.rules.decision import PlannedAction
 from watchd.store import keys
+from watchd.store.connection import StoreError
 from watchd.store.database import Store
 
 __all__ = ["ActionExecutor", "ActionResult", "Mode", "Pools"]
+
+_log = get_logger("watchd.executor")
 
 
 class ActionExecutor:
@@ -96,7 +101,11 @@ class ActionExecutor:
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
         self._deciding: set[asyncio.Future[None]] = set()  # of the decisions submitted, not yet recorded
-        self._batcher = DrainBatcher(scheduler) if scheduler is not None else None
+        self._batcher = (
+            DrainBatcher(scheduler, lambda result: metrics.drain_store_failures.labels(result).inc())
+            if scheduler is not None
+            else None
+        )
         self._safety = Safety(self.store, limits or BreakerLimits(), pools or Pools())
         trail = AuditTrail(audit, self.store)
         self.alerts = AlertKeeper(
@@ -185,6 +194,8 @@ class ActionExecutor:
         await self.drain_in_flight(timeout=10.0)
         if self._batcher is not None:
             await self._batcher.stop()
+        with contextlib.suppress(StoreError):  # else left unfinished: driven again at the next start
+            self.store.intents.write_unwritten()
         self.alerts.close()
 
     async def drain_in_flight(self, timeout: float) -> None:
@@ -206,9 +217,15 @@ class ActionExecutor:
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda _: done())
 
-    def redrive_stale(self) -> int:
-        """Drive again the actions whose finish could not be written (call once the store takes writes)."""
-        return self._recovery.redrive_stale()
+    def catch_up(self) -> int:
+        """Call once the store takes writes again: the finishes and audit records that could not be written
+        are written, and the actions interrupted mid-way are driven again (how many). Never raises: when
+        the store fails again, the rest waits for the next call."""
+        try:
+            return self._recovery.catch_up()
+        except StoreError as exc:
+            _log.error("store_catch_up_failed", error=str(exc), rate_limited=True)
+            return 0
 
     def deciding(self) -> set[asyncio.Future[None]]:
         """The decisions submitted and not yet recorded: neither has their first action's intent been written

@@ -80,8 +80,10 @@ class Safety:
         return breaker_verdict(node, pools, self.pools.sizes, taken, counted, self.limits)
 
     def _count(self, rule: str, node: str, mode: Mode, now: float) -> None:
-        for pool in (keys.rule_pool(rule), *self.pools.pools(node)):
-            self._store.breaker.record(_counted(pool, mode), node, now)
+        # one transaction: a store failing mid-way counts the disruption in every pool or in none (the gate
+        # is then asked again in a later round, and a pool that counted it does not count it twice)
+        pools = [_counted(p, mode) for p in (keys.rule_pool(rule), *self.pools.pools(node))]
+        self._store.breaker.record_all(pools, node, now)
 
 
 def _counted(pool: str, mode: Mode) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from watchd.actions.audit import AuditRecord, AuditSink
+from watchd.store.connection import StoreError
 from watchd.store.database import Store
 
 
@@ -15,10 +16,17 @@ class AuditTrail:
     def __init__(self, sink: AuditSink, store: Store) -> None:
         self._sink = sink
         self._store = store
+        #: an audit record could not be written since this was last cleared: the finished actions without
+        #: theirs are to be audited once the store takes writes again (Recovery.catch_up)
+        self.missed = False
 
     def record(self, entry: AuditRecord) -> None:
         self._sink.record(entry)
-        self._store.audit.append(entry)
+        try:
+            self._store.audit.append(entry)
+        except StoreError:
+            self.missed = True
+            raise
 
 
 def scalars(params: Mapping[str, Any]) -> dict[str, Any]:

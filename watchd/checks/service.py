@@ -325,7 +325,7 @@ class CheckService:
         try:
             self.store.checks.finish(run_id, self.clock.now(), outcome, evidence, figures)
         except StoreError as exc:
-            _log.error("check_store_failed", run=run_id, error=str(exc))
+            _log.error("check_store_failed", run=run_id, error=str(exc), rate_limited=True)
 
     def _finish(
         self,
@@ -350,7 +350,7 @@ class CheckService:
                 count_round=count_round,
             )
         except StoreError as exc:
-            _log.error("check_store_failed", run=run_id, error=str(exc))
+            _log.error("check_store_failed", run=run_id, error=str(exc), rate_limited=True)
             return
         if st is not None and st.last_success is not None:
             self.metrics.last_success.labels(spec.name, node).set(st.last_success)

@@ -62,6 +62,17 @@ class EngineMetrics:
             ["action", "mode", "outcome"],
             registry=r,
         )
+        self.drain_store_failures = Counter(
+            "watchd_drain_store_failures",
+            "Drains whose round met a failure of the state database (the safety breaker's window could not "
+            "be read or written), by result: retried (the drain waits and goes into a later round) or "
+            "interrupted (after 6 rounds: its intent stays open and it is driven again once the store "
+            "answers). Nothing is lost either way.",
+            ["result"],
+            registry=r,
+        )
+        for result in ("retried", "interrupted"):
+            self.drain_store_failures.labels(result)
         self.decision_latency = Histogram(
             "watchd_decision_latency_seconds",
             "From an event's arrival at ingest until its actions are done (or logged in dry-run).",

@@ -155,7 +155,7 @@ class RuleKeeper(Component):
             try:
                 self.store.rule_state.save(encoded, self.clock.now())
             except StoreError as exc:  # counted and reported (metrics, /readyz); the next snapshot retries
-                _log.error("rule_state_save_failed", error=str(exc))
+                _log.error("rule_state_save_failed", error=str(exc), rate_limited=True)
                 return
             self.saved = bool(snapshot)
         # a huge state (100,000s of groups) takes seconds to encode: then save less often, so that

@@ -244,9 +244,10 @@ class Engine:
         if ok and not was:
             _log.warning("state_writable_again", path=self.store.path)
         if ok and self.following() is None and self._leading()[0]:
-            self.executor.redrive_stale()  # what could not be finished is finished and audited now
+            self.executor.catch_up()  # what could not be finished or audited is now; interrupted: re-driven
         elif not ok and was:
-            _log.error("state_unwritable", path=self.store.path, reason=self.store.health.reason)
+            reason = self.store.health.reason
+            _log.error("state_unwritable", path=self.store.path, reason=reason, rate_limited=True)
 
     def _store_failed(self, operation: str, error: Exception) -> None:
         self.metrics.store_errors.labels(operation).inc()

@@ -360,7 +360,7 @@ class FleetWatch(Component):
             for h in self.store.held.list("held"):
                 out.setdefault(h.node, []).append(h)
         except StoreError as exc:
-            _log.error("held_unreadable", error=str(exc))
+            _log.error("held_unreadable", error=str(exc), rate_limited=True)
         return out
 
     def _evidence(self, node: str, held: list[Any]) -> dict[str, Any]:
@@ -442,7 +442,7 @@ class FleetWatch(Component):
         try:
             released = self.store.intents.since(SPARE_RELEASE.kind, now - keep)
         except StoreError as exc:
-            _log.error("spare_releases_unreadable", error=str(exc))
+            _log.error("spare_releases_unreadable", error=str(exc), rate_limited=True)
             return {}
         waiting: dict[str, list[str]] = {}
         for intent in released:

@@ -219,7 +219,7 @@ class Reliability(Component):
                 str(event.attrs.get("mode")),
             )
         except StoreError as exc:  # counted by the store's listener; the accounting misses this one
-            _log.error("failure_not_recorded", node=event.node, error=str(exc))
+            _log.error("failure_not_recorded", node=event.node, error=str(exc), rate_limited=True)
             return
         self.failures_recorded += 1
         _log.info("failure_recorded", node=event.node, evidence=evidence, rule=event.attrs.get("rule"))
@@ -233,7 +233,7 @@ class Reliability(Component):
         try:
             self.store.reliability.close_failures(node, t)
         except StoreError as exc:  # the failure stays open (its GPU-hours lost keep growing): logged
-            _log.error("failure_not_closed", node=node, error=str(exc))
+            _log.error("failure_not_closed", node=node, error=str(exc), rate_limited=True)
 
     # ------------------------------------------------------------------------------------- periodic
 
@@ -278,7 +278,7 @@ class Reliability(Component):
                     for s in nodes
                 )
         except StoreError as exc:
-            _log.error("service_not_saved", error=str(exc))
+            _log.error("service_not_saved", error=str(exc), rate_limited=True)
             for s in nodes:
                 s.dirty = True
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from watchd.store.connection import Connection
 
 
@@ -12,6 +14,12 @@ class BreakerWindow:
     def record(self, pool: str, node: str, at: float) -> None:
         with self._db.write(f"recording a disruption of {node}") as conn:
             conn.execute("INSERT INTO disruptions (pool, node, at) VALUES (?, ?, ?)", (pool, node, at))
+
+    def record_all(self, pools: Sequence[str], node: str, at: float) -> None:
+        """Count one disruption of ``node`` in every one of ``pools``, in one transaction: all or none."""
+        with self._db.write(f"recording a disruption of {node}") as conn:
+            for pool in pools:
+                conn.execute("INSERT INTO disruptions (pool, node, at) VALUES (?, ?, ?)", (pool, node, at))
 
     def forget(self, pool: str, node: str, at: float) -> None:
         """Take back a disruption counted in advance (the action then failed or changed nothing)."""

@@ -16,6 +16,12 @@ class StoreError(UsageError):
     """The state database cannot be used; the message names the file and says why (printed as one line)."""
 
 
+def store_failed(exc: StoreError) -> str:
+    """What an action's outcome says when the state database failed under it (its error names the
+    database and what was being done)."""
+    return f"the state database failed: {exc}"
+
+
 def text(value: str) -> str:
     """``value`` as SQLite can store it: a lone surrogate (which UTF-8 cannot encode, so sqlite3 would raise
     UnicodeEncodeError) is written as its escape, ``\\udc80``; any other text is returned as it is."""

@@ -11,6 +11,7 @@ from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.logs import get_logger
 from watchd.model.nodes import describe
 from watchd.store import keys
+from watchd.store.connection import StoreError, store_failed
 from watchd.store.database import Store
 
 _log = get_logger("watchd.executor")
@@ -42,6 +43,9 @@ class Deduplicate:
             attempt.on_recorded()  # the intent is durable: a crash from here on is re-driven at next start
         try:
             result = await next(attempt)
+        except StoreError as exc:  # mid-way (a safety gate's count, a hold): open, driven again (catch_up)
+            _log.error("action_interrupted", key=key, error=str(exc), rate_limited=True)
+            result = ActionResult(Outcome.INTERRUPTED, f"{store_failed(exc)}; driven again once it answers")
         except Exception as exc:
             # a crash of the action must not leave its intent open (nor in flight here) for ever
             self._store.intents.finish(
@@ -53,20 +57,23 @@ class Deduplicate:
             raise
         # A failed drain stays counted in the breaker: whether scontrol applied it is unknown, and the safe
         # error is to count one drain too many, never one too few. Its cooldown is lifted: the next retries.
-        # When the finish cannot be written (StoreError), the intent is stale and the next decision under
-        # its key replaces it (Intents.begin).
+        # When the finish cannot be written (StoreError), the outcome is still what happened (audited as
+        # such): the store keeps the finish and writes it once it takes writes again (Intents.finish).
         if result.outcome == Outcome.INTERRUPTED:  # left mid-way: open, for the leader to drive again
             self._store.intents.forget(key)
             return result
         failed = result.outcome in NOT_DONE
-        self._store.intents.finish(
-            key,
-            result.outcome,
-            result.detail,
-            self._clock.now(),
-            cooldown_until=attempt.now if failed else None,
-            result=result.data,
-        )
+        try:
+            self._store.intents.finish(
+                key,
+                result.outcome,
+                result.detail,
+                self._clock.now(),
+                cooldown_until=attempt.now if failed else None,
+                result=result.data,
+            )
+        except StoreError as exc:
+            _log.error("intent_finish_failed", key=key, error=str(exc), rate_limited=True)
         return result
 
     def _begin(self, attempt: Attempt, key: str) -> bool:

@@ -16,6 +16,8 @@ class FollowTheDrain:
             return ActionResult(
                 Outcome.DEDUPLICATED, "the drain it follows was already decided within the cooldown"
             )
+        if drain == Outcome.INTERRUPTED:  # its re-drive requeues after it when its decision did
+            return ActionResult(Outcome.SKIPPED, "the drain it follows was interrupted: it is driven again")
         if drain not in DRAINED_BY_US:
             return ActionResult(
                 Outcome.SKIPPED, "the node was not drained by watchd, so its jobs are left alone"

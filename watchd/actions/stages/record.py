@@ -64,15 +64,20 @@ class Record:
         try:
             result = await next(attempt)
         except StoreError as exc:  # its intent could not be recorded: counted, reported, the batch refused
-            _log.error("action_not_recorded", action=action.kind, node=action.node, error=str(exc))
+            _log.error(
+                "action_not_recorded", action=action.kind, node=action.node, error=str(exc), rate_limited=True
+            )
             result = ActionResult(Outcome.FAILED, f"not recorded: {exc}")
         except Exception as exc:  # a bug in one action must not lose the audit of the others
             _log.exception("action_crashed", action=action.kind, node=action.node)
             result = ActionResult(Outcome.FAILED, f"internal error: {exc!r}")
         try:
             self._record(attempt, result, self._clock.monotonic() - start)
-        except StoreError as exc:  # the store is full or locked: the actions that follow still run
-            _log.error("audit_failed", action=action.kind, node=action.node, error=str(exc))
+        except StoreError as exc:  # the store is full or locked: the actions that follow still run (an
+            # action whose intent is finished is audited once the store takes writes again: Recovery)
+            _log.error(
+                "audit_failed", action=action.kind, node=action.node, error=str(exc), rate_limited=True
+            )
         except Exception:
             _log.exception("audit_failed", action=action.kind, node=action.node)
         return result
