@@ -206,8 +206,7 @@ class Engine:
             task.add_done_callback(self._takeovers.discard)
 
     async def _took_over(self) -> None:
-        """Elected over a shared store: what the rules remembered at the previous leader's last snapshot,
-        then its unfinished actions and firing alerts (the executor's recovery)."""
+        """Elected over a shared store: the rules' last snapshot, then the executor's recovery."""
         await self._executor_ready.wait()
         restored = self.rule_keeper.take_over()
         _log.info("took_over", rules_restored=restored)
