@@ -50,3 +50,11 @@ def test_dry_run_opens_nothing() -> None:
         incidents([rec(1, "drain", "dry_run", mode="dry-run"), rec(2, "drain", "drained", mode="dry-run")])
         == []
     )
+
+
+def test_a_drain_that_replaced_the_reason_leaves_it_for_a_person() -> None:
+    lemon = AuditRecord(
+        5, "lemon-node", "e5", "gpu-1", "drain", "enforce", "drained", params={"replace_reason": True}
+    )
+    [incident] = incidents([rec(2, "drain", "drained"), lemon])
+    assert incident.state == "left_for_a_person"

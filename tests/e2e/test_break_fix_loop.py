@@ -13,6 +13,9 @@ node to service on its own), and checks configured as a site would; everything e
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,7 +26,7 @@ import pytest
 
 from tests.checks.conftest import behave
 from tests.checks.conftest import standins as standins  # the stand-in checks fixture
-from tests.checks.test_validation_kill9 import TOKEN
+from tests.checks.test_validation_kill9 import TOKEN, WRAPPER
 from tests.checks.test_validation_kill9 import engine_config as checks_engine_config
 from tests.daemons import Daemon, agent_config, watchd_command
 from tests.harness.slurm import SlurmCluster, available
@@ -32,6 +35,7 @@ from tests.support import real_components_required, wait_for
 pytestmark = [pytest.mark.slurm, pytest.mark.real]
 
 NODE = "gpu-1"
+REAL_SCONTROL = shutil.which("scontrol") or "scontrol"
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 
 
@@ -51,14 +55,28 @@ def _actions(engine: Daemon, node: str = NODE) -> list[dict[str, Any]]:
     return [a for a in engine.get_json("/api/v1/actions?limit=500")["actions"] if a["node"] == node]
 
 
-def _start(cluster: SlurmCluster, standins: Path, tmp_path: Path) -> tuple[Daemon, Daemon, Path]:
-    real = subprocess.run(["which", "scontrol"], capture_output=True, text=True, check=True).stdout.strip()
-    config = checks_engine_config(cluster, standins, tmp_path, Path(real))
+def _engine(
+    cluster: SlurmCluster, standins: Path, tmp_path: Path, env: dict[str, str] | None = None
+) -> Daemon:
+    """A real engine on the defaults, with checks; its scontrol the kill -9 test's wrapper when ``env``
+    names the real one."""
+    scontrol = tmp_path / "scontrol" if env else Path(REAL_SCONTROL)
+    if env:
+        scontrol.write_text(WRAPPER)
+        scontrol.chmod(0o755)
+    config = checks_engine_config(cluster, standins, tmp_path, scontrol)
     config["auth"] = {"token_file": str(tmp_path / "token")}
     (tmp_path / "token").write_text(TOKEN)
     (tmp_path / "token").chmod(0o600)
-    engine = Daemon("engine", config, tmp_path)
+    engine = Daemon("engine", config, tmp_path, env)
     engine.wait_ready()
+    return engine
+
+
+def _start(
+    cluster: SlurmCluster, standins: Path, tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[Daemon, Daemon, Path]:
+    engine = _engine(cluster, standins, tmp_path, env)
     kernel_log = tmp_path / "kern.log"
     kernel_log.write_text("")
     agent = Daemon("agent", agent_config(NODE, engine.port, tmp_path / "token", kernel_log), tmp_path)
@@ -169,6 +187,91 @@ def test_a_node_that_fails_validation_after_its_reboot_stays_drained(
         assert "DRAIN" in cluster.node_state(NODE) and "nccl busbw" in (cluster.reason(NODE) or "")
         history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
         assert history[0]["state"] == "open"
+    finally:
+        agent.stop()
+        engine.stop()
+        cluster.reset_nodes([NODE])
+
+
+@pytest.mark.parametrize("step", ["after_the_reboot_is_asked", "while_the_node_is_away"])
+def test_kill9_at_each_step_never_reboots_twice_nor_returns_an_unvalidated_node(
+    step: str, rebooting_cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    cluster = rebooting_cluster
+    cluster.reset_nodes([NODE])
+    behave(standins, gpu_1="pass")
+    called_before = [e["event"] for e in cluster.reboot_events(NODE)].count("called")
+    mark = tmp_path / "stopped"
+    env = {"WATCHD_REAL_SCONTROL": REAL_SCONTROL, "WATCHD_STOP_MARK": str(mark)}
+    if step == "after_the_reboot_is_asked":  # Slurm has it, the engine has not recorded it
+        env.update(WATCHD_STOP_AT="reboot ASAP", WATCHD_STOP_NTH="1", WATCHD_STOP_WHEN="after")
+    else:
+        cluster.configure_reboots(delay=1.0, downtime=8.0)  # away long enough to be killed meanwhile
+    engine, agent, kernel_log = _start(cluster, standins, tmp_path, env)
+    second: Daemon | None = None
+    try:
+        with open(kernel_log, "a") as f:
+            f.write(XID79 + "\n")
+        if step == "after_the_reboot_is_asked":
+            wait_for(mark.exists, timeout=30, what="the engine stopped right after scontrol reboot")
+        else:
+            wait_for(
+                lambda: any(a["action"] == "reboot" for a in _actions(engine)), timeout=30, what="the reboot"
+            )
+        os.kill(engine.proc.pid, signal.SIGKILL)
+        engine.proc.wait()
+        engine.stop()
+        assert cluster.reason(NODE) is not None, "out of service while the engine is gone"
+        second = _engine(cluster, standins, tmp_path, {"WATCHD_REAL_SCONTROL": REAL_SCONTROL})
+        _wait(
+            lambda: _back_in_service(cluster, second), 150, "validated and back in service", second, cluster
+        )
+        called = [e["event"] for e in cluster.reboot_events(NODE)].count("called") - called_before
+        assert called == 1, "rebooted exactly once"
+        steps = [(a["action"], a["outcome"]) for a in _actions(second) if a["action"] != "alert"]
+        assert ("reboot", "rebooting") in steps and ("validate", "resumed") in steps, steps
+        if step == "after_the_reboot_is_asked":  # its intent was open: driven again, and not asked again
+            [reboot] = [a for a in _actions(second) if a["action"] == "reboot"]
+            assert "asked before the engine restarted" in reboot["detail"], reboot
+    finally:
+        agent.stop()
+        engine.stop()
+        if second is not None:
+            second.stop()
+        cluster.configure_reboots(delay=1.0, downtime=2.0)
+        cluster.reset_nodes([NODE])
+
+
+def test_a_second_hardware_failure_leaves_the_node_for_a_person(
+    rebooting_cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    """The shipped pack's lemon rule (a node drained twice in 28 days) replaces the reason of the second
+    drain: that node is not rebooted again, nor validated back, but left for a person (the rule pages)."""
+    cluster = rebooting_cluster
+    cluster.reset_nodes([NODE])
+    behave(standins, gpu_1="pass")
+    called_before = [e["event"] for e in cluster.reboot_events(NODE)].count("called")
+    engine, agent, kernel_log = _start(cluster, standins, tmp_path)
+    try:
+        with open(kernel_log, "a") as f:
+            f.write(XID79 + "\n")
+        _wait(lambda: _back_in_service(cluster, engine), 150, "the first remediation", engine, cluster)
+        with open(kernel_log, "a") as f:
+            f.write(XID79.replace("pid=1234", "pid=4321") + "\n")
+
+        def lemon() -> bool:
+            return any(a["rule"] == "lemon-node" and a["action"] == "drain" for a in _actions(engine))
+
+        _wait(lemon, 30, "the lemon rule's drain", engine, cluster)
+        time.sleep(25)  # longer than the reboot watch's poll and a reboot: nothing returns the node
+        # the reboot of the second decision is refused when the lemon's drain came first ("left for a
+        # person"); when it raced ahead of it, the node comes back down and is not validated
+        assert [e["event"] for e in cluster.reboot_events(NODE)].count("called") - called_before <= 2
+        assert cluster.node_state(NODE).startswith(("IDLE+DRAIN", "DOWN")), cluster.node_state(NODE)
+        assert "lemon node" in (cluster.reason(NODE) or "")
+        assert sum(a["action"] == "validate" for a in _actions(engine)) == 1
+        history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
+        assert [i["state"] for i in history] == ["left_for_a_person", "returned"]
     finally:
         agent.stop()
         engine.stop()

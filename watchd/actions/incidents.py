@@ -4,7 +4,8 @@ service. Pure: plain code over the trail's records.
 An incident opens when watchd takes the node out of service (a drain that drained it), gathers every action on
 the node after that (the requeue, the reboot or GPU reset, the validation, the alerts, an operator's steps),
 and closes when the node is back in service (a resume, or a validation that passed and resumed it). A node
-left for a person (too many automatic remediations in the window) stays open with that state. Dry-run
+left for a person (too many automatic remediations in the window, or a drain that replaced its reason: the
+lemon rule's) stays open with that state. Dry-run
 records open nothing: nothing was taken out of service."""
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def incidents(records: Iterable[AuditRecord]) -> list[Incident]:
             open_by_node[rec.node] = current
             out.append(current)
         current.steps.append(step)
-        if rec.outcome == LEFT_FOR_A_PERSON:
+        replaced = rec.action == "drain" and rec.outcome == "drained" and rec.params.get("replace_reason")
+        if rec.outcome == LEFT_FOR_A_PERSON or replaced:  # the lemon rule's drain: a person's matter
             current.state = "left_for_a_person"
         if (rec.action, rec.outcome) in _BACK:
             current.closed_at, current.state = rec.time, "returned"

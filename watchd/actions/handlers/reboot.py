@@ -19,7 +19,7 @@ from watchd.actions.audit import AuditRecord
 from watchd.actions.handler import ActionParams, Handler
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.model.durations import Duration
-from watchd.model.nodes import drain_reason
+from watchd.model.nodes import down_by_watchd, drain_reason
 from watchd.store import keys
 
 if TYPE_CHECKING:
@@ -85,8 +85,13 @@ class RebootHandler(Handler):
         reason = str(params.get("reason", ""))
 
         async def call(scheduler: Scheduler, _: DrainBatcher) -> ActionResult:
-            result = await scheduler.reboot(node, reason)
             data: dict[str, Any] = {"requested_at": attempt.now}
+            if attempt.redrive:  # asked before a crash? then pending, or back down from it: never again
+                st = (await scheduler.node_states([node])).get(node)
+                if st is not None and (st.reboot_pending or down_by_watchd(st)):
+                    data["boot_id"] = st.boot_id if st.reboot_pending else None
+                    return ActionResult(Outcome.REBOOTING, "asked before the engine restarted", data)
+            result = await scheduler.reboot(node, reason)
             if result.outcome == "rebooting":
                 before = (await scheduler.node_states([node])).get(node)
                 data["boot_id"] = before.boot_id if before is not None else None

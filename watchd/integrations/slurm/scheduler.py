@@ -504,11 +504,11 @@ class SlurmScheduler:
             return RebootResult(node, "rebooting", f"a reboot is pending already ({describe(st)})")
         if await self._return_to_service() == "2":
             return RebootResult(node, "refused", _RTS_REFUSAL)
-        shown = drain_reason(reason, self.reason_prefix)
-        # ASAP: no new job starts there, a running one ends first; DOWN: back from the reboot out of service
-        # one argv word, unquoted: scontrol reboot keeps quotes in the reason (update strips them)
-        await self._exec(self.scontrol, "reboot", "ASAP", "nextstate=DOWN", f"reason={shown}", node)
-        return RebootResult(node, "rebooting", shown)
+        # ASAP: no new job starts there, a running one ends first; DOWN: back from the reboot out of service.
+        # No reason=: the node keeps the reason it was drained for (the evidence, or a lemon's), and Slurm
+        # appends " : reboot issued : reboot complete" to it
+        await self._exec(self.scontrol, "reboot", "ASAP", "nextstate=DOWN", node)
+        return RebootResult(node, "rebooting", f"{drain_reason(reason, self.reason_prefix)} ({st.reason})")
 
     async def _return_to_service(self) -> str | None:
         """slurm.conf's ReturnToService (read once; None when scontrol does not say)."""
