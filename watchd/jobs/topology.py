@@ -23,6 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from watchd.jobs.model import JobInfo
+from watchd.slices import Steps, run_all
+
+STEP = 2_000  # entries per step of a pass over every job (job_steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,7 @@ class JobTopology:
         self._ranks: dict[tuple[str, str, int | None], float] = {}  # (node, job label, gpu) -> last report
         self._ranks_on: dict[str, set[tuple[str, str, int | None]]] = {}  # node -> its keys in _ranks
         self._unknown_labels: set[str] = set()
+        self.last_views: tuple[float, dict[str, JobView]] | None = None  # the last pass: (now, views)
 
     # ------------------------------------------------------------------------------------- updates
 
@@ -114,27 +118,44 @@ class JobTopology:
 
     def jobs(self, now: float) -> dict[str, JobView]:
         """Every running job with its nodes and GPUs."""
+        return run_all(self.job_steps(now))
+
+    def job_steps(self, now: float, step: int = STEP) -> Steps[dict[str, JobView]]:
+        """:meth:`jobs` in steps of about ``step`` entries (:mod:`watchd.slices`): at 100,000 jobs the pass
+        takes about half a second. It reads copies of the observations taken at its start, so what is
+        observed meanwhile does not disturb it (it counts from the next pass on). The views are also kept
+        as :attr:`last_views` (with their time) for whoever needs them less fresh than a pass costs."""
         ttl = self.member_ttl_s
         reported: dict[str, dict[str, set[int]]] = {}  # job id -> node -> gpus (empty: a rank said none)
-        for (node, gpu), (label, seen) in self._seen.items():
-            if now - seen <= ttl:
-                reported.setdefault(self.canonical(label), {}).setdefault(node, set()).add(gpu)
-        for (node, label, rank_gpu), seen in self._ranks.items():
-            if now - seen <= ttl:
-                gpus_of = reported.setdefault(self.canonical(label), {}).setdefault(node, set())
-                if rank_gpu is not None:
-                    gpus_of.add(rank_gpu)
+        alias = self._alias  # replaced by a refresh, never changed in place
+        seen_items = list(self._seen.items())
+        rank_items = list(self._ranks.items())
+        snapshots = list(self._snapshots.values())
+        yield
+        for i in range(0, len(seen_items), step):
+            for (node, gpu), (label, seen) in seen_items[i : i + step]:
+                if now - seen <= ttl:
+                    reported.setdefault(alias.get(label, label), {}).setdefault(node, set()).add(gpu)
+            yield
+        for i in range(0, len(rank_items), step):
+            for (node, label, rank_gpu), seen in rank_items[i : i + step]:
+                if now - seen <= ttl:
+                    gpus_of = reported.setdefault(alias.get(label, label), {}).setdefault(node, set())
+                    if rank_gpu is not None:
+                        gpus_of.add(rank_gpu)
+            yield
         provided: dict[str, JobInfo] = {}
-        for snap in self._snapshots.values():
+        for snap in snapshots:
             for job in snap.values():
                 provided.setdefault(job.id, job)
         jobs_on_node: dict[str, int] = {}
         for job in provided.values():
             for node in job.nodes:
                 jobs_on_node[node] = jobs_on_node.get(node, 0) + 1
+        yield
 
         views: dict[str, JobView] = {}
-        for job_id, job in provided.items():
+        for n, (job_id, job) in enumerate(provided.items(), 1):
             by_node = reported.get(job_id, {})
             gpus: dict[str, tuple[int, ...]] = {}
             for node in job.nodes:
@@ -148,12 +169,17 @@ class JobTopology:
             views[job_id] = JobView(
                 job_id, job.nodes, gpus, job.partition, job.source, job.start_time, job.ranks
             )
+            if n % step == 0:
+                yield
         agent_jobs_on_node: dict[str, int] = {}
         for job_id, by_node in reported.items():
             if job_id not in views:
                 for node in by_node:
                     agent_jobs_on_node[node] = agent_jobs_on_node.get(node, 0) + 1
-        for job_id, by_node in reported.items():
+        yield
+        for n, (job_id, by_node) in enumerate(reported.items(), 1):
+            if n % step == 0:
+                yield
             if job_id in views:
                 continue
             nodes = tuple(sorted(by_node))
@@ -166,6 +192,7 @@ class JobTopology:
                 else:
                     gpus[node] = ()
             views[job_id] = JobView(job_id, nodes, gpus)
+        self.last_views = (now, views)
         return views
 
     def _unlabelled_gpus(self, node: str, now: float) -> tuple[int, ...]:
