@@ -13,9 +13,9 @@ import asyncio
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["SLICE_S", "SliceStats", "Steps", "run_all", "run_sliced"]
+__all__ = ["SLICE_S", "SliceStats", "Steps", "release", "run_all", "run_sliced"]
 
 T = TypeVar("T")
 Steps = Generator[None, None, T]  # yields between pieces of work, returns the result
@@ -30,6 +30,15 @@ def run_all(steps: Steps[T]) -> T:
             next(steps)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
+
+
+def release(items: dict[Any, Any], step: int) -> Steps[None]:
+    """Let go of a big dict (emptied) ``step`` items at a time: freeing 100,000 job views at once takes the
+    loop 20-150 ms. Only for a dict no one else holds."""
+    while items:
+        for _ in range(min(step, len(items))):
+            items.popitem()
+        yield
 
 
 @dataclass(slots=True)

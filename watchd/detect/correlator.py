@@ -17,9 +17,9 @@ from watchd.detect.finding import Finding
 from watchd.detect.fleet import FleetState
 from watchd.detect.params import DetectorsConfig
 from watchd.detect.registry import DETECTORS
-from watchd.jobs.topology import JobTopology
+from watchd.jobs.topology import STEP, JobTopology
 from watchd.model.events import Event
-from watchd.slices import Steps, run_all
+from watchd.slices import Steps, release, run_all
 
 _GPU_FAULT_KINDS = frozenset({"xid", "gpu_health"})
 
@@ -93,6 +93,7 @@ class Correlator:
                     break  # the first condition found is the job's (registry order)
             yield
         self.episodes.expire(now)
+        yield from release(jobs, STEP)  # 100,000 views freed at once would hold the loop
         return out
 
     def prune(self, now: float) -> None:

@@ -53,22 +53,17 @@ class StragglerDetector:
         now = cycle.now
         tracks = list(cycle.fleet.gpus.items())  # ingest may add or drop GPUs between pages
         clocks: dict[tuple[str, int], float] = {}
+        by_model: dict[str, list[float]] = {}
         for i in range(0, len(tracks), STEP):
             for key, track in tracks[i : i + STEP]:
                 c = window_clock(track, now, window)
                 if c is not None:
                     clocks[key] = c
+                    if track.model is not None:
+                        by_model.setdefault(track.model, []).append(c)
             yield
+        del tracks
         cycle.keep(_FLEET_CLOCKS, clocks)
-        models = {key: track.model for key, track in tracks}
-        by_model: dict[str, list[float]] = {}
-        items = list(clocks.items())
-        for i in range(0, len(items), STEP):
-            for key, c in items[i : i + STEP]:
-                model = models[key]
-                if model is not None:
-                    by_model.setdefault(model, []).append(c)
-            yield
         cycle.keep(_FLEET_MEDIANS, {m: median(v) for m, v in by_model.items() if len(v) >= 3})
 
     def judge(self, cycle: Cycle, job: JobView, p: StragglerParams) -> Sequence[Sighting]:

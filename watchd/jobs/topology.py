@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from watchd.jobs.model import JobInfo
-from watchd.slices import Steps, run_all
+from watchd.slices import Steps, release, run_all
 
 STEP = 2_000  # entries per step of a pass over every job (job_steps)
 
@@ -51,7 +51,8 @@ class JobTopology:
         self._ranks: dict[tuple[str, str, int | None], float] = {}  # (node, job label, gpu) -> last report
         self._ranks_on: dict[str, set[tuple[str, str, int | None]]] = {}  # node -> its keys in _ranks
         self._unknown_labels: set[str] = set()
-        self.last_views: tuple[float, dict[str, JobView]] | None = None  # the last pass: (now, views)
+        # the last pass of job_steps: (its now, each job's (number of nodes, partition))
+        self.last_sizes: tuple[float, dict[str, tuple[int, str | None]]] | None = None
 
     # ------------------------------------------------------------------------------------- updates
 
@@ -123,8 +124,9 @@ class JobTopology:
     def job_steps(self, now: float, step: int = STEP) -> Steps[dict[str, JobView]]:
         """:meth:`jobs` in steps of about ``step`` entries (:mod:`watchd.slices`): at 100,000 jobs the pass
         takes about half a second. It reads copies of the observations taken at its start, so what is
-        observed meanwhile does not disturb it (it counts from the next pass on). The views are also kept
-        as :attr:`last_views` (with their time) for whoever needs them less fresh than a pass costs."""
+        observed meanwhile does not disturb it (it counts from the next pass on). Each job's number of nodes
+        and partition is also kept, as :attr:`last_sizes` (with ``now``), for whoever needs them less fresh
+        than a pass costs (the reliability advice)."""
         ttl = self.member_ttl_s
         reported: dict[str, dict[str, set[int]]] = {}  # job id -> node -> gpus (empty: a rank said none)
         alias = self._alias  # replaced by a refresh, never changed in place
@@ -137,6 +139,7 @@ class JobTopology:
                 if now - seen <= ttl:
                     reported.setdefault(alias.get(label, label), {}).setdefault(node, set()).add(gpu)
             yield
+        del seen_items
         for i in range(0, len(rank_items), step):
             for (node, label, rank_gpu), seen in rank_items[i : i + step]:
                 if now - seen <= ttl:
@@ -155,6 +158,7 @@ class JobTopology:
         yield
 
         views: dict[str, JobView] = {}
+        sizes: dict[str, tuple[int, str | None]] = {}
         for n, (job_id, job) in enumerate(provided.items(), 1):
             by_node = reported.get(job_id, {})
             gpus: dict[str, tuple[int, ...]] = {}
@@ -169,6 +173,7 @@ class JobTopology:
             views[job_id] = JobView(
                 job_id, job.nodes, gpus, job.partition, job.source, job.start_time, job.ranks
             )
+            sizes[job_id] = (len(job.nodes), job.partition)
             if n % step == 0:
                 yield
         agent_jobs_on_node: dict[str, int] = {}
@@ -177,9 +182,10 @@ class JobTopology:
                 for node in by_node:
                     agent_jobs_on_node[node] = agent_jobs_on_node.get(node, 0) + 1
         yield
-        for n, (job_id, by_node) in enumerate(reported.items(), 1):
+        for n, job_id in enumerate(list(reported), 1):
             if n % step == 0:
                 yield
+            by_node = reported.pop(job_id)  # let go as it goes: freed at once, it holds the loop
             if job_id in views:
                 continue
             nodes = tuple(sorted(by_node))
@@ -192,8 +198,17 @@ class JobTopology:
                 else:
                     gpus[node] = ()
             views[job_id] = JobView(job_id, nodes, gpus)
-        self.last_views = (now, views)
+            sizes[job_id] = (len(nodes), None)
+        self.last_sizes = (now, sizes)
         return views
+
+    def size_steps(self, now: float, step: int = STEP) -> Steps[dict[str, tuple[int, str | None]]]:
+        """Each running job's number of nodes and partition, by a pass of :meth:`job_steps` whose views are
+        let go in steps."""
+        views = yield from self.job_steps(now, step)
+        yield from release(views, step)
+        assert self.last_sizes is not None
+        return self.last_sizes[1]
 
     def _unlabelled_gpus(self, node: str, now: float) -> tuple[int, ...]:
         ttl = self.member_ttl_s

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from watchd.clock import Clock
 from watchd.httputil import error_response, json_response
-from watchd.jobs.topology import JobTopology, JobView
+from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.model.action import KIND as FEEDBACK_KIND
 from watchd.model.events import Event, stable_id
@@ -326,22 +326,23 @@ class Reliability(Component):
 
         return await asyncio.to_thread(build)
 
-    def _running_steps(self, now: float) -> Steps[Mapping[str, JobView]]:
-        """The running jobs: the detectors' last pass when at most ``interval_s`` old (it is every
-        ``detectors.interval_s``), else a pass of our own (in steps)."""
-        last = self.topology.last_views
+    def _running_steps(self, now: float) -> Steps[Mapping[str, tuple[int, str | None]]]:
+        """Each running job's number of nodes and partition: from the detectors' last pass when at most
+        ``interval_s`` old (they pass every ``detectors.interval_s``), else from a pass of our own."""
+        last = self.topology.last_sizes
         if last is not None and 0.0 <= now - last[0] <= self.config.interval_s:
             return last[1]
-        return (yield from self.topology.job_steps(now))
+        return (yield from self.topology.size_steps(now))
 
     def cycle_now(self) -> list[Event]:
         """Refresh the report and every running job's advice; the findings for jobs far off the advice."""
         now = self.clock.now()
         self.reports.current = Built.of(self.report(now=now))
-        return run_all(self._refresh_steps(self.reports.current.report, now, self.topology.jobs(now)))
+        sizes = run_all(self.topology.size_steps(now))
+        return run_all(self._refresh_steps(self.reports.current.report, now, sizes))
 
     def _refresh_steps(
-        self, report: Report, now: float, running: Mapping[str, JobView]
+        self, report: Report, now: float, running: Mapping[str, tuple[int, str | None]]
     ) -> Steps[list[Event]]:
         """Every running job's advice from ``report``, one job a step; the findings for jobs far off it."""
         advice: dict[str, Advice] = {}
@@ -350,9 +351,7 @@ class Reliability(Component):
             yield
             if state.done:
                 continue
-            view = running.get(label)
-            nodes = len(view.nodes) if view is not None and view.nodes else len(state.nodes)
-            partition = view.partition if view is not None else None
+            nodes, partition = self._size(label, state.nodes, running)
             a = self._advise(label, nodes, partition, report, now)
             if a is None:
                 continue
@@ -367,6 +366,15 @@ class Reliability(Component):
         for label in [j for j in self._last_finding if j not in self.job_tracker.jobs]:
             del self._last_finding[label]
         return findings
+
+    @staticmethod
+    def _size(
+        label: str, heartbeat_nodes: Collection[str], running: Mapping[str, tuple[int, str | None]]
+    ) -> tuple[int, str | None]:
+        """A job's number of nodes and partition as the topology sees it; else the nodes its heartbeats
+        came from."""
+        nodes, partition = running.get(label, (0, None))
+        return (nodes or len(heartbeat_nodes)), partition
 
     def _advise(
         self, label: str, nodes: int, partition: str | None, report: Report, now: float
@@ -479,9 +487,7 @@ class Reliability(Component):
             state = self.job_tracker.jobs.get(label)
             if state is None:
                 raise LookupError(f"job {job}: no heartbeats from it (is it running with watchd.client?)")
-            view = (await run_sliced(self._running_steps(now))).get(label)
-            nodes = len(view.nodes) if view is not None and view.nodes else len(state.nodes)
-            part = view.partition if view is not None else None
+            nodes, part = self._size(label, state.nodes, await run_sliced(self._running_steps(now)))
             a = self._advise(label, nodes, part, report, now)
             doc["job"] = (
                 a.to_dict()
