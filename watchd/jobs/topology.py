@@ -177,10 +177,12 @@ class JobTopology:
             if n % step == 0:
                 yield
         agent_jobs_on_node: dict[str, int] = {}
-        for job_id, by_node in reported.items():
+        for n, (job_id, by_node) in enumerate(reported.items(), 1):
             if job_id not in views:
                 for node in by_node:
                     agent_jobs_on_node[node] = agent_jobs_on_node.get(node, 0) + 1
+            if n % step == 0:
+                yield  # ``reported`` is ours alone: nothing changes it between steps
         yield
         for n, job_id in enumerate(list(reported), 1):
             if n % step == 0:
