@@ -165,8 +165,10 @@ def test_ingest_and_eviction_between_slices_do_not_break_the_cycle_or_the_prune(
     probe = Probe(ingest)
     findings = asyncio.run(probe.around(run_sliced(c.steps(t), budget_s=0.0)))
     assert findings == [] and probe.turns > JOBS and c.fleet.evicted["node"] > JOBS // 2
+    before = {node for node, _ in c.fleet.gpus}
     asyncio.run(Probe(ingest).around(run_sliced(c.prune_steps(t + 400.0), budget_s=0.0)))
-    assert len(c.fleet.gpus) <= 8  # everything older than history_s is gone, the newest few are kept
+    left = {node for node, _ in c.fleet.gpus}
+    assert left and not left & before  # all older than history_s gone; what was observed meanwhile kept
     assert c.fleet.bytes == sum(c.fleet._node_bytes.values())  # the count is whole after the prune
 
 

@@ -515,7 +515,7 @@ class FleetState:
         yield
         self.training.prune(now)
         yield
-        self.topology.prune(now)
+        yield from self.topology.prune_steps(now)
 
     def _recount(self) -> None:
         """What the state costs, counted afresh (the running count is kept exact between prunes too; this

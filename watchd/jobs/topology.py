@@ -224,18 +224,27 @@ class JobTopology:
 
     def prune(self, now: float) -> None:
         """Forget observations past the TTL (bounded memory as nodes come and go)."""
+        run_all(self.prune_steps(now))
+
+    def prune_steps(self, now: float, step: int = STEP) -> Steps[None]:
+        """:meth:`prune` in steps; each step prunes what is past the TTL when it runs."""
         horizon = now - self.member_ttl_s
         for key in [k for k, (_, seen) in self._seen.items() if seen < horizon]:
             del self._seen[key]
+        yield
         for rank in [k for k, seen in self._ranks.items() if seen < horizon]:
             del self._ranks[rank]
             on = self._ranks_on[rank[0]]
             on.discard(rank)
             if not on:
                 del self._ranks_on[rank[0]]
-        for node in list(self._node_gpus):
-            gpus = self._node_gpus[node]
-            for gpu in [g for g, seen in gpus.items() if seen < horizon]:
-                del gpus[gpu]
-            if not gpus:
-                del self._node_gpus[node]
+        yield
+        for n, node in enumerate(list(self._node_gpus), 1):
+            gpus = self._node_gpus.get(node)
+            if gpus is not None:
+                for gpu in [g for g, seen in gpus.items() if seen < horizon]:
+                    del gpus[gpu]
+                if not gpus:
+                    del self._node_gpus[node]
+            if n % step == 0:
+                yield

@@ -39,7 +39,7 @@ from watchd.reliability.report import Advice, Failure, NodeInfo, Report, advise,
 from watchd.reliability.service import Interval, NodeService, ServiceTracker
 from watchd.reliability.settings import ReliabilityConfig
 from watchd.rules.decision import Decision
-from watchd.slices import Steps, run_all, run_sliced
+from watchd.slices import Steps, pause, run_all, run_sliced
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
 from watchd.store.reliability import PAGE, FailureRow, IntervalRow, NodeRow
@@ -59,7 +59,7 @@ async def _collect(pages: Iterator[list[_T]]) -> list[_T]:
     out: list[_T] = []
     for page in pages:
         out.extend(page)
-        await asyncio.sleep(0)
+        await pause()
     return out
 
 
@@ -248,7 +248,7 @@ class Reliability(Component):
         states = list(self.service.nodes.values())
         for i in range(0, len(states), PAGE):
             self._save(*self._changes(states[i : i + PAGE]))
-            await asyncio.sleep(0)
+            await pause()
         self._forget_evicted()
 
     def flush_now(self) -> None:
