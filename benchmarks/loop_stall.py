@@ -304,7 +304,8 @@ def in_process(args: argparse.Namespace) -> None:
     print(table(HEADER, rows))
     print(
         f"\nstall ratio to the floor: {after.stall_s / floor.stall_s:.3f}; last cycle: {stats.busy_s:.2f} s "
-        f"computing in {stats.slices} slices, the longest {stats.longest_s * 1000:.1f} ms; "
+        f"computing in {stats.slices} slices over {stats.wall_s:.2f} s, "
+        f"the longest {stats.longest_s * 1000:.1f} ms; "
         f"reliability reports built: {rel.reports.builds}; errors {after.errors + floor.errors}"
     )
 

@@ -1,6 +1,7 @@
 """Long work on the event loop, in slices: the work is a generator that yields between pieces (a job judged,
 a page of GPUs), and :func:`run_sliced` drives it, serving the event loop whenever a slice has run its time
-budget. Pure code yields and knows no clock; :func:`run_all` is the same work at once (tests, the CLI).
+budget. Pure code yields and knows no clock; :func:`run_all` is the same work at once (tests, the blocking
+forms).
 
 The generator runs on the loop's own thread, so what it reads is never torn; between slices other
 coroutines (ingest) may change the state it reads. Work that iterates a mutable container across a yield
@@ -51,11 +52,13 @@ def release(items: dict[Any, Any], step: int) -> Steps[None]:
 
 @dataclass(slots=True)
 class SliceStats:
-    """How a sliced run went: time computing (slices summed), slices, the longest (the loop held)."""
+    """How a sliced run went: time computing (slices summed), slices, the longest (the loop held), and the
+    wall time from start to end (computing, the pauses and what the loop served between slices)."""
 
     busy_s: float = 0.0
     slices: int = 0
     longest_s: float = 0.0
+    wall_s: float = 0.0
 
     def add(self, slice_s: float) -> None:
         self.busy_s += slice_s
@@ -67,12 +70,14 @@ async def run_sliced(steps: Steps[T], budget_s: float = SLICE_S, stats: SliceSta
     """Drive ``steps`` on the event loop, yielding to it once a slice has run ``budget_s``."""
     stats = stats if stats is not None else SliceStats()
     clock = time.perf_counter
-    start = clock()
+    began = start = clock()
     while True:
         try:
             next(steps)
         except StopIteration as done:
-            stats.add(clock() - start)
+            end = clock()
+            stats.add(end - start)
+            stats.wall_s = end - began
             return done.value  # type: ignore[no-any-return]
         now = clock()
         if now - start >= budget_s:
