@@ -47,9 +47,11 @@ def _table(title: str, groups: dict[str, dict[str, Any]], level: str, out: TextI
 def render(doc: dict[str, Any], out: TextIO) -> None:
     level = f"{round(doc['confidence'] * 100)}%"
     days = (doc["now"] - doc["since"]) / 86400.0
+    age = doc.get("report_age_s")  # absent from an engine before the report cache
     print(
         f"reliability since {_utc(doc['since'])} ({days:.1f} days), "
-        f"partition {doc.get('partition') or 'all'}",
+        f"partition {doc.get('partition') or 'all'}"
+        + (f" (report {age:.0f} s old)" if age is not None else ""),
         file=out,
     )
     print(f"estimator: {doc['estimator']}", file=out)

@@ -31,6 +31,7 @@ ORDER: tuple[str, ...] = (
     # small shared pieces: the subsystem protocol, APScheduler, aiohttp helpers, the training-side client
     "subsystem",
     "periodic",
+    "slices",  # long work on the event loop in slices (pure code yields; the edge drives it)
     "httputil",
     "client",
     "systemd",

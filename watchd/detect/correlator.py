@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
-from watchd.detect.detector import AnyDetector, Cycle
+from watchd.detect.detector import AnyDetector, Cycle, Prepares
 from watchd.detect.episodes import Episodes
 from watchd.detect.finding import Finding
 from watchd.detect.fleet import FleetState
 from watchd.detect.params import DetectorsConfig
 from watchd.detect.registry import DETECTORS
-from watchd.jobs.topology import JobTopology
+from watchd.jobs.topology import STEP, JobTopology
 from watchd.model.events import Event
+from watchd.slices import Steps, release, run_all
 
 _GPU_FAULT_KINDS = frozenset({"xid", "gpu_health"})
 
@@ -61,22 +63,41 @@ class Correlator:
         return replace(event, attrs={**event.attrs, "job": job})
 
     def run(self, now: float) -> list[Finding]:
-        jobs = self.topology.jobs(now)
+        """One cycle at once: every running job judged at ``now``; the findings to report."""
+        return run_all(self.steps(now))
+
+    def steps(self, now: float) -> Steps[list[Finding]]:
+        """:meth:`run` in steps (:mod:`watchd.slices`): the job views in pages, each detector's fleet-wide
+        preparation in pages, then one job at a time. Driven at once, the same findings as :meth:`run`;
+        driven in slices, each job is judged on the state as it is when its turn comes."""
+        jobs = yield from self.topology.job_steps(now)
         self.last_cycle_jobs = len(jobs)
         cycle = Cycle(self.fleet, now, self.config)
+        for detector in self.detectors:
+            if isinstance(detector, Prepares):
+                yield from detector.prepare(cycle)
+        by_partition: dict[str | None, list[tuple[AnyDetector, Any]]] = {}
         out: list[Finding] = []
         for job in jobs.values():
-            params = self.config.for_partition(job.partition)
-            for detector in self.detectors:
-                sightings = detector.judge(cycle, job, detector.params(params))
+            judges = by_partition.get(job.partition)
+            if judges is None:
+                params = self.config.for_partition(job.partition)
+                judges = by_partition[job.partition] = [(d, d.params(params)) for d in self.detectors]
+            for detector, p in judges:
+                sightings = detector.judge(cycle, job, p)
                 for sighting in sightings:
                     finding = self.episodes.sighted(job.id, sighting, now)
                     if finding is not None:
                         out.append(finding)
                 if sightings:
                     break  # the first condition found is the job's (registry order)
+            yield
         self.episodes.expire(now)
+        yield from release(jobs, STEP)  # 100,000 views freed at once would hold the loop
         return out
 
     def prune(self, now: float) -> None:
         self.fleet.prune(now)
+
+    def prune_steps(self, now: float) -> Steps[None]:
+        return self.fleet.prune_steps(now)

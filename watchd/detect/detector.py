@@ -7,9 +7,9 @@ correlator remembers what was already reported (:mod:`watchd.detect.episodes`) a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from watchd.detect.finding import Finding
 from watchd.detect.fleet import FleetState
@@ -63,6 +63,10 @@ class Cycle:
             self._memo[key] = compute()
         return cast(T, self._memo[key])
 
+    def keep(self, key: Hashable, value: object) -> None:
+        """What :meth:`once` answers for ``key`` in this pass (computed beforehand, in steps)."""
+        self._memo[key] = value
+
     def once_for_job(self, job: JobView, key: Hashable, compute: Callable[[], T]) -> T:
         """:meth:`once` for the job being judged. Kept only until the next job: held for the whole pass,
         thousands of per-GPU objects would outlive the young garbage generation and cost full collections."""
@@ -88,3 +92,12 @@ class Detector(Protocol[P]):
 
 
 AnyDetector = Detector[Any]
+
+
+@runtime_checkable
+class Prepares(Protocol):
+    """A detector that reads something across the whole fleet (not one job) has it computed once per cycle,
+    before the jobs are judged, in steps: a yield between pages (:mod:`watchd.slices`), kept with
+    :meth:`Cycle.keep`. Optional: most detectors need nothing of the kind."""
+
+    def prepare(self, cycle: Cycle) -> Iterator[None]: ...

@@ -35,6 +35,7 @@ from watchd.model.heartbeat import QUIET_PHASES as QUIET_PHASES  # the detectors
 from watchd.model.jobs import job_label
 from watchd.model.xid import KIND as XID_KIND
 from watchd.model.xid import Xid
+from watchd.slices import Steps, run_all
 from watchd.xid.pci import normalize_pci
 
 # Which signals are hardware evidence, which are slowdown attribution: the model's table
@@ -475,16 +476,24 @@ class FleetState:
         return [h for h in self.hardware.get(node, ()) if h.time >= since]
 
     def prune(self, now: float) -> None:
+        run_all(self.prune_steps(now))
+
+    def prune_steps(self, now: float) -> Steps[None]:
+        """:meth:`prune` in steps (:mod:`watchd.slices`; about 0.13 s at once at 100,000 GPUs): each step
+        reads and changes the state as it is then, so what is observed between steps is kept or pruned as
+        it should be."""
         horizon = now - self.history_s
         for key in [k for k, t in self.gpus.items() if t.last_seen < horizon]:
             del self.gpus[key]
         for key in [k for k, t in self.lost.items() if t < horizon]:
             self._clear_lost(*key)
+        yield
         for node in [n for n, q in self.hardware.items() if not q or q[-1].time < now - 86400.0]:
             del self.hardware[node]
         tracked = {node for node, _ in self.gpus}
         for node in [n for n in self.pci if n not in tracked]:
             del self.pci[node]
+        yield
         rank_horizon = now - self.rank_ttl_s
         for job in list(self.ranks):
             ranks = self.ranks[job]
@@ -496,12 +505,17 @@ class FleetState:
         for job, ranks in self.ranks.items():
             for rank, track in ranks.items():
                 self._ranks_on.setdefault(track.node, set()).add((job, rank))
+        yield
+        tracked = {node for node, _ in self.gpus}
         kept = tracked | self.hardware.keys() | self.lost_by_node.keys() | self._ranks_on.keys()
         for node in [n for n in self._recency if n not in kept]:
             del self._recency[node]
+        yield
         self._recount()
+        yield
         self.training.prune(now)
-        self.topology.prune(now)
+        yield
+        yield from self.topology.prune_steps(now)
 
     def _recount(self) -> None:
         """What the state costs, counted afresh (the running count is kept exact between prunes too; this

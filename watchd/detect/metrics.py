@@ -29,8 +29,14 @@ class DetectorMetrics:
         )
         self.detector_cycle = Histogram(
             "watchd_detector_cycle_seconds",
-            "Time one cycle of the detectors takes over every running job.",
+            "Time one cycle of the detectors computes over every running job (its slices summed: the event "
+            "loop is served between them).",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self.detector_slice = Gauge(
+            "watchd_detector_cycle_longest_slice_seconds",
+            "The longest slice of the last detector cycle: the longest it held the event loop at once.",
             registry=r,
         )
         self.jobs_tracked = Gauge("watchd_jobs_tracked", "Running jobs the detectors watch.", registry=r)

@@ -34,11 +34,13 @@ class Outlier:
 
 def window_clock(track: GpuTrack, now: float, window_s: float) -> float | None:
     """The GPU's median SM clock over its computing windows of the last ``window_s``."""
-    clocks = [
-        w.clock
-        for w in track.windows
-        if w.end >= now - window_s and w.clock is not None and w.util is not None and w.util >= 50
-    ]
+    since = now - window_s
+    clocks = []
+    for w in reversed(track.windows):  # oldest first: walk back from the newest to the window's start
+        if w.end < since:
+            break
+        if w.clock is not None and w.util is not None and w.util >= 50:
+            clocks.append(w.clock)
     return median(clocks) if len(clocks) >= 3 else None
 
 

@@ -15,7 +15,7 @@ are) and the default rules only alert. Reported once an outlier persisted ``stra
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -36,6 +36,9 @@ from watchd.jobs.topology import JobView
 
 KIND = "straggler"
 _EVENT_LOOKBACK_S = 600.0
+STEP = 2_000  # GPUs per step of the fleet-wide pass (prepare)
+_FLEET_CLOCKS = "straggler.fleet_clocks"
+_FLEET_MEDIANS = "straggler.fleet_medians"
 
 
 class StragglerDetector:
@@ -44,10 +47,31 @@ class StragglerDetector:
     def params(self, of: DetectorParams) -> StragglerParams:
         return of.straggler
 
+    def prepare(self, cycle: Cycle) -> Iterator[None]:
+        """Every GPU's window clock and the fleet's median per model, in pages of :data:`STEP` GPUs."""
+        window = cycle.defaults.straggler.window_s
+        now = cycle.now
+        tracks = list(cycle.fleet.gpus.items())  # ingest may add or drop GPUs between pages
+        clocks: dict[tuple[str, int], float] = {}
+        by_model: dict[str, list[float]] = {}
+        for i in range(0, len(tracks), STEP):
+            for key, track in tracks[i : i + STEP]:
+                c = window_clock(track, now, window)
+                if c is not None:
+                    clocks[key] = c
+                    if track.model is not None:
+                        by_model.setdefault(track.model, []).append(c)
+            yield
+        del tracks
+        cycle.keep(_FLEET_CLOCKS, clocks)
+        cycle.keep(_FLEET_MEDIANS, {m: median(v) for m, v in by_model.items() if len(v) >= 3})
+
     def judge(self, cycle: Cycle, job: JobView, p: StragglerParams) -> Sequence[Sighting]:
         ranks = job_ranks(cycle.fleet, job)
         if not p.enabled or quiet_declared(ranks, cycle.now):
             return []
+        if len(ranks) < p.min_gpus and sum(len(g) for g in job.gpus.values()) < p.min_gpus:
+            return []  # too small for any of the outlier tests (each needs min_gpus GPUs or ranks)
         clocks = job_clocks(cycle, job, p.window_s)
         outliers = whole_nodes(clock_outliers(clocks, p), clocks)
         flagged = {(o.node, o.gpu) for o in outliers}
@@ -73,21 +97,20 @@ def _unit(o: Outlier) -> str:
 
 
 def fleet_clocks(cycle: Cycle) -> dict[tuple[str, int], float]:
-    """Every GPU's window clock over the top-level ``straggler.window_s``, once per cycle."""
+    """Every GPU's window clock over the top-level ``straggler.window_s``, once per cycle (computed by
+    :meth:`StragglerDetector.prepare` in a cycle that ran it)."""
     window = cycle.defaults.straggler.window_s
 
     def compute() -> dict[tuple[str, int], float]:
         gpus = cycle.fleet.gpus.items()
         return {key: c for key, t in gpus if (c := window_clock(t, cycle.now, window)) is not None}
 
-    return cycle.once("straggler.fleet_clocks", compute)
+    return cycle.once(_FLEET_CLOCKS, compute)
 
 
 def fleet_references(cycle: Cycle) -> dict[str, float]:
     """Per GPU model, the fleet's median clock (what a weak GPU falls below), once per cycle."""
-    return cycle.once(
-        "straggler.fleet_medians", lambda: fleet_clock_medians(cycle.fleet, fleet_clocks(cycle))
-    )
+    return cycle.once(_FLEET_MEDIANS, lambda: fleet_clock_medians(cycle.fleet, fleet_clocks(cycle)))
 
 
 def job_clocks(cycle: Cycle, job: JobView, window_s: float) -> dict[tuple[str, int], float]:

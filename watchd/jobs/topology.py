@@ -23,6 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from watchd.jobs.model import JobInfo
+from watchd.slices import Steps, release, run_all
+
+STEP = 2_000  # entries per step of a pass over every job (job_steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,8 @@ class JobTopology:
         self._ranks: dict[tuple[str, str, int | None], float] = {}  # (node, job label, gpu) -> last report
         self._ranks_on: dict[str, set[tuple[str, str, int | None]]] = {}  # node -> its keys in _ranks
         self._unknown_labels: set[str] = set()
+        # the last pass of job_steps: (its now, each job's (number of nodes, partition))
+        self.last_sizes: tuple[float, dict[str, tuple[int, str | None]]] | None = None
 
     # ------------------------------------------------------------------------------------- updates
 
@@ -114,27 +119,47 @@ class JobTopology:
 
     def jobs(self, now: float) -> dict[str, JobView]:
         """Every running job with its nodes and GPUs."""
+        return run_all(self.job_steps(now))
+
+    def job_steps(self, now: float, step: int = STEP) -> Steps[dict[str, JobView]]:
+        """:meth:`jobs` in steps of about ``step`` entries (:mod:`watchd.slices`): at 100,000 jobs the pass
+        takes about half a second. It reads copies of the observations taken at its start, so what is
+        observed meanwhile does not disturb it (it counts from the next pass on). Each job's number of nodes
+        and partition is also kept, as :attr:`last_sizes` (with ``now``), for whoever needs them less fresh
+        than a pass costs (the reliability advice)."""
         ttl = self.member_ttl_s
         reported: dict[str, dict[str, set[int]]] = {}  # job id -> node -> gpus (empty: a rank said none)
-        for (node, gpu), (label, seen) in self._seen.items():
-            if now - seen <= ttl:
-                reported.setdefault(self.canonical(label), {}).setdefault(node, set()).add(gpu)
-        for (node, label, rank_gpu), seen in self._ranks.items():
-            if now - seen <= ttl:
-                gpus_of = reported.setdefault(self.canonical(label), {}).setdefault(node, set())
-                if rank_gpu is not None:
-                    gpus_of.add(rank_gpu)
+        alias = self._alias  # replaced by a refresh, never changed in place
+        seen_items = list(self._seen.items())
+        rank_items = list(self._ranks.items())
+        snapshots = list(self._snapshots.values())
+        yield
+        for i in range(0, len(seen_items), step):
+            for (node, gpu), (label, seen) in seen_items[i : i + step]:
+                if now - seen <= ttl:
+                    reported.setdefault(alias.get(label, label), {}).setdefault(node, set()).add(gpu)
+            yield
+        del seen_items
+        for i in range(0, len(rank_items), step):
+            for (node, label, rank_gpu), seen in rank_items[i : i + step]:
+                if now - seen <= ttl:
+                    gpus_of = reported.setdefault(alias.get(label, label), {}).setdefault(node, set())
+                    if rank_gpu is not None:
+                        gpus_of.add(rank_gpu)
+            yield
         provided: dict[str, JobInfo] = {}
-        for snap in self._snapshots.values():
+        for snap in snapshots:
             for job in snap.values():
                 provided.setdefault(job.id, job)
         jobs_on_node: dict[str, int] = {}
         for job in provided.values():
             for node in job.nodes:
                 jobs_on_node[node] = jobs_on_node.get(node, 0) + 1
+        yield
 
         views: dict[str, JobView] = {}
-        for job_id, job in provided.items():
+        sizes: dict[str, tuple[int, str | None]] = {}
+        for n, (job_id, job) in enumerate(provided.items(), 1):
             by_node = reported.get(job_id, {})
             gpus: dict[str, tuple[int, ...]] = {}
             for node in job.nodes:
@@ -148,12 +173,21 @@ class JobTopology:
             views[job_id] = JobView(
                 job_id, job.nodes, gpus, job.partition, job.source, job.start_time, job.ranks
             )
+            sizes[job_id] = (len(job.nodes), job.partition)
+            if n % step == 0:
+                yield
         agent_jobs_on_node: dict[str, int] = {}
-        for job_id, by_node in reported.items():
+        for n, (job_id, by_node) in enumerate(reported.items(), 1):
             if job_id not in views:
                 for node in by_node:
                     agent_jobs_on_node[node] = agent_jobs_on_node.get(node, 0) + 1
-        for job_id, by_node in reported.items():
+            if n % step == 0:
+                yield  # ``reported`` is ours alone: nothing changes it between steps
+        yield
+        for n, job_id in enumerate(list(reported), 1):
+            if n % step == 0:
+                yield
+            by_node = reported.pop(job_id)  # let go as it goes: freed at once, it holds the loop
             if job_id in views:
                 continue
             nodes = tuple(sorted(by_node))
@@ -166,7 +200,17 @@ class JobTopology:
                 else:
                     gpus[node] = ()
             views[job_id] = JobView(job_id, nodes, gpus)
+            sizes[job_id] = (len(nodes), None)
+        self.last_sizes = (now, sizes)
         return views
+
+    def size_steps(self, now: float, step: int = STEP) -> Steps[dict[str, tuple[int, str | None]]]:
+        """Each running job's number of nodes and partition, by a pass of :meth:`job_steps` whose views are
+        let go in steps."""
+        views = yield from self.job_steps(now, step)
+        yield from release(views, step)
+        assert self.last_sizes is not None
+        return self.last_sizes[1]
 
     def _unlabelled_gpus(self, node: str, now: float) -> tuple[int, ...]:
         ttl = self.member_ttl_s
@@ -180,18 +224,27 @@ class JobTopology:
 
     def prune(self, now: float) -> None:
         """Forget observations past the TTL (bounded memory as nodes come and go)."""
+        run_all(self.prune_steps(now))
+
+    def prune_steps(self, now: float, step: int = STEP) -> Steps[None]:
+        """:meth:`prune` in steps; each step prunes what is past the TTL when it runs."""
         horizon = now - self.member_ttl_s
         for key in [k for k, (_, seen) in self._seen.items() if seen < horizon]:
             del self._seen[key]
+        yield
         for rank in [k for k, seen in self._ranks.items() if seen < horizon]:
             del self._ranks[rank]
             on = self._ranks_on[rank[0]]
             on.discard(rank)
             if not on:
                 del self._ranks_on[rank[0]]
-        for node in list(self._node_gpus):
-            gpus = self._node_gpus[node]
-            for gpu in [g for g, seen in gpus.items() if seen < horizon]:
-                del gpus[gpu]
-            if not gpus:
-                del self._node_gpus[node]
+        yield
+        for n, node in enumerate(list(self._node_gpus), 1):
+            gpus = self._node_gpus.get(node)
+            if gpus is not None:
+                for gpu in [g for g, seen in gpus.items() if seen < horizon]:
+                    del gpus[gpu]
+                if not gpus:
+                    del self._node_gpus[node]
+            if n % step == 0:
+                yield

@@ -17,8 +17,10 @@ class ReliabilityState(Protocol):
     """What the metrics read of the accounting (:class:`watchd.reliability.subsystem.Reliability`)."""
 
     config: ReliabilityConfig
-    _report: Report | None
     _advice: dict[str, Advice]
+
+    @property
+    def _report(self) -> Report | None: ...
 
 
 def _estimate_samples(est: MtbfEstimate) -> Iterator[tuple[str, float | None]]:

@@ -3,6 +3,7 @@ checkpoint advice for a running job. Pure: plain data in, plain data out, ``now`
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ class Report:
         return self.fleet
 
     def to_dict(self, nodes_limit: int = 1000) -> dict[str, Any]:
-        troubled = sorted(self.nodes.items(), key=lambda kv: (-kv[1].failures, kv[0]))[:nodes_limit]
+        troubled = heapq.nsmallest(nodes_limit, self.nodes.items(), key=lambda kv: (-kv[1].failures, kv[0]))
         return {
             "now": self.now,
             "since": self.since,

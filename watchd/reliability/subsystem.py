@@ -6,13 +6,15 @@ Hot path: :meth:`Reliability.observe` is a few dict operations per event; writes
 and in :meth:`flush` (every ``reliability.flush_s``). The periodic work grows with the fleet (a row per node
 and interval: 4.3 s a minute at 100,000 nodes when done at once), so :meth:`flush` and :meth:`cycle` write
 and read in pages with the event loop served between them, and build the report in a worker thread: a drain
-decided meanwhile waits for one page, not for the whole fleet."""
+decided meanwhile waits for one page, not for the whole fleet. The API serves the reports the cycle built
+(:mod:`watchd.reliability.cached`), and the advice of every running job is refreshed in slices
+(:mod:`watchd.slices`)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -29,6 +31,7 @@ from watchd.model.heartbeat import KIND as HEARTBEAT_KIND
 from watchd.model.reliability import JOB_ADVICE_PATH, CheckpointInterval
 from watchd.model.reliability import KIND as ADVICE_KIND
 from watchd.model.reliability import SOURCE as ADVICE_SOURCE
+from watchd.reliability.cached import Built, ReportCache
 from watchd.reliability.evidence import FAILURE_OUTCOMES, gpu_of, hardware_evidence
 from watchd.reliability.jobs import JobTracker
 from watchd.reliability.metrics import ReliabilityCollector
@@ -36,6 +39,7 @@ from watchd.reliability.report import Advice, Failure, NodeInfo, Report, advise,
 from watchd.reliability.service import Interval, NodeService, ServiceTracker
 from watchd.reliability.settings import ReliabilityConfig
 from watchd.rules.decision import Decision
+from watchd.slices import Steps, pause, run_all, run_sliced
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
 from watchd.store.reliability import PAGE, FailureRow, IntervalRow, NodeRow
@@ -55,7 +59,7 @@ async def _collect(pages: Iterator[list[_T]]) -> list[_T]:
     out: list[_T] = []
     for page in pages:
         out.extend(page)
-        await asyncio.sleep(0)
+        await pause()
     return out
 
 
@@ -88,7 +92,8 @@ class Reliability(Component):
         self._partitions: dict[str, tuple[str, ...]] = {}
         self._advice: dict[str, Advice] = {}
         self._last_finding: dict[str, float] = {}
-        self._report: Report | None = None
+        # the fleet's report (the last cycle's) and the queries' (since, partition), with their documents
+        self.reports = ReportCache(max_age_s=2 * config.interval_s)
         self.failures_recorded = 0
         self.metrics_collector: Collector = ReliabilityCollector(self)
         for row in store.reliability.nodes():
@@ -115,7 +120,7 @@ class Reliability(Component):
     def routes(self, app: web.Application, operator: Operator) -> None:
         async def document(request: web.Request) -> web.Response:
             try:
-                return json_response(self.document(request.query))
+                return json_response(await self.document(request.query))
             except ValueError as exc:
                 return error_response(400, str(exc))
             except LookupError as exc:
@@ -126,7 +131,7 @@ class Reliability(Component):
             if not job:
                 return error_response(400, "job: required")
             try:
-                return json_response({"job": self.document({"job": job})["job"]})
+                return json_response({"job": (await self.document({"job": job}))["job"]})
             except LookupError as exc:
                 return error_response(404, str(exc).strip("'\""))
 
@@ -243,7 +248,7 @@ class Reliability(Component):
         states = list(self.service.nodes.values())
         for i in range(0, len(states), PAGE):
             self._save(*self._changes(states[i : i + PAGE]))
-            await asyncio.sleep(0)
+            await pause()
         self._forget_evicted()
 
     def flush_now(self) -> None:
@@ -290,37 +295,63 @@ class Reliability(Component):
                 state.dirty = True
         self.job_tracker.prune(now, max(3600.0, 10 * self.config.gap_s))
 
+    @property
+    def _report(self) -> Report | None:
+        """The fleet's report from the last cycle (or the last request that found it stale)."""
+        current = self.reports.current
+        return current.report if current is not None else None
+
     async def cycle(self) -> list[Event]:
-        """:meth:`cycle_now` without holding the event loop: saved and read in pages, built in a thread."""
+        """:meth:`cycle_now` without holding the event loop: saved and read in pages, built in a thread, the
+        advice refreshed in slices."""
         now = self.clock.now()
         since = now - self.config.window_days * 86400.0
-        await self.flush()
+        built = await self.reports.rebuild(lambda: self._build_off_loop(now, since, None, flush=True))
+        running = await run_sliced(self._running_steps(now))
+        return await run_sliced(self._refresh_steps(built.report, now, running))
+
+    async def _build_off_loop(self, now: float, since: float, partition: str | None, *, flush: bool) -> Built:
+        """The report over ``[since, now]``: saved first (``flush``), the record read in pages with the event
+        loop served between them, built with its document in a worker thread."""
+        if flush:
+            await self.flush()
         rel = self.store.reliability
         nodes = await _collect(rel.node_pages())
         intervals = await _collect(rel.interval_pages(since))
         failures = await _collect(rel.failure_pages(since))
         partitions = dict(self._partitions)
-        report = await asyncio.to_thread(
-            self._build, nodes, intervals, failures, partitions, now, since, partition=None
-        )
-        return self._refresh(report, now)
+
+        def build() -> Built:
+            return Built.of(self._build(nodes, intervals, failures, partitions, now, since, partition))
+
+        return await asyncio.to_thread(build)
+
+    def _running_steps(self, now: float) -> Steps[Mapping[str, tuple[int, str | None]]]:
+        """Each running job's number of nodes and partition: from the detectors' last pass when at most
+        ``interval_s`` old (they pass every ``detectors.interval_s``), else from a pass of our own."""
+        last = self.topology.last_sizes
+        if last is not None and 0.0 <= now - last[0] <= self.config.interval_s:
+            return last[1]
+        return (yield from self.topology.size_steps(now))
 
     def cycle_now(self) -> list[Event]:
         """Refresh the report and every running job's advice; the findings for jobs far off the advice."""
         now = self.clock.now()
-        return self._refresh(self.report(now=now), now)
+        self.reports.current = Built.of(self.report(now=now))
+        sizes = run_all(self.topology.size_steps(now))
+        return run_all(self._refresh_steps(self.reports.current.report, now, sizes))
 
-    def _refresh(self, report: Report, now: float) -> list[Event]:
-        self._report = report
-        running = self.topology.jobs(now)
+    def _refresh_steps(
+        self, report: Report, now: float, running: Mapping[str, tuple[int, str | None]]
+    ) -> Steps[list[Event]]:
+        """Every running job's advice from ``report``, one job a step; the findings for jobs far off it."""
         advice: dict[str, Advice] = {}
         findings: list[Event] = []
-        for label, state in self.job_tracker.jobs.items():
+        for label, state in list(self.job_tracker.jobs.items()):  # heartbeats may add jobs between steps
+            yield
             if state.done:
                 continue
-            view = running.get(label)
-            nodes = len(view.nodes) if view is not None and view.nodes else len(state.nodes)
-            partition = view.partition if view is not None else None
+            nodes, partition = self._size(label, state.nodes, running)
             a = self._advise(label, nodes, partition, report, now)
             if a is None:
                 continue
@@ -335,6 +366,15 @@ class Reliability(Component):
         for label in [j for j in self._last_finding if j not in self.job_tracker.jobs]:
             del self._last_finding[label]
         return findings
+
+    @staticmethod
+    def _size(
+        label: str, heartbeat_nodes: Collection[str], running: Mapping[str, tuple[int, str | None]]
+    ) -> tuple[int, str | None]:
+        """A job's number of nodes and partition as the topology sees it; else the nodes its heartbeats
+        came from."""
+        nodes, partition = running.get(label, (0, None))
+        return (nodes or len(heartbeat_nodes)), partition
 
     def _advise(
         self, label: str, nodes: int, partition: str | None, report: Report, now: float
@@ -419,29 +459,35 @@ class Reliability(Component):
             lemon_window_s=self.config.lemon_window_days * 86400.0,
         )
 
-    def document(self, query: Mapping[str, str]) -> dict[str, Any]:
+    async def document(self, query: Mapping[str, str]) -> dict[str, Any]:
         """``GET /api/v1/reliability``: ``since`` (epoch seconds, or a duration like ``30d``), ``partition``,
-        ``job``. Raises ValueError for a query it cannot read."""
+        ``job``. Raises ValueError for a query it cannot read. Served from the reports kept
+        (:mod:`watchd.reliability.cached`: the fleet's from the last cycle; a query's for ``max_age_s``),
+        built off the event loop when missing or stale; ``report_age_s`` says how old."""
         now = self.clock.now()
-        since = parse_since(query.get("since"), now) if query.get("since") else None
+        raw_since = query.get("since") or ""
+        since = parse_since(raw_since, now) if raw_since else None
         partition = query.get("partition") or None
         job = query.get("job") or None
-        cached = self._report
-        if job is not None and cached is not None and since is None and partition is None:
-            report = cached  # the advice of one job (a training loop asking): the last cycle's accounting
+        if since is None and partition is None:
+            window = now - self.config.window_days * 86400.0
+            built = await self.reports.fleet(now, lambda: self._build_off_loop(now, window, None, flush=True))
         else:
-            report = self.report(now=now, since=since, partition=partition)
-        doc = report.to_dict()
+            start = since if since is not None else now - self.config.window_days * 86400.0
+            built = await self.reports.query(
+                (raw_since, partition), now, lambda: self._build_off_loop(now, start, partition, flush=False)
+            )
+        report = built.report
+        doc = dict(built.doc)  # the document is shared: only its top level is added to
         doc["partition"] = partition
+        doc["report_age_s"] = round(max(0.0, now - report.now), 3)
         doc["advice_model"] = ADVICE_DOC
         if job is not None:
             label = self.topology.canonical(job)
             state = self.job_tracker.jobs.get(label)
             if state is None:
                 raise LookupError(f"job {job}: no heartbeats from it (is it running with watchd.client?)")
-            view = self.topology.jobs(now).get(label)
-            nodes = len(view.nodes) if view is not None and view.nodes else len(state.nodes)
-            part = view.partition if view is not None else None
+            nodes, part = self._size(label, state.nodes, await run_sliced(self._running_steps(now)))
             a = self._advise(label, nodes, part, report, now)
             doc["job"] = (
                 a.to_dict()
