@@ -177,6 +177,18 @@ class KubeApiServer:
             "status": {
                 "capacity": {"nvidia.com/gpu": str(gpus)},
                 "conditions": [{"type": "Ready", "status": "True" if ready else "Unknown"}],
+                "nodeInfo": {  # as a kubelet reports it: bootID changes with every boot
+                    "architecture": "amd64",
+                    "bootID": self._new_uid(),
+                    "containerRuntimeVersion": "containerd://1.7.24",
+                    "kernelVersion": "6.8.0",
+                    "kubeProxyVersion": "v1.31.4",
+                    "kubeletVersion": "v1.31.4",
+                    "machineID": name,
+                    "operatingSystem": "linux",
+                    "osImage": "Ubuntu 24.04.1 LTS",
+                    "systemUUID": name,
+                },
             },
         }
         if unschedulable:

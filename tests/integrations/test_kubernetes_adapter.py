@@ -357,3 +357,24 @@ async def test_privileges_are_asked_of_rbac_and_change_nothing(
     api.inject(503, method="POST", path="selfsubjectaccessreviews")
     unknown = await k8s.privileges()
     assert unknown.allowed is None and "could not ask" in unknown.detail, unknown
+
+
+async def test_reboot_asks_the_sites_daemon_once_and_ends_with_a_new_boot(
+    api: KubeApiServer, k8s: KubernetesScheduler
+) -> None:
+    assert (await k8s.reboot("gpu-1", "reboot after Xid 79")).outcome == "not_drained"  # in service
+    await k8s.drain({"gpu-1": "Xid 79"})
+    before = (await k8s.node_states(["gpu-1"]))["gpu-1"]
+    assert before.boot_id is not None and not before.reboot_pending
+    result = await k8s.reboot("gpu-1", "reboot after Xid 79")
+    assert result.outcome == "rebooting"
+    asked = json.loads(api.node("gpu-1")["metadata"]["annotations"]["watchd.io/reboot-requested"])
+    assert asked["boot_id"] == before.boot_id and asked["reason"] == "watchd: reboot after Xid 79"
+    assert (await k8s.node_states(["gpu-1"]))["gpu-1"].reboot_pending
+    assert (await k8s.reboot("gpu-1", "again")).detail == "a reboot is pending already"
+    api.node("gpu-1")["status"]["nodeInfo"]["bootID"] = "a-new-boot"  # the kubelet after the reboot
+    api.state.bump(api.node("gpu-1"))
+    after = (await k8s.node_states(["gpu-1"]))["gpu-1"]
+    assert after.boot_id == "a-new-boot" and not after.reboot_pending and after.drained  # still cordoned
+    api.add_node("adm", unschedulable=True)
+    assert (await k8s.reboot("adm", "x")).outcome == "refused"  # someone else's cordon
