@@ -91,3 +91,24 @@ def test_the_watch_polls_only_with_a_scheduler() -> None:
     watch = Remediation(None, Trail([]), RemediationConfig(), FakeClock(0.0), emit, lambda: True)
     assert watch.jobs() == ()
     asyncio.run(watch.start())
+
+
+async def test_a_reboot_audited_after_start_is_followed_too() -> None:
+    """A reboot driven again after a restart is audited once the watch has started, without a feedback
+    event: the next poll reads it from the trail."""
+    fake = FakeScheduler()
+    fake.add_node("gpu-1", flags={"DRAIN"}, reason="watchd: Xid 79")
+    trail = Trail([])
+    emitted: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        emitted.append(event)
+
+    watch = Remediation(fake, trail, RemediationConfig(), FakeClock(1000.0), emit, lambda: True)
+    await watch.start()
+    assert watch.awaited == {}
+    await fake.reboot("gpu-1", "x")
+    trail.records.append(reboot_record(1001.0, boot="boot-1"))
+    fake.complete_reboot("gpu-1", "boot-2")
+    await watch.poll()
+    assert [e.kind for e in emitted] == ["node_rebooted"]

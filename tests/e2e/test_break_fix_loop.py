@@ -193,7 +193,9 @@ def test_a_node_that_fails_validation_after_its_reboot_stays_drained(
         cluster.reset_nodes([NODE])
 
 
-@pytest.mark.parametrize("step", ["after_the_reboot_is_asked", "while_the_node_is_away"])
+@pytest.mark.parametrize(
+    "step", ["before_the_reboot_is_asked", "after_the_reboot_is_asked", "while_the_node_is_away"]
+)
 def test_kill9_at_each_step_never_reboots_twice_nor_returns_an_unvalidated_node(
     step: str, rebooting_cluster: SlurmCluster, standins: Path, tmp_path: Path
 ) -> None:
@@ -203,7 +205,9 @@ def test_kill9_at_each_step_never_reboots_twice_nor_returns_an_unvalidated_node(
     called_before = [e["event"] for e in cluster.reboot_events(NODE)].count("called")
     mark = tmp_path / "stopped"
     env = {"WATCHD_REAL_SCONTROL": REAL_SCONTROL, "WATCHD_STOP_MARK": str(mark)}
-    if step == "after_the_reboot_is_asked":  # Slurm has it, the engine has not recorded it
+    if step == "before_the_reboot_is_asked":  # the intent is written, Slurm not asked yet
+        env.update(WATCHD_STOP_AT="reboot ASAP", WATCHD_STOP_NTH="1", WATCHD_STOP_WHEN="before")
+    elif step == "after_the_reboot_is_asked":  # Slurm has it, the engine has not recorded it
         env.update(WATCHD_STOP_AT="reboot ASAP", WATCHD_STOP_NTH="1", WATCHD_STOP_WHEN="after")
     else:
         cluster.configure_reboots(delay=1.0, downtime=8.0)  # away long enough to be killed meanwhile
@@ -212,8 +216,8 @@ def test_kill9_at_each_step_never_reboots_twice_nor_returns_an_unvalidated_node(
     try:
         with open(kernel_log, "a") as f:
             f.write(XID79 + "\n")
-        if step == "after_the_reboot_is_asked":
-            wait_for(mark.exists, timeout=30, what="the engine stopped right after scontrol reboot")
+        if step != "while_the_node_is_away":
+            wait_for(mark.exists, timeout=30, what="the engine stopped at scontrol reboot")
         else:
             wait_for(
                 lambda: any(a["action"] == "reboot" for a in _actions(engine)), timeout=30, what="the reboot"
@@ -222,6 +226,9 @@ def test_kill9_at_each_step_never_reboots_twice_nor_returns_an_unvalidated_node(
         engine.proc.wait()
         engine.stop()
         assert cluster.reason(NODE) is not None, "out of service while the engine is gone"
+        if step == "before_the_reboot_is_asked":
+            called_now = [e["event"] for e in cluster.reboot_events(NODE)].count("called")
+            assert called_now == called_before, "nothing asked of Slurm yet"
         second = _engine(cluster, standins, tmp_path, {"WATCHD_REAL_SCONTROL": REAL_SCONTROL})
         _wait(
             lambda: _back_in_service(cluster, second), 150, "validated and back in service", second, cluster

@@ -26,7 +26,6 @@ from watchd.clock import Clock
 from watchd.httputil import error_response, json_response
 from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.logs import get_logger
-from watchd.model.action import KIND as ACTION_KIND
 from watchd.model.events import Event, stable_id
 from watchd.model.nodes import describe
 from watchd.model.reboot import SOURCE, NodeRebooted, NodeRebootOverdue
@@ -37,6 +36,8 @@ __all__ = ["Remediation", "awaiting_from"]
 _log = get_logger("watchd.reboots")
 #: the audit records read at start to find the reboots still awaited
 START_RECORDS = 50_000
+#: the audit records read at each poll (more when they do not reach back to the previous poll)
+TRAIL_PAGE = 2000
 #: the audit records of a node its history is read from
 HISTORY_RECORDS = 5000
 #: what ends the wait for a node besides its return: it was validated or resumed since
@@ -50,9 +51,12 @@ class Awaited:
     overdue_sent: bool = False
 
 
-def awaiting_from(records: Sequence[AuditRecord]) -> dict[str, Awaited]:
-    """The nodes whose last ``rebooting`` reboot was not followed by their validation or resume."""
-    out: dict[str, Awaited] = {}
+def awaiting_from(
+    records: Sequence[AuditRecord], into: dict[str, Awaited] | None = None
+) -> dict[str, Awaited]:
+    """The nodes whose last ``rebooting`` reboot was not followed by their validation or resume (``records``
+    applied in time order to ``into``, or to nothing)."""
+    out = {} if into is None else into
     for rec in sorted(records, key=lambda r: r.time):
         if rec.mode != "enforce":
             continue
@@ -83,28 +87,31 @@ class Remediation(Component):
         self._emit = emit
         self._leading = leading
         self.awaited: dict[str, Awaited] = {}
-        self._changed: set[str] = set()  # nodes whose trail changed since the last poll
+        self._read_until = 0.0  # the time of the newest audit record read
 
     async def start(self) -> None:
-        self.awaited = awaiting_from(self._audit.recent(START_RECORDS))
+        self._read_trail(START_RECORDS)
         if self.awaited:
             _log.info("reboots_awaited", nodes=sorted(self.awaited))
 
-    def observe(self, event: Event) -> None:
-        if event.kind == ACTION_KIND and event.attrs.get("action") == "reboot":
-            self._changed.add(event.node)
+    def _read_trail(self, page: int = TRAIL_PAGE) -> None:
+        """The audit records since the last read, whoever wrote them (a rule's reboot, one driven again after
+        a restart, an operator's resume); a page that does not reach back that far is read again whole."""
+        records = self._audit.recent(page)
+        if len(records) == page and records and records[0].time > self._read_until and page < START_RECORDS:
+            records = self._audit.recent(START_RECORDS)
+        new = [r for r in records if r.time > self._read_until]
+        if new:
+            awaiting_from(new, self.awaited)
+            self._read_until = max(r.time for r in new)
 
     def jobs(self) -> Sequence[Job]:
         return (Job("reboot-watch", self._config.poll_s, self.poll),) if self._scheduler is not None else ()
 
     async def poll(self) -> None:
-        """Read the trail of the nodes it changed for, then the states of the nodes awaited (the leader
-        only): each one back is announced once, each one overdue reported once."""
-        for node in self._changed:
-            found = awaiting_from(self._audit.recent(50, node=node))
-            if node in found:
-                self.awaited[node] = found[node]
-        self._changed.clear()
+        """Read the trail since the last poll, then the states of the nodes awaited (the leader only):
+        each one back is announced once, each one overdue reported once."""
+        self._read_trail()
         if not self.awaited or self._scheduler is None or not self._leading():
             return
         try:
