@@ -131,6 +131,10 @@ def test_hostile_job_outputs_cost_the_agent_nothing(
         assert _metric(metrics, refused, source="slurm-jobs", reason="symlink") >= 1, metrics
         assert rss_kib(agent.proc.pid) < 200 * 1024, "the agent stayed small"
         assert agent.proc.poll() is None and tracebacks(agent) == 0
+    except BaseException:
+        agent.stop()  # a frozen or swollen agent must not outlive the test
+        engine.stop()
+        raise
     finally:
         for job in jobs:
             cluster.run("scancel", job, check=False)
