@@ -20,6 +20,9 @@ class Trail:
     def recent(self, limit: int = 100, node: str | None = None) -> list[AuditRecord]:
         return [r for r in self.records if node is None or r.node == node][-limit:]
 
+    def since(self, time: float, limit: int) -> list[AuditRecord]:
+        return sorted((r for r in self.records if r.time > time), key=lambda r: r.time)[:limit]
+
 
 def reboot_record(t: float, node: str = "gpu-1", boot: str = "boot-1") -> AuditRecord:
     return AuditRecord(

@@ -34,9 +34,10 @@ from watchd.subsystem import Component, Job, Operator
 __all__ = ["Remediation", "awaiting_from"]
 
 _log = get_logger("watchd.reboots")
-#: the audit records read at start to find the reboots still awaited
-START_RECORDS = 50_000
-#: the audit records read at each poll (more when they do not reach back to the previous poll)
+#: how far back the trail is read at start for the reboots still awaited (one not back in a week was
+#: reported overdue long ago; it stays out of service)
+START_WINDOW_S = 7 * 86400.0
+#: the audit records read at once (pages until the newest)
 TRAIL_PAGE = 2000
 #: the audit records of a node its history is read from
 HISTORY_RECORDS = 5000
@@ -90,20 +91,19 @@ class Remediation(Component):
         self._read_until = 0.0  # the time of the newest audit record read
 
     async def start(self) -> None:
-        self._read_trail(START_RECORDS)
+        self._read_until = self._clock.now() - START_WINDOW_S
+        self._read_trail()
         if self.awaited:
             _log.info("reboots_awaited", nodes=sorted(self.awaited))
 
-    def _read_trail(self, page: int = TRAIL_PAGE) -> None:
+    def _read_trail(self) -> None:
         """The audit records since the last read, whoever wrote them (a rule's reboot, one driven again after
-        a restart, an operator's resume); a page that does not reach back that far is read again whole."""
-        records = self._audit.recent(page)
-        if len(records) == page and records and records[0].time > self._read_until and page < START_RECORDS:
-            records = self._audit.recent(START_RECORDS)
-        new = [r for r in records if r.time > self._read_until]
-        if new:
-            awaiting_from(new, self.awaited)
-            self._read_until = max(r.time for r in new)
+        a restart, an operator's resume), a page at a time: only what is new is read."""
+        while records := self._audit.since(self._read_until, TRAIL_PAGE):
+            awaiting_from(records, self.awaited)
+            self._read_until = records[-1].time
+            if len(records) < TRAIL_PAGE:
+                break
 
     def jobs(self) -> Sequence[Job]:
         return (Job("reboot-watch", self._config.poll_s, self.poll),) if self._scheduler is not None else ()

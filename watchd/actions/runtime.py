@@ -60,6 +60,10 @@ class AuditReader(Protocol):
         """The last ``limit`` records (of ``node`` when given), oldest first."""
         ...
 
+    def since(self, time: float, limit: int) -> list[AuditRecord]:
+        """The records after ``time`` (at most the first ``limit`` of them), oldest first."""
+        ...
+
 
 @dataclass(slots=True)
 class Runtime:

@@ -49,6 +49,15 @@ class AuditLog:
             )
         return [_record(r) for r in reversed(rows)]
 
+    def since(self, time: float, limit: int) -> list[AuditRecord]:
+        """The records after ``time`` (at most the first ``limit`` of them), oldest first."""
+        rows = self._db.all(
+            "reading the audit trail",
+            f"SELECT {_COLS} FROM audit WHERE time > ? ORDER BY time, id LIMIT ?",
+            (time, limit),
+        )
+        return [_record(r) for r in rows]
+
     def prune(self, older_than: float) -> int:
         """Delete audit records with ``time < older_than``; returns how many."""
         return self._db.delete("pruning the audit trail", "DELETE FROM audit WHERE time < ?", (older_than,))
