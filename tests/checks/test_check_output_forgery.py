@@ -31,14 +31,14 @@ from typing import Any
 import pytest
 
 from tests.checks.conftest import DATA, behave
-from tests.daemons import Daemon, free_port, watchd_command
+from tests.checks.test_validation_kill9 import TOKEN, engine_config
+from tests.daemons import Daemon, watchd_command
 from tests.harness.slurm import SlurmCluster
 from tests.support import xid_event
 from watchd.model.events import INGEST_PATH, batch_to_wire
 
 pytestmark = pytest.mark.slurm
 
-TOKEN = "t0ken"
 NOBODY = 65534
 EVIDENCE = "watchd: nccl busbw 312 GB/s < 80% of 450 GB/s"
 
@@ -108,9 +108,6 @@ def attacked(base: Path) -> bool:
 
 
 def scene(cluster: SlurmCluster, standins: Path, base: Path) -> dict[str, Any]:
-    out = base / "out"
-    out.mkdir()
-    out.chmod(0o750)  # what the engine asks for at start
     payload = base / "payload"
     payload.mkdir(mode=0o755)
     (payload / "pass.txt").write_text((DATA / "nccl" / "h100-8gpu-single-node-pass.txt").read_text())
@@ -120,29 +117,10 @@ def scene(cluster: SlurmCluster, standins: Path, base: Path) -> dict[str, Any]:
     wrapper = base / "scontrol"
     wrapper.write_text(WRAPPER)
     wrapper.chmod(0o755)
-    return {
-        "listen": {"host": "127.0.0.1", "port": free_port()},
-        "auth": {"token": TOKEN},
-        "mode": "enforce",
-        "slurm": {"slurm_conf": str(cluster.conf_path), "scontrol": str(wrapper)},
-        "state": {"path": str(base / "state.db")},
-        "safety": {"max_fraction": 1.0},
-        "log": {"format": "json"},
-        "checks": {
-            "enabled": True,
-            "runner": "slurm",
-            "output_dir": str(out),
-            "slurm": {"poll_interval_s": 0.2, "grace": "3s", "partition": "gpu"},
-            "items": [
-                {
-                    "name": "nccl",
-                    "type": "nccl",
-                    "command": [str(standins / "all_reduce_perf"), "-b", "256M", "-e", "2G", "-g", "8"],
-                    "time_limit": "20s",
-                }
-            ],
-        },
-    }
+    config = engine_config(cluster, standins, base, wrapper)  # out/ 0750, what the engine asks for
+    config["safety"] = {"max_fraction": 1.0}
+    config["checks"]["items"] = config["checks"]["items"][:1]  # nccl alone
+    return config
 
 
 def post(daemon: Daemon, path: str, body: Any, timeout: float = 60) -> tuple[int, Any]:

@@ -34,14 +34,7 @@ from tests.support import real_components_required
 pytestmark = pytest.mark.real
 
 #: drains only (the restart costs one statement, a gate: the requeue adds nothing but time, a process each)
-DRAIN_ONLY = """
-rules:
-  - name: fatal-xid
-    severity: critical
-    match: {kind: xid, xid: 79}
-    actions:
-      - drain: {reason: "Xid {{ xid }} GPU {{ pci_bus_id }}"}
-"""
+DRAIN_ONLY = RULES.replace("      - requeue\n", "")
 
 TOOK_OUT = ("drained", "already_drained")
 #: finished (not abandoned), and no audit record of it since decided (a re-send's "deduplicated" is not one)

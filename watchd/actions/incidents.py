@@ -23,6 +23,8 @@ IncidentState = Literal["open", "returned", "left_for_a_person"]
 #: outcomes that take a node out of service, and those that put it back
 _OUT = {("drain", "drained")}
 _BACK = {("resume", "resumed"), ("validate", "resumed")}
+#: the actions that count as automatic remediations of a node, with the outcome that means one was done
+REMEDIATIONS = {"reboot": "rebooting"}
 #: outcomes of a remediation that mean no more automatic steps: a person takes over
 LEFT_FOR_A_PERSON = "left_for_a_person"
 
@@ -61,7 +63,7 @@ class Incident:
 
     @property
     def remediations(self) -> int:
-        return sum(1 for s in self.steps if s.action in ("reboot", "gpu_reset") and s.outcome == "rebooting")
+        return sum(1 for s in self.steps if REMEDIATIONS.get(s.action) == s.outcome)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from watchd.actions.audit import AuditRecord
 from watchd.actions.handler import ActionParams, Handler
+from watchd.actions.incidents import REMEDIATIONS
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.model.durations import Duration
 from watchd.model.nodes import down_by_watchd, drain_reason
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
     from watchd.integrations.base import Scheduler
     from watchd.rules.decision import PlannedAction
 
-#: the actions that count as automatic remediations of a node, with the outcome that means one was done
-REMEDIATIONS = {"reboot": Outcome.REBOOTING}
 _OUTCOMES = {
     "rebooting": Outcome.REBOOTING,
     "not_drained": Outcome.NOT_DRAINED,
