@@ -60,6 +60,7 @@ class RebootResult:
     node: str
     outcome: RebootOutcome
     detail: str = ""
+    boot_id: str | None = None  # the boot the node was in when the reboot was asked (``rebooting``)
 
 
 def drain_reason(reason: str, prefix: str = WATCHD_REASON_PREFIX) -> str:

@@ -92,8 +92,7 @@ class RebootHandler(Handler):
                     return ActionResult(Outcome.REBOOTING, "asked before the engine restarted", data)
             result = await scheduler.reboot(node, reason)
             if result.outcome == "rebooting":
-                before = (await scheduler.node_states([node])).get(node)
-                data["boot_id"] = before.boot_id if before is not None else None
+                data["boot_id"] = result.boot_id
             return ActionResult(_OUTCOMES[result.outcome], result.detail, data)
 
         return await runtime.scheduled(self.kind, call)

@@ -174,14 +174,14 @@ class FakeScheduler:
             return refusal
         assert st is not None
         if st.reboot_pending:
-            return RebootResult(node, "rebooting", "a reboot is pending already")
+            return RebootResult(node, "rebooting", "a reboot is pending already", st.boot_id)
         busy = any(node in j.nodes and j.state == "running" for j in self.jobs.values())
         flag = "REBOOT_REQUESTED" if busy else "REBOOT_ISSUED"
         self.nodes[node] = replace(
             st, flags=st.flags | {flag}, reason=drain_reason(reason, self.reason_prefix)
         )
         self.reboots[node] = drain_reason(reason, self.reason_prefix)
-        return RebootResult(node, "rebooting", f"{flag.lower()}")
+        return RebootResult(node, "rebooting", flag.lower(), st.boot_id)
 
     def complete_reboot(self, node: str, boot_id: str) -> None:
         """The node came back from its reboot (its new ``boot_id``) as Slurm 22.05 brings it back: DOWN, no

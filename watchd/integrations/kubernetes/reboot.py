@@ -46,11 +46,11 @@ async def ask_reboot(client: AsyncClient, node: Node, reason: str) -> RebootResu
     there already."""
     name = (node.metadata or ObjectMeta()).name or ""
     if reboot_pending(node):
-        return RebootResult(name, "rebooting", "a reboot is pending already")
+        return RebootResult(name, "rebooting", "a reboot is pending already", boot_id_of(node))
     value = json.dumps({"reason": reason, "boot_id": boot_id_of(node), "time": time.time()})
     patch = {"metadata": {"annotations": {REBOOT_ANNOTATION: value}}}
     try:
         await client.patch(Node, name, patch, patch_type=PatchType.MERGE)
     except API_ERRORS as exc:
         return RebootResult(name, "failed", describe_error(f"PATCH nodes/{name}", exc))
-    return RebootResult(name, "rebooting", f"{REBOOT_ANNOTATION} set: {reason}")
+    return RebootResult(name, "rebooting", f"{REBOOT_ANNOTATION} set: {reason}", boot_id_of(node))

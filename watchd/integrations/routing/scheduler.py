@@ -170,30 +170,32 @@ class RoutedScheduler:
         return RequeueResult(node, tuple(requeued), tuple(not_requeueable), failed)
 
     async def resume(self, node: str) -> ResumeResult:
-        outcome, detail = await self._each(
+        outcome, detail, _ = await self._each(
             node, lambda sched: sched.resume(node), ("failed", "resumed", "refused", "not_drained")
         )
         return ResumeResult(node, outcome, detail)  # type: ignore[arg-type]
 
     async def reboot(self, node: str, reason: str) -> RebootResult:
-        outcome, detail = await self._each(
+        outcome, detail, answers = await self._each(
             node, lambda sched: sched.reboot(node, reason), ("failed", "rebooting", "refused", "not_drained")
         )
-        return RebootResult(node, outcome, detail)  # type: ignore[arg-type]
+        boot = next((a.boot_id for a in answers if isinstance(a, RebootResult) and a.boot_id), None)
+        return RebootResult(node, outcome, detail, boot)  # type: ignore[arg-type]
 
     async def _each(
         self,
         node: str,
         call: Callable[[Scheduler], Awaitable[ResumeResult | RebootResult]],
         precedence: tuple[str, ...],
-    ) -> tuple[str, str]:
+    ) -> tuple[str, str, list[ResumeResult | RebootResult]]:
         """``call`` on every scheduler of ``node``: one answer as it is; several, the first outcome of
-        ``precedence`` any of them gave, with each one's detail."""
+        ``precedence`` any of them gave, with each one's detail; and the answers."""
         routes = self.routes_of(node)
         if not routes:
-            return "failed", "no scheduler is configured for this node"
+            return "failed", "no scheduler is configured for this node", []
         answers = await asyncio.gather(*(call(r.scheduler) for r in routes), return_exceptions=True)
         results: list[tuple[str, str, str]] = []
+        given: list[ResumeResult | RebootResult] = []
         for r, ans in zip(routes, answers, strict=True):
             if isinstance(ans, SchedulerError):
                 results.append((r.scheduler.name, "failed", str(ans)))
@@ -201,8 +203,9 @@ class RoutedScheduler:
                 raise ans
             else:
                 results.append((r.scheduler.name, ans.outcome, ans.detail))
+                given.append(ans)
         if len(results) == 1:
-            return results[0][1], results[0][2]
+            return results[0][1], results[0][2], given
         outcomes = {outcome for _, outcome, _ in results}
         outcome = next(o for o in precedence if o in outcomes)
-        return outcome, "; ".join(f"{s}: {o} {d}".rstrip() for s, o, d in results)
+        return outcome, "; ".join(f"{s}: {o} {d}".rstrip() for s, o, d in results), given

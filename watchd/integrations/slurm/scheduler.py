@@ -501,14 +501,16 @@ class SlurmScheduler:
             return refusal
         assert st is not None
         if st.reboot_pending:
-            return RebootResult(node, "rebooting", f"a reboot is pending already ({describe(st)})")
+            pending = f"a reboot is pending already ({describe(st)})"
+            return RebootResult(node, "rebooting", pending, st.boot_id)
         if await self._return_to_service() == "2":
             return RebootResult(node, "refused", _RTS_REFUSAL)
         # ASAP: no new job starts there, a running one ends first; DOWN: back from the reboot out of service.
         # No reason=: the node keeps the reason it was drained for (the evidence, or a lemon's), and Slurm
         # appends " : reboot issued : reboot complete" to it
         await self._exec(self.scontrol, "reboot", "ASAP", "nextstate=DOWN", node)
-        return RebootResult(node, "rebooting", f"{drain_reason(reason, self.reason_prefix)} ({st.reason})")
+        shown = f"{drain_reason(reason, self.reason_prefix)} ({st.reason})"
+        return RebootResult(node, "rebooting", shown, st.boot_id)
 
     async def _return_to_service(self) -> str | None:
         """slurm.conf's ReturnToService (read once; None when scontrol does not say)."""
