@@ -86,7 +86,7 @@ def test_hostile_job_outputs_cost_the_agent_nothing(
         "slurm_jobs": True,
         "slurm_node": NODE,
         "slurm_conf": str(cluster.conf_path),
-        "slurm_poll_s": 0.5,
+        "slurm_poll_s": 0.5,  # the default 15 s only delays when files are picked up, not how they are read
     }
     agent = Daemon("agent", config, tmp_path, env={"PYTHONUNBUFFERED": "1"})
     jobs: list[str] = []
