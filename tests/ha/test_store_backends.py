@@ -131,6 +131,9 @@ def test_intents_cooldowns_and_unaudited(store: Store) -> None:
     assert i.cooldown_until("drain:gpu-1") == 112.0
     assert i.last_finished("drain:gpu-1") == 12.0
     assert [u.event_id for u in i.unaudited(0.0)] == ["e1"]  # no audit record yet
+    # the attempt interrupted before the re-drive that finished it is not the finished intent's record
+    store.audit.append(AuditRecord(10.5, "r", "e1", "gpu-1", "drain", "enforce", "interrupted"))
+    assert [u.event_id for u in i.unaudited(0.0)] == ["e1"]
     store.audit.append(AuditRecord(12.5, "r", "e1", "gpu-1", "drain", "enforce", "drained"))
     assert i.unaudited(0.0) == []
     # an operator's release is audited under held-<id>: the LIKE 'held-%' branch

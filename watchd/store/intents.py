@@ -27,6 +27,9 @@ from watchd.store.connection import Connection, Row, StoreError, Tx, dump, text
 ABANDONED = "abandoned"
 #: the outcome of a decision de-duplicated by an intent (its audit record is not that intent's)
 DEDUPLICATED = "deduplicated"
+#: the outcome of an attempt that left its intent open: driven again, the action is audited once more when
+#: it finishes, and that later record is the finished intent's
+INTERRUPTED = "interrupted"
 
 _COLS = "id, key, kind, node, rule, event_id, params, decided_at, finished_at, outcome, detail, result"
 
@@ -203,16 +206,17 @@ class Intents:
         """Intents finished at or after ``since`` (not abandoned) that have no audit record: of their node and
         action (or, for an operator's release of a held action, its event), under their event id or their
         key (a re-driven action is audited under its key), written since they were decided, and not the
-        record of a re-sent event's de-duplicated decision (it begins no intent). After a crash between the
+        record of a re-sent event's de-duplicated decision (it begins no intent) nor that of an attempt
+        interrupted before the re-drive that finished it. After a crash between the
         finish and the audit, or an audit record the store failed to write, oldest first."""
         rows = self._db.all(
             "reading unaudited intents",
             f"SELECT {_COLS} FROM intents i WHERE finished_at IS NOT NULL AND finished_at >= ?"
             " AND outcome != ? AND NOT EXISTS (SELECT 1 FROM audit a WHERE a.node = i.node"
             " AND (a.action = i.kind OR a.event_id LIKE 'held-%')"
-            " AND a.event_id IN (i.event_id, i.key) AND a.time >= i.decided_at AND a.outcome != ?)"
+            " AND a.event_id IN (i.event_id, i.key) AND a.time >= i.decided_at AND a.outcome NOT IN (?, ?))"
             " ORDER BY id",
-            (since, ABANDONED, DEDUPLICATED),
+            (since, ABANDONED, DEDUPLICATED, INTERRUPTED),
         )
         return [_intent(r) for r in rows]
 
