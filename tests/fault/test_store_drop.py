@@ -136,8 +136,9 @@ class Verdict:
 
 
 def _resent(outcome: str, detail: str) -> bool:
-    """A record of a batch answered 503 (its decision's intent could not be recorded) or of a re-send."""
-    refused = outcome == "failed" and detail.startswith("not recorded") and "recording the intent" in detail
+    """A record of a batch answered 503 (its decision's intent could not be begun: reading or recording it
+    failed on the store, so nothing was done and the batch is sent again) or of a re-send."""
+    refused = outcome == "failed" and detail.startswith("not recorded")
     return outcome == "deduplicated" or refused
 
 
