@@ -61,7 +61,10 @@ async def test_a_running_jobs_output_file_is_found_from_the_scheduler_and_follow
                 training = engine.correlator.fleet.training
                 await eventually(lambda: training.ranks(f"slurm:{job}") != [], timeout=20, what="the timeout")
                 [rank] = training.ranks(f"slurm:{job}")
-                assert (rank.rank, rank.timeout_seq, rank.node) == (0, 7753, "gpu-3")
+                # read from the job's output file, it is the job's node's only once the job's nodes are known
+                assert (rank.rank, rank.timeout_seq, rank.node, rank.reporter) == (0, 7753, None, "gpu-3")
+                [rank] = training.ranks(f"slurm:{job}", ("gpu-3",))
+                assert rank.node == "gpu-3"
                 assert agent.metrics.events.labels("slurm-jobs", "collective_timeout")._value.get() == 1
                 # the job ends: its file is released after the grace period
                 cluster.run("scancel", job)

@@ -32,6 +32,7 @@ from watchd.sources.slurm_jobs import (
     expand_path,
     output_paths,
     parse_squeue,
+    read_here,
 )
 
 TIMEOUT_LINE = next(line for name, line in real_lines() if "SeqNum=7753" in line)
@@ -123,9 +124,10 @@ def test_squeue_fields_cannot_be_faked_by_a_file_name_and_patterns_expand() -> N
             "/home/alice",
             "x StdOut=/etc/shadow",
             "%x-%A_%a.err",
+            "gpu-1",
         ],
-        ["43", "43", "N/A", "N/A", "1001", "bob", "n UserId=root(0)", "/home/bob", "", ""],
-        ["44", "44", "N/A", "N/A", "1002", "eve", "e", "/w\nJobArrayID=1", "/o%%u-%5j.log", "(null)"],
+        ["43", "43", "N/A", "N/A", "1001", "bob", "n UserId=root(0)", "/home/bob", "", "", "gpu-2"],
+        ["44", "44", "N/A", "N/A", "1002", "eve", "e", "/w\nJobArrayID=1", "/o%%u-%5j.log", "(null)", ""],
     ]
     text = "\n".join("".join(f + token for f in row) for row in rows) + "\n"
     parsed = parse_squeue(text, token)
@@ -140,6 +142,8 @@ def test_squeue_fields_cannot_be_faked_by_a_file_name_and_patterns_expand() -> N
     assert output_paths(parsed[2], "gpu-1") == (Path("/o%u-00044.log"),)
     assert expand_path("/x/%u/%N-%j.log", parsed[0], "gpu-7") == "/x/alice/gpu-7-42.log"
     assert parse_squeue("1" + token + "garbage" + token, token) == []  # a short answer: nothing made up
+    # a job's output file is read on its batch host only (or everywhere when squeue does not say)
+    assert [read_here(p, "gpu-1") for p in parsed] == [True, False, True]
 
 
 # --------------------------------------------------------------------------------- pods
@@ -312,7 +316,10 @@ async def test_the_agent_ships_training_events_and_the_engine_keeps_them_as_evid
         [rank] = training.ranks("slurm:4242")
         assert (rank.rank, rank.last_completed, rank.completed_from) == (1, 3, "flight_recorder")
         # the first 5 NCCL warnings pass the bound: 4 of them NET/IB completion errors
-        await eventually(lambda: len(training.nic_errors("gpu-3", 0, 1e12)) == 4, what="the NIC errors")
+        await eventually(
+            lambda: len(training.nic_errors("slurm:0", ("gpu-3",), 0, 1e12).get("gpu-3", [])) == 4,
+            what="the NIC errors",
+        )
         # 9 timeouts in the file, at most 5 per job and kind a minute: the rest dropped and counted
         assert agent.metrics.dropped.labels("trainlog_rate")._value.get() > 0
         kinds = agent.metrics.events.labels("file", "collective_timeout")._value.get()

@@ -206,4 +206,4 @@ def test_a_line_without_a_job_counts_for_the_job_on_its_gpu() -> None:
     timeout_no_job = CollectiveTimeout(rank=0, seq=9, op="ALLREDUCE", timeout_ms=1, ran_ms=1, gpu=0)
     job.observe(timeout_no_job.to_event(id="t", node="n1", source="journald", time=job.t))
     assert [r.rank for r in job.c.fleet.training.ranks(JOB)] == [0]
-    assert len(job.c.fleet.training.nic_errors("n1", 0, job.t)) == 1
+    assert len(job.c.fleet.training.nic_errors(JOB, ("n1",), 0, job.t)["n1"]) == 1

@@ -216,7 +216,7 @@ class Agent:
 
     def _trainlog(self, source: LogSource, line: LogLine) -> None:
         """The training-stack event of ``line``, if it is one (issue 19), within the per-job bound."""
-        record = parse_trainlog_line(line.text, job=line.job)
+        record = parse_trainlog_line(line.text, job=line.job, gathered=line.gathered)
         if record is None:
             return
         if not self.trainlog_limit.allow(line.job, record.KIND, line.time):

@@ -117,9 +117,9 @@ def _nic_errors(training: TrainingEvidence, job: JobView, since: float, now: flo
     Flush errors (``status=5``, IBV_WC_WR_FLUSH_ERR) are left out: they follow a queue pair already in the
     error state, on both ends of the broken connection, and would point at the healthy peer as often."""
     by_node = {
-        n: errs
-        for n in job.nodes
-        if (errs := [e for e in training.nic_errors(n, since, now) if e.status != _FLUSH_ERR])
+        n: kept
+        for n, errs in training.nic_errors(job.id, job.nodes, since, now).items()
+        if (kept := [e for e in errs if e.status != _FLUSH_ERR])
     }
     if len(by_node) != 1:
         return None
@@ -141,13 +141,13 @@ def _nic_errors(training: TrainingEvidence, job: JobView, since: float, now: flo
 def _cuda_error(training: TrainingEvidence, job: JobView, since: float, now: float) -> Culprit | None:
     """A CUDA error reported by the training stack (NCCL ``Cuda failure``, the watchdog's CUDA exception) on
     one node only: not hardware evidence by itself (an illegal address is usually the program's)."""
-    by_node = {n: errs for n in job.nodes if (errs := training.cuda_errors(n, since, now))}
+    by_node = training.cuda_errors(job.id, job.nodes, since, now)
     if len(by_node) != 1:
         return None
     node, errs = next(iter(by_node.items()))
-    gpus = {g for _, g, _ in errs}
+    gpus = {e.gpu for e in errs}
     gpu = next(iter(gpus)) if len(gpus) == 1 else None
-    return Culprit(node, gpu, "cuda_error", False, 0.8, f"CUDA error: {errs[0][2][:160]}", (node,))
+    return Culprit(node, gpu, "cuda_error", False, 0.8, f"CUDA error: {errs[0].text[:160]}", (node,))
 
 
 def _wavefront(evidence: list[RankEvidence]) -> Culprit | None:
@@ -171,8 +171,9 @@ def _lagging(
         return None
     low = min(m for _, m in known)
     lagging = [r for r, m in known if m == low]
-    if len(lagging) * 2 >= len(known) or len({r.node for r in lagging}) != 1:
-        return None
+    node = lagging[0].node
+    if len(lagging) * 2 >= len(known) or len({r.node for r in lagging}) != 1 or node is None:
+        return None  # lagging ranks on several nodes, or on a node nobody can tell
     ahead = min(m for _, m in known if m != low)
     r = lagging[0]
     sources = ",".join(sorted({x.completed_from or "timeout" for x in lagging}))
@@ -181,7 +182,7 @@ def _lagging(
         f"collective {low}, the others {ahead} or later ({sources})"
     )
     gpu = r.gpu if len(lagging) == 1 else None
-    return Culprit(r.node, gpu, "wavefront", False, 0.85, what, (r.node,))
+    return Culprit(node, gpu, "wavefront", False, 0.85, what, (node,))
 
 
 def _late_arrival(evidence: list[RankEvidence], margin_s: float = 5.0) -> Culprit | None:
@@ -195,6 +196,8 @@ def _late_arrival(evidence: list[RankEvidence], margin_s: float = 5.0) -> Culpri
     if len(same) < 3 or (same[-1].started_at or 0.0) - (same[-2].started_at or 0.0) < margin_s:
         return None
     last = same[-1]
+    if last.node is None:
+        return None
     late = (last.started_at or 0.0) - (same[-2].started_at or 0.0)
     what = f"rank {last.rank} entered collective {seq} {late:.0f}s after the others"
     return Culprit(last.node, last.gpu, "late_arrival", False, 0.6, what, (last.node,))
@@ -218,7 +221,7 @@ def find_culprit(
                 HardwareEvent(fleet.lost[(m.node, m.gpu)], m.node, m.gpu, "GPU lost", True, "gpu_lost")
             )
     training = fleet.training
-    evidence = training.ranks(job.id)
+    evidence = training.ranks(job.id, job.nodes)
     finders: tuple[Callable[[], Culprit | None], ...] = (
         lambda: _hardware_culprit(events, onset),
         lambda: _nic_errors(training, job, since, now),

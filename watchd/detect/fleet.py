@@ -157,7 +157,7 @@ class FleetState:
         # (an index past max_gpus_per_node, refused)
         self.evicted: dict[str, int] = {"node": 0, "gpu": 0}
         # issue 19: what the training stack said (watchdog timeouts, NCCL WARN lines, Flight Recorder dumps)
-        self.training = TrainingEvidence(self.topology.job_of)
+        self.training = TrainingEvidence(self.topology.job_of, rank_node=self._rank_node)
 
     def _charge(self, node: str, n: int) -> None:
         self._node_bytes[node] = self._node_bytes.get(node, 0) + n
@@ -344,6 +344,11 @@ class FleetState:
         track.last_report = e.time
         if track.phase != "done":
             self.topology.observe_rank(e.node, job, track.gpu, e.time)
+
+    def _rank_node(self, job: str, rank: int) -> str | None:
+        """The node ``rank`` of ``job`` sends its heartbeats from."""
+        track = self.ranks.get(job, {}).get(rank)
+        return track.node if track is not None else None
 
     def _xid(self, e: Event) -> None:
         x = Xid.read(e)

@@ -11,7 +11,9 @@ say about a hang, read from the job's own output (:mod:`watchd.trainlog`).
 ``flight_recorder``     one rank's Flight Recorder dump, summarized per process group
 
 Every text field is bounded by the parser (:data:`MAX_TEXT`); ``job`` is the job whose output the line came
-from when the source knows it (Slurm output files, pod logs), else absent.
+from when the source knows it (Slurm output files, pod logs), else absent. ``gathered`` is true for a line
+read from a Slurm job's output file: that file gathers what the job's tasks printed on all its nodes, so the
+line is not the reading node's own (:mod:`watchd.detect.attribution` says whose it is).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class CollectiveTimeout(Attrs):
     gpu: int | None = None  # the local rank's GPU, where the source knows it
     pg: str | None = None
     raw: str | None = None
+    gathered: bool | None = None  # read from the job's output file, which every node's tasks write
     extra: Mapping[str, Scalar] = field(default_factory=dict)
 
 
@@ -76,6 +79,7 @@ class CollectiveReport(Attrs):
     gpu: int | None = None
     pg: str | None = None
     raw: str | None = None
+    gathered: bool | None = None  # read from the job's output file, which every node's tasks write
     extra: Mapping[str, Scalar] = field(default_factory=dict)
 
 
@@ -89,6 +93,7 @@ class TcpStoreError(Attrs):
     rank: int | None = None
     job: str | None = None
     raw: str | None = None
+    gathered: bool | None = None  # read from the job's output file, which every node's tasks write
     extra: Mapping[str, Scalar] = field(default_factory=dict)
 
 
@@ -116,6 +121,7 @@ class NcclWarn(Attrs):
     rank: int | None = None
     job: str | None = None
     raw: str | None = None
+    gathered: bool | None = None  # read from the job's output file, which every node's tasks write
     extra: Mapping[str, Scalar] = field(default_factory=dict)
 
 
@@ -137,6 +143,7 @@ class NcclRas(Attrs):
     node_addr: str | None = None
     job: str | None = None
     raw: str | None = None
+    gathered: bool | None = None  # read from the job's output file, which every node's tasks write
     extra: Mapping[str, Scalar] = field(default_factory=dict)
 
 

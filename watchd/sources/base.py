@@ -30,6 +30,9 @@ class LogLine:
     #: the kernel wrote it (kmsg facility 0, journald _TRANSPORT=kernel), or the source is trusted by config
     #: (a file with ``trust: any-writer``); an untrusted line is never Xid evidence (docs/security.md)
     trusted: bool = True
+    #: read from a file that gathers the output of a job's tasks on all its nodes (a Slurm batch job's
+    #: output): the line is not this node's own (watchd.detect.attribution)
+    gathered: bool = False
 
 
 class LogSource(Protocol):

@@ -32,6 +32,7 @@ class Followed:
     path: Path
     job: str | None
     owner: int | None = None  # the uid the file must belong to (the job's user); None: any
+    gathered: bool = False  # the file gathers what the job's tasks print on all its nodes
 
 
 class FollowSet:
@@ -101,7 +102,9 @@ class FollowSet:
             on_skipped=self._on_skipped,
         )
         async for line in source.lines():
-            tagged: LogLine | None = replace(line, key=f"{followed.path}:{line.key}", job=followed.job)
+            tagged: LogLine | None = replace(
+                line, key=f"{followed.path}:{line.key}", job=followed.job, gathered=followed.gathered
+            )
             if self._transform is not None and tagged is not None:
                 tagged = self._transform(tagged)
             if tagged is not None:

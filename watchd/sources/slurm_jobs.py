@@ -2,14 +2,20 @@
 
 Which jobs run here, whose they are and where they write come from the scheduler, in one call per poll:
 ``squeue --noheader --nodelist=<node> --states=RUNNING --Format=...`` with the job id, the user's uid, the
-working folder and ``STDOUT``/``STDERR``. A job's user chooses its file names, and a name may hold anything
-but a NUL, so every field is ended by a random token drawn for that call: no name can fake a field boundary
-(``scontrol show job``'s ``Key=value`` text can be faked: ``--output='x StdOut=/etc/shadow'``). Every
-``poll_interval_s`` the set of followed files follows the answer: a new job's files are followed (from their
-end when they exist already), a job that ended is released after a grace period
+working folder, ``STDOUT``/``STDERR`` and the batch host. A job's user chooses its file names, and a name may
+hold anything but a NUL, so every field is ended by a random token drawn for that call: no name can fake a
+field boundary (``scontrol show job``'s ``Key=value`` text can be faked: ``--output='x StdOut=/etc/shadow'``).
+Every ``poll_interval_s`` the set of followed files follows the answer: a new job's files are followed (from
+their end when they exist already), a job that ended is released after a grace period
 (:class:`~watchd.sources.followset.FollowSet`). Each file is read only if it belongs to the job's user and is
 a regular file reached without a symbolic link at its end (:mod:`watchd.untrusted`); each line carries the
 job (``slurm:<id>``).
+
+A batch job's output is one file: its batch step writes it on the job's first node (the batch host), and
+what the tasks of every node print through ``srun`` lands there too. So only the agent on the batch host
+follows it — once per job, not once per node — and marks its lines ``gathered``: which node printed a line
+is for the engine to tell from the line (NCCL's ``host:pid:tid``, the rank), not the reader's name
+(:mod:`watchd.detect.attribution`). A job whose batch host squeue does not give is followed on every node.
 
 The scheduler is asked through :class:`JobOutputs` (a real one running squeue, a fake for tests and the
 simulator), registered by name in :data:`LISTERS`.
@@ -47,7 +53,8 @@ class JobOutput:
 
 class JobOutputs(Protocol):
     def running(self) -> list[JobOutput]:
-        """The jobs running on this node now and their output files (blocking: called in a thread)."""
+        """The jobs running on this node now whose output files this node reads (those of the jobs whose
+        batch host it is), with the files (blocking: called in a thread)."""
         ...
 
 
@@ -73,6 +80,7 @@ FIELDS = (
     "WorkDir",
     "STDOUT",
     "STDERR",
+    "BatchHost",
 )
 _JOB_LABEL = re.compile(r"\d{1,12}(?:_\d{1,9})?")
 
@@ -131,6 +139,11 @@ def output_paths(fields: dict[str, str], node: str) -> tuple[Path, ...]:
     return tuple(out)
 
 
+def read_here(fields: dict[str, str], node: str) -> bool:
+    """Whether ``node`` reads the job's output: it is the job's batch host, or squeue did not say which."""
+    return fields.get("BatchHost", "").strip() in ("", "N/A", "(null)", node)
+
+
 class SlurmJobOutputs:
     """The real scheduler: one ``squeue`` per poll for the jobs on ``node``, their users and their files."""
 
@@ -176,6 +189,7 @@ class SlurmJobOutputs:
         out = [
             JobOutput(f"slurm:{row['JobArrayID']}", output_paths(row, self.node), int(row["UserID"]))
             for row in parse_squeue(listing, token)[:_MAX_JOBS]
+            if read_here(row, self.node)
         ]
         self._last = out
         return out
@@ -208,7 +222,9 @@ class JobOutputSource(NothingToAcknowledge):
         while True:
             try:
                 running = await asyncio.to_thread(self.outputs.running)
-                self.follow.update([Followed(p, o.job, o.uid) for o in running for p in o.paths])
+                self.follow.update(
+                    [Followed(p, o.job, o.uid, gathered=True) for o in running for p in o.paths]
+                )
             except Exception as exc:  # a lister bug must not stop the lines already followed
                 _log.error("job_outputs_failed", error=str(exc) or type(exc).__name__)
             await asyncio.sleep(self.poll_interval_s)

@@ -14,8 +14,8 @@ ordinary training output before any regular expression runs.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-from watchd.model.kinds import Attrs
 from watchd.model.trainlog import (
     MAX_TEXT,
     CollectiveReport,
@@ -25,7 +25,9 @@ from watchd.model.trainlog import (
     TcpStoreError,
 )
 
-__all__ = ["MAX_LINE", "parse_line"]
+__all__ = ["MAX_LINE", "LineRecord", "parse_line"]
+
+LineRecord = CollectiveTimeout | CollectiveReport | TcpStoreError | NcclWarn | NcclRas
 
 MAX_LINE = 8192
 _INT_MAX = 2**63 - 1
@@ -131,18 +133,20 @@ def _rank_of(line: str) -> tuple[int | None, str | None]:
     return (int(prefix.group(1)), None) if prefix is not None else (None, None)
 
 
-def parse_line(text: str, *, job: str | None = None) -> Attrs | None:
-    """The training-stack event ``text`` reports, None for any other line."""
+def parse_line(text: str, *, job: str | None = None, gathered: bool = False) -> LineRecord | None:
+    """The training-stack event ``text`` reports, None for any other line. ``gathered``: the line was read
+    from a job's output file that every node's tasks write (the event says so)."""
     line = text[:MAX_LINE]
     if not any(m in line for m in _MARKERS):
         return None
     try:
-        return _parse(line, job)
+        record = _parse(line, job)
     except (ValueError, IndexError):  # pragma: no cover - the patterns only capture digits where int() reads
         return None
+    return replace(record, gathered=True) if gathered and record is not None else record
 
 
-def _parse(line: str, job: str | None) -> Attrs | None:
+def _parse(line: str, job: str | None) -> LineRecord | None:
     raw = _cut(line)
     if "Watchdog caught collective operation timeout" in line:
         m = _TIMEOUT.search(line)
