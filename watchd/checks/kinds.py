@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from watchd.checks.judges.command import judge_exit_status
 from watchd.checks.judges.dcgm import dcgm_argv, judge_dcgm
-from watchd.checks.judges.nccl import judge_nccl, nccl_argv
+from watchd.checks.judges.nccl import judge_nccl, judge_nccl_pair, nccl_argv, nccl_pair_argv
 from watchd.checks.runner import RunOutput
 from watchd.checks.verdict import Verdict
 from watchd.model.events import Scalar
@@ -54,6 +54,7 @@ class CheckKind:
     default_argv: DefaultArgv | None  # None: every check of this kind gives its ``command``
     judge: Judge
     figures: tuple[str, ...]  # what ``judge`` may put in a verdict, besides COMMON_FIGURES
+    nodes_per_run: int = 1  # 2: one job over a pair of nodes, judged by the round (watchd.checks.fabric)
 
     @property
     def carried(self) -> tuple[str, ...]:
@@ -94,6 +95,23 @@ CHECK_KINDS: Mapping[str, CheckKind] = _table(
             "baseline_source",
             *PEER_FIGURES,
         ),
+    ),
+    CheckKind(
+        "nccl-pair",
+        default_argv=nccl_pair_argv,
+        judge=judge_nccl_pair,
+        figures=(
+            "busbw_gbps",
+            "avg_busbw_gbps",
+            "sizes",
+            "wrong",
+            "gpu_model",
+            "threshold",
+            "baseline_gbps",
+            "baseline_source",
+            "partners",
+        ),
+        nodes_per_run=2,
     ),
     CheckKind(
         "dcgm-diag",

@@ -34,6 +34,11 @@ class CheckJob:
     run_id: str  # unique per run: names the job and its output file
     partition: str | None = None
     validation: bool = False  # runs inside the node's validation reservation
+    peers: tuple[str, ...] = ()  # the other nodes of a multi-node run (nccl-pair): one job over all
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (self.node, *self.peers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +90,8 @@ class CheckRunner(Protocol):
         ...
 
     async def submit(self, job: CheckJob) -> JobHandle:
-        """Start ``job`` on its node; RunnerError when the scheduler refuses."""
+        """Start ``job`` on its node (and its peers: one job over all of them); RunnerError when the
+        scheduler refuses."""
         ...
 
     async def wait(self, handle: JobHandle) -> RunOutput:

@@ -20,13 +20,10 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from apscheduler.triggers.cron import CronTrigger
-from apscheduler.triggers.interval import IntervalTrigger
-
 from watchd.checks import plan
+from watchd.checks.fabric.round import PairRound
 from watchd.checks.judge import Verdict, judge, judge_peers
 from watchd.checks.kinds import CHECK_KINDS, undeclared_figures
 from watchd.checks.metrics import CheckMetrics
@@ -41,6 +38,7 @@ from watchd.checks.runner import (
     RunnerError,
     RunOutput,
 )
+from watchd.checks.schedule import trigger_for
 from watchd.clock import Clock
 from watchd.logs import get_logger
 from watchd.model.events import Event
@@ -99,7 +97,7 @@ class CheckService:
             if last is not None and last[2] is None:
                 self._spawn(self._round(spec, last[1], resumed=True))
             if self.periodic is not None:
-                trigger, first = self._trigger(spec, last, now)
+                trigger, first = trigger_for(spec, last, now)
                 self.periodic.schedule(trigger, self._scheduled(spec), f"check:{spec.name}", first)
         self._update_awaiting()
 
@@ -120,28 +118,6 @@ class CheckService:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _trigger(
-        self, spec: CheckSpec, last: tuple[str, float, float | None] | None, now: float
-    ) -> tuple[Any, datetime | None]:
-        sched = spec.schedule
-        assert sched is not None
-        jitter = int(sched.jitter) or None
-        now_dt = datetime.fromtimestamp(now, UTC)
-        if sched.every is not None:
-            start = datetime.fromtimestamp(last[1], UTC) if last is not None else now_dt
-            trigger = IntervalTrigger(seconds=sched.every, start_date=start, jitter=jitter, timezone=UTC)
-            due = last is None or last[1] + sched.every <= now
-            return trigger, (now_dt if due else None)
-        assert sched.cron is not None
-        trigger = CronTrigger.from_crontab(sched.cron, timezone=UTC)
-        trigger.jitter = jitter
-        if last is not None:
-            after = datetime.fromtimestamp(last[1], UTC) + timedelta(seconds=1)
-            missed = trigger.get_next_fire_time(None, after)
-            if missed is not None and missed <= now_dt:
-                return trigger, now_dt  # the engine was away when a round was due: one round now
-        return trigger, None
-
     def _scheduled(self, spec: CheckSpec) -> Callable[[], Awaitable[None]]:
         async def fire() -> None:
             if spec.name in self._rounds:
@@ -161,6 +137,11 @@ class CheckService:
         rid = plan.round_id(spec.name, scheduled_at)
         self._rounds[spec.name] = rid
         try:
+            if CHECK_KINDS[spec.type].nodes_per_run > 1:
+                pairs = PairRound(
+                    self.runner, self.store.checks, self.config, self.clock, self._running, self._run_one
+                )
+                return await pairs.run(spec, rid, scheduled_at, self._settle, self._finish_raw)
             return await self._round_body(spec, rid, scheduled_at, resumed)
         finally:
             self._rounds.pop(spec.name, None)
@@ -264,11 +245,18 @@ class CheckService:
 
     # --------------------------------------------------------------------------------------------- runs
     async def _run_one(
-        self, spec: CheckSpec, node: str, rid: str, partition: str | None, validation: bool = False
+        self,
+        spec: CheckSpec,
+        node: str,
+        rid: str,
+        partition: str | None,
+        validation: bool = False,
+        peers: tuple[str, ...] = (),
     ) -> tuple[str, str, Verdict, RunOutput]:
         run_id = f"{spec.name}.{node}.{uuid.uuid4().hex[:10]}"
         self.store.checks.start(run_id, spec.name, node, rid, self.clock.now(), validation=validation)
-        self._running[node] = run_id
+        for busy in (node, *peers):
+            self._running[busy] = run_id
         self.metrics.running.inc()
         try:
             job = CheckJob(
@@ -279,6 +267,7 @@ class CheckService:
                 run_id=run_id,
                 partition=partition,
                 validation=validation,
+                peers=peers,
             )
             try:
                 handle = await self.runner.submit(job)
@@ -289,7 +278,8 @@ class CheckService:
                 self._jobs[run_id] = handle.job_id
                 output = await self.runner.wait(handle)
         finally:
-            self._running.pop(node, None)
+            for busy in (node, *peers):
+                self._running.pop(busy, None)
             self.metrics.running.dec()
         verdict = judge(spec, node, output, self.config.baselines)
         return node, run_id, verdict, output
@@ -316,6 +306,9 @@ class CheckService:
         finally:
             self._running.pop(run.node, None)
         verdict = judge(spec, run.node, output, self.config.baselines)
+        if CHECK_KINDS[spec.type].nodes_per_run > 1:  # a pair's run says nothing alone: its round is re-run
+            self._finish_raw(run.run_id, verdict.outcome, verdict.evidence, dict(verdict.figures))
+            return
         if verdict.outcome == "passed" and not run.validation and not run.round.startswith("run:"):
             self._finish(spec, run.node, run.run_id, verdict, emitted=False)  # the resumed round emits it
             return

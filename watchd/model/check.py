@@ -4,8 +4,9 @@ command) on one node, judged against its baseline and its peers (issue 21; :mod:
 On the checked node; ``source`` ``watchd:checks``. ``outcome``: ``passed``; ``failed`` (the tool ran and
 found the node wanting: low bandwidth, ``#wrong`` values, a failed diagnostic, a crash); ``timeout`` (it ran
 past its time limit); ``error`` (it could not be run or its output could not be read: the node is not
-blamed, the check is retried with back-off). ``evidence`` is one line, the drain reason of the default pack
-(``nccl busbw 312 GB/s < 80% of 450 GB/s``).
+blamed, the check is retried with back-off); ``link`` (``nccl-pair``: the node and ``partners`` ran slowly
+together, each fine with others: the link between them, not either node). ``evidence`` is one line, the drain
+reason of the default pack (``nccl busbw 312 GB/s < 80% of 450 GB/s``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ __all__ = ["KIND", "OUTCOMES", "SOURCE", "CheckResult"]
 
 KIND = "check_result"
 SOURCE = "watchd:checks"
-OUTCOMES = ("passed", "failed", "timeout", "error")
+OUTCOMES = ("passed", "failed", "timeout", "error", "link")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +46,7 @@ class CheckResult(Attrs):
     peers_median_gbps: float | None = None
     peers: int | None = None
     gpu_model: str | None = None
+    partners: str | None = None  # nccl-pair: the nodes it ran with (comma-separated)
     failed_tests: str | None = None  # dcgm-diag: comma-separated
     warned_tests: str | None = None
     skipped_tests: str | None = None

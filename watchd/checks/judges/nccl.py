@@ -1,6 +1,8 @@
 """The ``nccl`` kind: nccl-tests ``all_reduce_perf`` on one node, its bus bandwidth at the largest size
 compared with the configured baseline (the peers are compared at the round's end:
-:func:`watchd.checks.judge.judge_peers`)."""
+:func:`watchd.checks.judge.judge_peers`). The ``nccl-pair`` kind: the same program over two nodes, judged
+against the baselines of ``scope: pair`` (the fabric between nodes); which node is at fault is decided by the
+round (:mod:`watchd.checks.fabric`)."""
 
 from __future__ import annotations
 
@@ -16,22 +18,56 @@ from watchd.model.events import Scalar
 if TYPE_CHECKING:  # params imports the kinds table, which imports this module
     from watchd.checks.spec import BaselineView, SpecView
 
-__all__ = ["NCCL_ARGV", "baseline_for", "judge_nccl", "nccl_argv"]
+__all__ = [
+    "NCCL_ARGV",
+    "NCCL_PAIR_ARGV",
+    "baseline_for",
+    "judge_nccl",
+    "judge_nccl_pair",
+    "nccl_argv",
+    "nccl_pair_argv",
+]
 
 #: one node, all 8 GPUs, 8 B to 8 GiB doubling (docs/checks.md: what the default baselines assume)
 NCCL_ARGV = ("all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "8")
+
+
+#: two nodes, one process per GPU (nccl-tests built with MPI=1), launched by srun inside the check's job
+NCCL_PAIR_ARGV = (
+    "srun",
+    "--ntasks-per-node=8",
+    "all_reduce_perf",
+    "-b",
+    "8",
+    "-e",
+    "8G",
+    "-f",
+    "2",
+    "-g",
+    "1",
+)
 
 
 def nccl_argv(spec: SpecView) -> list[str]:
     return list(NCCL_ARGV)
 
 
+def nccl_pair_argv(spec: SpecView) -> list[str]:
+    return list(NCCL_PAIR_ARGV)
+
+
 def baseline_for(
-    spec: SpecView, node: str, gpu_model: str | None, baselines: Sequence[BaselineView]
+    spec: SpecView,
+    node: str,
+    gpu_model: str | None,
+    baselines: Sequence[BaselineView],
+    scope: str = "node",
 ) -> tuple[float, str] | None:
     if spec.baseline_gbps is not None:
         return spec.baseline_gbps, f"check {spec.name}"
     for b in baselines:
+        if b.scope != scope:
+            continue
         if b.gpu_model is not None and gpu_model is not None and b.gpu_model.lower() in gpu_model.lower():
             return b.busbw_gbps, f"config: {b.gpu_model}"
         if b.nodes and any(fnmatch.fnmatchcase(node, p) for p in b.nodes):
@@ -39,7 +75,14 @@ def baseline_for(
     return None
 
 
-def judge_nccl(spec: SpecView, node: str, run: RunOutput, baselines: Sequence[BaselineView]) -> Verdict:
+def judge_nccl_pair(spec: SpecView, node: str, run: RunOutput, baselines: Sequence[BaselineView]) -> Verdict:
+    """One 2-node run: as :func:`judge_nccl`, against the baselines of the fabric between nodes."""
+    return judge_nccl(spec, node, run, baselines, scope="pair")
+
+
+def judge_nccl(
+    spec: SpecView, node: str, run: RunOutput, baselines: Sequence[BaselineView], scope: str = "node"
+) -> Verdict:
     report = parse_nccl(run.output)
     busbw = report.busbw
     figures: dict[str, Scalar] = {
@@ -79,7 +122,7 @@ def judge_nccl(spec: SpecView, node: str, run: RunOutput, baselines: Sequence[Ba
     if run.exit_code not in (None, 0):
         return Verdict("failed", f"nccl exit status {run.exit_code}", figures)
     assert busbw is not None
-    base = baseline_for(spec, node, report.gpu_model, baselines)
+    base = baseline_for(spec, node, report.gpu_model, baselines, scope)
     if base is not None:
         value, source = base
         figures.update(baseline_gbps=value, baseline_source=source)

@@ -76,16 +76,20 @@ class FakeCheckRunner:
         return out
 
     async def submit(self, job: CheckJob) -> JobHandle:
-        n = self.nodes.get(job.node)
-        if n is None or job.node in self.refuse:
-            raise RunnerError(f"sbatch: error: invalid node name {job.node}")
-        if not job.validation and (n.state != "idle" or n.flags):
-            raise RunnerError(f"{job.node} is not idle")
+        nodes = []
+        for name in job.nodes:
+            n = self.nodes.get(name)
+            if n is None or name in self.refuse:
+                raise RunnerError(f"sbatch: error: invalid node name {name}")
+            if not job.validation and (n.state != "idle" or n.flags):
+                raise RunnerError(f"{name} is not idle")
+            nodes.append(n)
         self.submitted.append(job)
-        n.state = "allocated"
-        for p in n.partitions:
-            self.concurrent[p] = self.concurrent.get(p, 0) + 1
-            self.max_concurrent[p] = max(self.max_concurrent.get(p, 0), self.concurrent[p])
+        for n in nodes:
+            n.state = "allocated"
+            for p in n.partitions:
+                self.concurrent[p] = self.concurrent.get(p, 0) + 1
+                self.max_concurrent[p] = max(self.max_concurrent.get(p, 0), self.concurrent[p])
         job_id = str(next(self._ids))
         self._jobs[job_id] = job
         return JobHandle(job.run_id, job.node, job_id, f"fake:{job_id}", time.time(), job.time_limit_s)
@@ -111,11 +115,12 @@ class FakeCheckRunner:
                 )
             return RunOutput(out.status, out.output, out.exit_code, out.detail, out.duration_s, handle.job_id)
         finally:
-            n = self.nodes[job.node]
-            if n.state == "allocated":
-                n.state = "idle"
-            for p in n.partitions:
-                self.concurrent[p] -= 1
+            for name in job.nodes:
+                n = self.nodes[name]
+                if n.state == "allocated":
+                    n.state = "idle"
+                for p in n.partitions:
+                    self.concurrent[p] -= 1
 
     async def cancel(self, handle: JobHandle) -> None:
         return None

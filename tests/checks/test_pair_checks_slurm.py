@@ -1,0 +1,107 @@
+"""Pair checks (``type: nccl-pair``) on the real Slurm test cluster: each pair one ``sbatch -N 2 -w a,b`` job
+running ``srun`` over both nodes, a stand-in ``all_reduce_perf`` printing the recorded real 2 x 8 H100 output
+(tests/data/checks/nccl/h100-2node-16rank-wrong-columns.txt, 338.8 GB/s at 8 GiB) from rank 0 — slowed to
+41 GB/s when the job includes a configured bad node or is exactly a configured bad link — judged against the
+shipped pair baseline (H100: 400 GB/s, 80%), and the default rule pack acting through real ``scontrol``."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from tests.checks.conftest import DATA
+from tests.checks.test_slurm_checks import engine_config, runner_of, sinfo_reasons, wait_for
+from tests.harness.slurm import SlurmCluster
+from watchd.engine.runner import Engine
+
+pytestmark = pytest.mark.slurm
+
+PASS = (DATA / "nccl" / "h100-2node-16rank-wrong-columns.txt").read_text()
+SLOW = PASS.replace("338.82", "41.20").replace("337.35", "40.90")
+
+STANDIN = """#!/bin/sh
+# stand-in for all_reduce_perf built with MPI: every rank runs, rank 0 prints the table
+[ "${{SLURM_PROCID:-0}}" = 0 ] || exit 0
+dir={dir}
+nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sort | tr '\\n' ' ' | sed 's/ $//')
+echo "$nodes" >> $dir/runs
+for n in $nodes; do grep -qx "$n" $dir/bad_nodes 2>/dev/null && exec cat $dir/slow; done
+grep -qx "$nodes" $dir/bad_links 2>/dev/null && exec cat $dir/slow
+cat $dir/pass
+"""
+
+
+@pytest.fixture
+def pair_standin(tmp_path: Path) -> Path:
+    d = tmp_path / "pairs"
+    d.mkdir()
+    (d / "pass").write_text(PASS)
+    (d / "slow").write_text(SLOW)
+    exe = d / "all_reduce_perf"
+    exe.write_text(STANDIN.format(dir=d))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    d.chmod(0o755)
+    tmp_path.chmod(0o755)
+    return d
+
+
+def pair_config(cluster: SlurmCluster, standins: Path, pairs: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+    config = engine_config(cluster, standins, tmp_path)
+    fabric = {
+        "name": "fabric",
+        "type": "nccl-pair",
+        # launched as sites launch nccl-tests: srun over the job's nodes (one rank per node here)
+        "command": ["srun", "--ntasks-per-node=1", str(pairs / "all_reduce_perf"), "-b", "8", "-e", "8G"],
+        "partitions": ["gpu"],
+        "max_share": 1.0,
+        "time_limit": "20s",
+    }
+    data = config.model_dump(mode="json", exclude_unset=True)
+    data["checks"]["items"] = [fabric]
+    return type(config).model_validate(data)
+
+
+async def test_a_bad_node_is_drained_alone_and_a_bad_link_only_pages(
+    cluster: SlurmCluster, standins: Path, pair_standin: Path, tmp_path: Path
+) -> None:
+    (pair_standin / "bad_nodes").write_text("gpu-3\n")
+    busy = cluster.submit("sleep 120", nodes=1, extra_args=["-w", "gpu-4"])  # a user's job: never touched
+    cluster.wait_job_running(busy)
+    async with Engine(pair_config(cluster, standins, pair_standin, tmp_path)) as engine:
+        assert engine.checks is not None
+        summary = await engine.checks.run_round("fabric")
+        # gpu-1/gpu-2 pass; the odd gpu-3 runs with gpu-1, then with gpu-2: slow with both -> at fault
+        assert summary["failed"] == ["gpu-3"] and summary["runs"] == 3, summary
+        assert summary["not_idle"]["gpu-4"].startswith(("node is", f"job {busy}")), summary
+        runs = (pair_standin / "runs").read_text().splitlines()
+        assert sorted(runs) == ["gpu-1 gpu-2", "gpu-1 gpu-3", "gpu-2 gpu-3"]
+        argv = runner_of(engine).submissions
+        assert all(a[a.index("-N") + 1] == "2" for a in argv)
+        assert all("gpu-4" not in a[a.index("-w") + 1] for a in argv)
+        await wait_for(lambda: "gpu-3" in sinfo_reasons(cluster))
+        reason = sinfo_reasons(cluster)["gpu-3"]
+        assert reason == (
+            "watchd: nccl 2-node busbw 41 GB/s with gpu-1 and busbw 41 GB/s with gpu-2 < 80% of 400 GB/s; "
+            "gpu-1, gpu-2 fine with others"
+        ), reason
+        assert set(sinfo_reasons(cluster)) == {"gpu-3"}
+        history = engine.checks.history("gpu-1")
+        assert history[0]["outcome"] == "passed" and history[0]["figures"]["partners"] in ("gpu-2", "gpu-3")
+
+    cluster.cancel(busy)
+    cluster.reset_nodes(["gpu-1", "gpu-2", "gpu-3", "gpu-4"])
+    (pair_standin / "bad_nodes").write_text("")
+    (pair_standin / "bad_links").write_text("gpu-1 gpu-2\n")
+    (pair_standin / "runs").write_text("")
+    (tmp_path / "b").mkdir()
+    async with Engine(pair_config(cluster, standins, pair_standin, tmp_path / "b")) as engine:
+        assert engine.checks is not None
+        summary = await engine.checks.run_round("fabric")
+        assert summary["failed"] == [] and summary["links"] == [["gpu-1", "gpu-2"]], summary
+        assert summary["runs"] == 4
+        await wait_for(lambda: any(a["rule"] == "check-link" for a in engine.recent_actions(50)))
+        alerts = [a for a in engine.recent_actions(50) if a["rule"] == "check-link"]
+        assert alerts and alerts[0]["action"] == "alert" and alerts[0]["node"] == "gpu-1", alerts
+        assert sinfo_reasons(cluster) == {}  # nobody drained for a link

@@ -1,0 +1,77 @@
+"""Pair checks' attribution (pure): a slow pair is not a verdict on a node; only a node slow with every
+partner is at fault, a pair slow only together is a link, and the second pass pairs suspects with nodes that
+passed."""
+
+from __future__ import annotations
+
+from watchd.checks.fabric.pairs import PairRun, attribute, first_pairs, second_pairs
+
+NODES = [f"gpu-{i}" for i in range(1, 9)]
+
+
+def run(a: str, b: str, good: bool, bw: float | None = None, judged: bool = True) -> PairRun:
+    return PairRun((a, b), good, bw if bw is not None else (380.0 if good else 41.0), "", judged)
+
+
+def test_first_pairs_keep_a_switch_together_and_leave_an_odd_node_out() -> None:
+    assert first_pairs(NODES[:5]) == [("gpu-1", "gpu-2"), ("gpu-3", "gpu-4")]
+    switch = {"gpu-1": "s1", "gpu-3": "s1", "gpu-2": "s2", "gpu-4": "s2", "gpu-5": "s3"}
+    assert first_pairs(NODES[:5], switch) == [("gpu-1", "gpu-3"), ("gpu-2", "gpu-4")]
+    assert first_pairs(NODES[:6], {**switch, "gpu-6": "s4"}) == [
+        ("gpu-1", "gpu-3"),
+        ("gpu-2", "gpu-4"),
+        ("gpu-5", "gpu-6"),  # the odd ones of two switches, across
+    ]
+
+
+def test_a_bad_node_is_found_in_two_waves_and_only_it_fails() -> None:
+    first = [run(a, b, good=("gpu-3" not in (a, b))) for a, b in first_pairs(NODES)]
+    assert attribute(first).at_fault == {}  # one slow pair blames nobody yet
+    assert sorted(attribute(first).unresolved) == ["gpu-3", "gpu-4"]
+    second = second_pairs(first, ())
+    assert second == [("gpu-3", "gpu-1"), ("gpu-4", "gpu-2")]
+    runs = [*first, run("gpu-3", "gpu-1", False), run("gpu-4", "gpu-2", True)]
+    att = attribute(runs)
+    assert list(att.at_fault) == ["gpu-3"] and [r.partner("gpu-3") for r in att.at_fault["gpu-3"]] == [
+        "gpu-4",
+        "gpu-1",
+    ]
+    assert "gpu-4" in att.passed and att.links == [] and att.unresolved == {}
+    assert len(runs) == len(NODES) // 2 + 2
+
+
+def test_a_pair_slow_only_together_is_a_link_and_nobody_fails() -> None:
+    runs = [run("gpu-1", "gpu-2", False), run("gpu-3", "gpu-4", True)]
+    runs += [run(a, b, True) for a, b in second_pairs(runs, ())]
+    att = attribute(runs)
+    assert att.at_fault == {} and [r.nodes for r in att.links] == [("gpu-1", "gpu-2")]
+    assert sorted(att.passed) == NODES[:4]
+
+
+def test_nothing_good_anywhere_blames_nobody() -> None:
+    # every pair fails (a launcher misconfigured, the fabric manager down everywhere): no partner passed
+    runs = [run(a, b, False) for a, b in first_pairs(NODES)]
+    assert second_pairs(runs, ()) == []  # no good node to pair with
+    att = attribute(runs)
+    assert att.at_fault == {} and att.links == [] and len(att.unresolved) == len(NODES)
+
+
+def test_an_odd_node_gets_a_good_partner_and_needs_two_to_be_blamed() -> None:
+    first = [run("gpu-1", "gpu-2", True)]
+    wave = second_pairs(first, ["gpu-3"])
+    assert wave == [("gpu-3", "gpu-1")]
+    runs = [*first, run("gpu-3", "gpu-1", False)]
+    assert "gpu-3" in attribute(runs).unresolved  # slow with one partner: could be their link
+    wave = second_pairs(runs, ())
+    assert wave == [("gpu-3", "gpu-2")]
+    runs.append(run("gpu-3", "gpu-2", False))
+    assert list(attribute(runs).at_fault) == ["gpu-3"]
+
+
+def test_runs_that_could_not_be_judged_say_nothing_and_tries_are_bounded() -> None:
+    runs = [run("gpu-1", "gpu-2", False, judged=False), run("gpu-3", "gpu-4", True)]
+    att = attribute(runs)
+    assert att.at_fault == {} and "gpu-1" not in att.unresolved
+    tried = [run("gpu-5", p, False) for p in ("gpu-6", "gpu-7", "gpu-8")]
+    wave = second_pairs([*tried, run("gpu-1", "gpu-2", True)], (), max_tries=3)
+    assert wave == [("gpu-6", "gpu-1"), ("gpu-7", "gpu-2")]  # gpu-5 ran three times: left for a person

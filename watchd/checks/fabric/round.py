@@ -1,0 +1,243 @@
+"""One round of a pair check (``type: nccl-pair``): the idle nodes in pairs, each pair one scheduler job over
+both nodes, the nodes of slow pairs run again with nodes that passed, then a verdict per node and per link
+(:mod:`watchd.checks.fabric.pairs`), each a ``check_result`` event the rules act on.
+
+Runs go in waves, each wave capped like any round (``max_share`` of a partition at once, counting both nodes
+of a pair), and each wave's nodes asked again whether they are idle right before it starts: a node that got a
+job meanwhile is left for the next round. A run that could not be judged (not started, unreadable output)
+says nothing about its nodes. A restart mid-round runs the round again: the runs it had started are followed
+to their end and recorded, never judged alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from watchd.checks import plan
+from watchd.checks.fabric.pairs import PairRun, attribute, first_pairs, second_pairs
+from watchd.checks.params import ChecksConfig, CheckSpec
+from watchd.checks.runner import CheckRunner, RunnerError, RunOutput
+from watchd.checks.verdict import Verdict, gbps
+from watchd.clock import Clock
+from watchd.logs import get_logger
+from watchd.model.events import Event, Scalar
+from watchd.store.checks import CheckRuns
+
+__all__ = ["PairRound"]
+
+_log = get_logger("watchd.checks.fabric")
+_MAX_WAVES = 4
+_SETTLE_S = 30.0
+
+RunJob = Callable[..., Awaitable[tuple[str, str, Verdict, RunOutput]]]
+Settle = Callable[..., Awaitable[Event]]
+FinishRaw = Callable[[str, str, str, dict[str, Any]], None]
+
+
+def _speed(run: PairRun) -> str:
+    """``busbw 41 GB/s``, or what went wrong when the run gave no bandwidth."""
+    if run.busbw_gbps is not None:
+        return f"busbw {gbps(run.busbw_gbps)} GB/s"
+    return f"failed ({run.evidence[:80]})"
+
+
+def _waves(
+    pairs: Sequence[tuple[str, str]], parts: Mapping[str, tuple[str, ...]], limits: Mapping[str, int]
+) -> list[list[tuple[str, str]]]:
+    """``pairs`` in groups that keep each partition within its limit (a pair counts its two nodes; a limit
+    below two still lets one pair run)."""
+    groups: list[list[tuple[str, str]]] = []
+    current: list[tuple[str, str]] = []
+    load: dict[str, int] = {}
+    for pair in pairs:
+        need: dict[str, int] = {}
+        for node in pair:
+            for p in parts.get(node, ()):
+                need[p] = need.get(p, 0) + 1
+        fits = all(load.get(p, 0) + n <= max(2, limits.get(p, 2)) for p, n in need.items())
+        if current and not fits:
+            groups.append(current)
+            current, load = [], {}
+        current.append(pair)
+        for p, n in need.items():
+            load[p] = load.get(p, 0) + n
+    if current:
+        groups.append(current)
+    return groups
+
+
+class PairRound:
+    def __init__(
+        self,
+        runner: CheckRunner,
+        store: CheckRuns,
+        config: ChecksConfig,
+        clock: Clock,
+        busy: Mapping[str, str],
+        run_job: RunJob,
+    ) -> None:
+        self.runner = runner
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.busy = busy  # nodes running a check of this engine now
+        self.run_job = run_job
+
+    async def run(
+        self, spec: CheckSpec, rid: str, scheduled_at: float, settle: Settle, finish_raw: FinishRaw
+    ) -> dict[str, Any]:
+        self.store.begin_round(spec.name, rid, scheduled_at, self.clock.now())
+        try:
+            members = await self.runner.members(spec.partitions)
+        except RunnerError as exc:
+            _log.error("check_round_no_members", check=spec.name, error=str(exc))
+            return {"round": rid, "error": str(exc)}
+        cands = plan.candidates(spec, members)
+        limits = plan.caps(spec, {p: members[p] for p in members if any(p in ps for ps in cands.values())})
+        not_idle: dict[str, str] = {}
+        idle = await self._idle(spec, list(cands), not_idle)
+        runs: list[PairRun] = []
+        verdicts: dict[tuple[str, str], Verdict] = {}
+        wave = first_pairs(idle)
+        pending = set(idle) - {n for pair in wave for n in pair}
+        for _ in range(_MAX_WAVES):
+            if not wave:
+                break
+            for group in _waves(wave, cands, limits):
+                ready = set(await self._ready(spec, [n for pair in group for n in pair], not_idle))
+                group = [pair for pair in group if set(pair) <= ready]
+                done = await asyncio.gather(
+                    *(self._pair(spec, rid, pair, cands, finish_raw) for pair in group)
+                )
+                for pair, verdict in done:
+                    verdicts[pair] = verdict
+            runs = self._judged(verdicts)
+            wave = second_pairs(runs, pending)
+            pending = set()
+        att = attribute(runs)
+        threshold = self._threshold(spec, verdicts)
+        for node, bad in att.at_fault.items():
+            fine = sorted({r.partner(node) for r in bad} & set(att.passed))
+            with_whom = " and ".join(f"{_speed(r)} with {r.partner(node)}" for r in bad)
+            evidence = f"nccl 2-node {with_whom}{threshold}; {', '.join(fine)} fine with others"
+            figures = self._figures(verdicts, bad[-1], ",".join(r.partner(node) for r in bad))
+            await self._emit(spec, node, rid, Verdict("failed", evidence, figures), settle)
+        for node, good in att.passed.items():
+            figures = self._figures(verdicts, good, good.partner(node))
+            evidence = f"nccl 2-node {_speed(good)} with {good.partner(node)}"
+            await self._emit(spec, node, rid, Verdict("passed", evidence, figures), settle)
+        for link in att.links:
+            a, b = link.nodes
+            evidence = (
+                f"nccl 2-node {_speed(link)} between {a} and {b}{threshold}; "
+                f"both fine with others: the link between them"
+            )
+            await self._emit(
+                spec, a, rid, Verdict("link", evidence, self._figures(verdicts, link, b)), settle
+            )
+        self.store.finish_round(spec.name, rid, self.clock.now())
+        summary: dict[str, Any] = {
+            "round": rid,
+            "runs": len(verdicts),
+            "checked": sorted({n for pair in verdicts for n in pair}),
+            "failed": sorted(att.at_fault),
+            "links": [list(r.nodes) for r in att.links],
+            "unresolved": sorted(att.unresolved),
+            "not_idle": dict(sorted(not_idle.items())),
+        }
+        _log.info("check_pair_round_finished", check=spec.name, **{k: summary[k] for k in ("runs", "failed")})
+        return summary
+
+    async def _ready(self, spec: CheckSpec, nodes: list[str], not_idle: dict[str, str]) -> list[str]:
+        """The idle ones of ``nodes``, waiting up to :data:`_SETTLE_S` for those still completing the run
+        before (Slurm keeps a node COMPLETING for a moment after its job ends)."""
+        deadline = self.clock.monotonic() + _SETTLE_S
+        while True:
+            why: dict[str, str] = {}
+            idle = await self._idle(spec, nodes, why)
+            settling = [n for n, w in why.items() if "complet" in w.lower()]
+            if not settling or self.clock.monotonic() > deadline:
+                not_idle.update(why)
+                return idle
+            await asyncio.sleep(0.5)
+
+    async def _idle(self, spec: CheckSpec, nodes: list[str], not_idle: dict[str, str]) -> list[str]:
+        try:
+            avail = await self.runner.availability(nodes, spec.time_limit)
+        except RunnerError as exc:
+            _log.warning("check_availability_failed", check=spec.name, error=str(exc))
+            return []
+        state = self.store.nodes(spec.name)
+        out = []
+        for node in nodes:
+            a = avail.get(node)
+            st = state.get(node)
+            why = (
+                "unknown to the scheduler"
+                if a is None
+                else (a.why or "not idle")
+                if not a.idle
+                else "already being checked"
+                if node in self.busy
+                else "backing off"
+                if st is not None and st.next_try > self.clock.now()
+                else ""
+            )
+            if why:
+                not_idle[node] = why
+            else:
+                out.append(node)
+        return out
+
+    async def _pair(
+        self,
+        spec: CheckSpec,
+        rid: str,
+        pair: tuple[str, str],
+        cands: Mapping[str, tuple[str, ...]],
+        finish_raw: FinishRaw,
+    ) -> tuple[tuple[str, str], Verdict]:
+        a, b = pair
+        partition = cands[a][0] if cands.get(a) else None
+        _, run_id, verdict, _ = await self.run_job(spec, a, rid, partition, peers=(b,))
+        finish_raw(run_id, verdict.outcome, verdict.evidence, {**verdict.figures, "partners": b})
+        return pair, verdict
+
+    def _judged(self, verdicts: Mapping[tuple[str, str], Verdict]) -> list[PairRun]:
+        """The runs as the attribution sees them: passed, or slow/failed/hung; below ``peers.share`` of the
+        round's median pair (with ``peers.min_nodes`` pairs measured) counts as slow too."""
+        peers = self.config.peers
+        measured = [v.busbw for v in verdicts.values() if v.busbw is not None and v.outcome == "passed"]
+        median = statistics.median(measured) if peers.enabled and len(measured) >= peers.min_nodes else None
+        out = []
+        for pair, v in verdicts.items():
+            good = v.outcome == "passed" and (median is None or (v.busbw or 0.0) >= peers.share * median)
+            judged = v.outcome in ("passed", "failed", "timeout")
+            out.append(PairRun(pair, good, v.busbw, v.evidence, judged))
+        return out
+
+    @staticmethod
+    def _threshold(spec: CheckSpec, verdicts: Mapping[tuple[str, str], Verdict]) -> str:
+        base = next(
+            (v.figures.get("baseline_gbps") for v in verdicts.values() if v.figures.get("baseline_gbps")),
+            None,
+        )
+        if isinstance(base, int | float):
+            return f" < {spec.threshold * 100:.0f}% of {gbps(float(base))} GB/s"
+        return " (below the round's other pairs)"
+
+    @staticmethod
+    def _figures(
+        verdicts: Mapping[tuple[str, str], Verdict], run: PairRun, partners: str
+    ) -> dict[str, Scalar]:
+        return {**verdicts[run.nodes].figures, "partners": partners}
+
+    async def _emit(self, spec: CheckSpec, node: str, rid: str, verdict: Verdict, settle: Settle) -> None:
+        """The node's verdict as a run of its own (its history, its standing) and a ``check_result``."""
+        run_id = f"{spec.name}.{node}.{uuid.uuid4().hex[:10]}"
+        self.store.start(run_id, spec.name, node, rid, self.clock.now())
+        await settle(spec, node, rid, run_id, verdict, None)
