@@ -4,7 +4,14 @@ passed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from tests.checks.test_service import Harness, nodes
 from watchd.checks.fabric.pairs import PairRun, attribute, first_pairs, second_pairs
+from watchd.checks.params import ChecksConfig
+from watchd.checks.runner import CheckJob, RunOutput
+from watchd.integrations.fake.checks import FakeCheckRunner
+from watchd.store.database import Store
 
 NODES = [f"gpu-{i}" for i in range(1, 9)]
 
@@ -75,3 +82,54 @@ def test_runs_that_could_not_be_judged_say_nothing_and_tries_are_bounded() -> No
     tried = [run("gpu-5", p, False) for p in ("gpu-6", "gpu-7", "gpu-8")]
     wave = second_pairs([*tried, run("gpu-1", "gpu-2", True)], (), max_tries=3)
     assert wave == [("gpu-6", "gpu-1"), ("gpu-7", "gpu-2")]  # gpu-5 ran three times: left for a person
+
+
+# ------------------------------------------------------------------------------ in the service (fake runner)
+
+TWO_NODES = (
+    Path(__file__).resolve().parent.parent
+    / "data"
+    / "checks"
+    / "nccl"
+    / "h100-2node-16rank-wrong-columns.txt"
+).read_text()
+
+
+SLOW = TWO_NODES.replace("338.82", "41.20").replace("337.35", "40.90")
+
+
+def pair_config() -> ChecksConfig:
+    item = {"name": "fabric", "type": "nccl-pair", "partitions": ["gpu"], "max_share": 0.5, "time_limit": 60}
+    return ChecksConfig.model_validate({"enabled": True, "runner": "fake", "items": [item]})
+
+
+async def test_a_pair_round_in_the_service_respects_the_share_and_blames_one_node() -> None:
+    def script(job: CheckJob) -> RunOutput:
+        slow = "n002" in job.nodes
+        return RunOutput("completed", SLOW if slow else TWO_NODES, 0)
+
+    runner = FakeCheckRunner(nodes(8), script)
+    h = Harness(pair_config(), runner)
+    summary = await h.service.run_round("fabric")
+    assert summary["failed"] == ["n002"] and summary["runs"] == 6, summary
+    assert all(len(j.nodes) == 2 for j in runner.submitted)
+    assert runner.max_concurrent["gpu"] <= 4  # 50% of 8 nodes: two pairs at once
+    results = h.by_node()
+    assert results["n002"].outcome == "failed" and results["n002"].partners == "n003,n000"
+    assert {n for n, r in results.items() if r.outcome == "passed"} == {f"n{i:03d}" for i in range(8)} - {
+        "n002"
+    }
+
+
+async def test_a_pair_run_in_flight_at_restart_is_recorded_never_judged_alone(tmp_path: Path) -> None:
+    runner = FakeCheckRunner(nodes(2), lambda job: RunOutput("completed", SLOW, 0))
+    store = Store.open(tmp_path / "state.db")
+    handle = await runner.submit(CheckJob("fabric", "n000", ("srun",), 60, "r-1", peers=("n001",)))
+    store.checks.start("r-1", "fabric", "n000", "fabric@x", 0.0)
+    store.checks.submitted("r-1", handle.job_id, handle.output)
+    h = Harness(pair_config(), runner, store)
+    await h.service.start()
+    for task in list(h.service._tasks):
+        await task
+    assert h.store.checks.unfinished() == [] and h.events == []  # a slow pair alone blames nobody
+    assert h.store.checks.history("n000")[0].outcome == "failed"
