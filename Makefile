@@ -73,6 +73,7 @@ bench: venv deps
 	$(BIN)/python benchmarks/heartbeat_cost.py
 	$(BIN)/python benchmarks/detection.py
 	$(BIN)/python benchmarks/usage_report.py
+	$(BIN)/python benchmarks/checks_risk_replay.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist

@@ -1,5 +1,5 @@
-"""``watchd checks list|run NODE...|history NODE`` and ``watchd node validate NODE``: calls to the running
-engine's API, printed for people (``--json`` for the documents)."""
+"""``watchd checks list|run NODE...|history NODE|plan`` and ``watchd node validate NODE``: calls to the
+running engine's API, printed for people (``--json`` for the documents)."""
 
 from __future__ import annotations
 
@@ -87,6 +87,8 @@ def run_checks(
             )
             print(f"  {' '.join(c['command'])}", file=out)
         return 0
+    if verb == "plan":
+        return _plan(url, token, names, as_json, out)
     if not nodes:
         raise UsageError(f"checks {verb}: name the node(s)")
     if verb == "history":
@@ -113,6 +115,30 @@ def run_checks(
         for r in doc["results"]:
             print(f"{r['node']:<16} {r.get('check') or '-':<14} {r['outcome']:<8} {r['evidence']}", file=out)
     return 0 if all(r["passed"] for r in doc["results"]) else 1
+
+
+def _plan(url: str, token: str | None, names: list[str], as_json: bool, out: TextIO) -> int:
+    query = f"?check={quote(names[0], safe='')}" if names else ""
+    doc = _call(url, f"/api/v1/checks/plan{query}", token=token)
+    if as_json:
+        print(json.dumps(doc, indent=2), file=out)
+        return 0
+    for p in doc["plans"]:
+        budget = p["budget"]
+        spend = (
+            f"budget {budget['gpu_hours']:g} GPU-hours per {budget['per_s'] / 3600:g} h per partition, spent "
+            + (", ".join(f"{k} {v:g}" for k, v in budget["spent"].items()) or "none")
+            + f"; floor: every node at least every {budget['max_interval_s'] / 86400:g} days"
+            if budget
+            else "no budget"
+        )
+        print(f"{p['check']}: planner {p['planner']}; {spend}; a run ~{p['run_duration_s']:.0f} s", file=out)
+        for r in p["nodes"]:
+            print(
+                f"  {r['rank']:>4} {r['node']:<16} risk {r['probability']:>6.1%}  {r['plan']:<28} {r['why']}",
+                file=out,
+            )
+    return 0
 
 
 def run_validate(

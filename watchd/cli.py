@@ -83,8 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     hi.add_argument("-c", "--config", type=Path, help="engine YAML config: the engine's address and token")
     hi.add_argument("--limit", type=int, default=20, help="incidents to show, newest first")
     hi.add_argument("--json", action="store_true", help="the raw document")
-    ck = sub.add_parser("checks", help="active checks: list them, run them on nodes, a node's history")
-    ck.add_argument("verb", choices=["list", "run", "history"])
+    ck = sub.add_parser(
+        "checks", help="active checks: list them, run them on nodes, a node's history, the next round's order"
+    )
+    ck.add_argument("verb", choices=["list", "run", "history", "plan"])
     ck.add_argument("nodes", nargs="*", help="nodes (run, history)")
     ck.add_argument("--check", action="append", default=[], help="run only this check (repeatable)")
     ck.add_argument("--json", action="store_true", help="the raw documents")

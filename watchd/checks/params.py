@@ -12,6 +12,7 @@ from apscheduler.triggers.cron import CronTrigger
 from pydantic import Field, field_validator, model_validator
 
 from watchd.checks.kinds import CHECK_KINDS
+from watchd.checks.risk_params import RiskBudget, RiskWeights
 from watchd.model.durations import Duration
 from watchd.strict import Strict
 
@@ -80,6 +81,9 @@ class CheckSpec(Strict):
     threshold: Share = 0.8  # nccl: the share of the baseline (and of the peers' median) a node must reach
     baseline_gbps: float | None = Field(default=None, gt=0)  # nccl: overrides the baselines table
     in_suite: bool = True  # part of `watchd node validate`
+    #: which nodes a round tries first: the least recently checked, or the riskiest within ``budget``
+    planner: Literal["oldest_first", "risk"] = "oldest_first"
+    budget: RiskBudget | None = None  # planner risk: GPU-hours per partition per period, and the floor
 
     @field_validator("type")
     @classmethod
@@ -187,6 +191,7 @@ class ChecksConfig(Strict):
     #: event kinds that start `watchd node validate` on their node by themselves (a reboot watchd asked for
     #: is over; a repair system's ``node_repaired``): only nodes watchd drained are validated, as by hand
     auto_validate: list[str] = Field(default_factory=lambda: ["node_rebooted"])
+    risk: RiskWeights = RiskWeights()  # the risk planner's weights and the switch topology
 
     @model_validator(mode="after")
     def _valid(self) -> ChecksConfig:

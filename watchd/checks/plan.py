@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from watchd.checks.params import CheckSpec
+from watchd.checks.risk import Order
 from watchd.checks.runner import Availability
 from watchd.store.checks import CheckNode
 
@@ -57,10 +58,12 @@ def pick(
     done: Collection[str],
     limits: Mapping[str, int],
     now: float,
+    order: Order | None = None,
 ) -> Pick:
     """The nodes to start now. Never a node that is running a check, done in this round, backing off, or not
     idle; never more than ``limits`` per partition counting those running; the least recently checked
-    first (never checked: first of all)."""
+    first (never checked: first of all). With ``order`` (the risk planner's): in its order, and only the
+    nodes its budget admits (the others are passed over for this round, with why)."""
     out = Pick()
     load: dict[str, int] = {}
     for parts in running.values():
@@ -71,7 +74,11 @@ def pick(
         st = state.get(node)
         return -1.0 if st is None or st.last_run is None else st.last_run
 
-    for node in sorted(cands, key=lambda n: (last(n), n)):
+    if order is None:
+        ranked = sorted(cands, key=lambda n: (last(n), n))
+    else:
+        ranked = sorted(cands, key=lambda n: (order.rank.get(n, len(order.rank)), n))
+    for node in ranked:
         if node in done or node in running:
             continue
         st = state.get(node)
@@ -90,6 +97,10 @@ def pick(
         parts = cands[node]
         if any(load.get(p, 0) >= limits.get(p, 1) for p in parts):
             out.waiting[node] = "share of the partition already being checked"
+            continue
+        refused = order.admit(node, parts) if order is not None else None
+        if refused is not None:
+            out.passed_over[node] = refused
             continue
         for p in parts:
             load[p] = load.get(p, 0) + 1

@@ -29,6 +29,7 @@ from watchd.checks.kinds import CHECK_KINDS, undeclared_figures
 from watchd.checks.metrics import CheckMetrics
 from watchd.checks.params import ChecksConfig, CheckSpec
 from watchd.checks.result_event import RunResult, check_result, run_result
+from watchd.checks.risk import Order
 from watchd.checks.runner import (
     Availability,
     CheckJob,
@@ -72,6 +73,7 @@ class CheckService:
         self.emit = emit
         self.metrics = metrics
         self.periodic = periodic
+        self.order: Callable[[CheckSpec, dict[str, tuple[str, ...]]], Order | None] | None = None  # risk
         self._running: dict[str, str] = {}  # node -> run id (any check): a node runs one check at a time
         self._tasks: set[asyncio.Task[Any]] = set()
         self._rounds: dict[str, str] = {}  # check -> its round in progress
@@ -160,6 +162,7 @@ class CheckService:
         limits = plan.caps(
             spec, {p: members[p] for p in members if p in set(p for ps in cands.values() for p in ps)}
         )
+        order = self.order(spec, cands) if self.order is not None else None  # planner: risk, its budget
         verdicts: dict[str, Verdict] = {}
         held: dict[str, tuple[str, Verdict]] = {}  # passed, waiting for the peers: node -> (run id, verdict)
         done: set[str] = set()
@@ -197,6 +200,7 @@ class CheckService:
                     done=done,
                     limits=limits,
                     now=self.clock.now(),
+                    order=order,
                 )
                 for node, why in chosen.passed_over.items():
                     passed_over[node] = why

@@ -1,8 +1,9 @@
 """The checks in the engine, as one subsystem (:mod:`watchd.subsystem`): the service (rounds on the engine's
 APScheduler, runs followed across restarts), its HTTP routes (``/api/v1/checks``, ``/api/v1/checks/run``,
-``/api/v1/checks/history/{node}``, ``/api/v1/nodes/{node}/validate``: the ``validate`` action, through the
-executor), and ``checks.auto_validate``: an event of such a kind (a repair system's ``node_repaired``)
-validates its node, in the background."""
+``/api/v1/checks/history/{node}``, ``/api/v1/checks/plan``: the order a round takes and why, read-only;
+``/api/v1/nodes/{node}/validate``: the ``validate`` action, through the executor), the risk planner (fed
+every event; :mod:`watchd.checks.riskplan`), and ``checks.auto_validate``: an event of such a kind (a repair
+system's ``node_repaired``) validates its node, in the background."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from watchd.checks import plan
+from watchd.checks.riskplan import RiskPlanner
+from watchd.checks.runner import RunnerError
 from watchd.checks.service import CheckService
 from watchd.httputil import BodyError, error_response, json_response, read_json
 from watchd.logs import get_logger
@@ -47,8 +51,11 @@ class Checks(Component):
         self.validate = validate
         self.auto_validate = auto_validate
         self._background: set[asyncio.Task[Any]] = set()
+        self.planner = RiskPlanner(service.config, service.store, service.clock)
+        service.order = self.planner.order
 
     def observe(self, event: Event) -> None:
+        self.planner.evidence.observe(event)
         if event.kind in self.auto_validate:
             task = asyncio.ensure_future(self._auto(event))
             self._background.add(task)  # referenced until done (the loop keeps only weak references)
@@ -69,6 +76,20 @@ class Checks(Component):
 
     def status(self) -> Mapping[str, Any]:
         return self.service.status()
+
+    async def plans(self, name: str | None) -> list[dict[str, Any]]:
+        """``watchd checks plan``: each scheduled check's order now (or the named check's), and why."""
+        s = self.service
+        if name is not None and s.config.check(name) is None:
+            raise KeyError(f"no check named {name!r}")
+        specs = [c for c in s.config.items if c.name == name or (name is None and c.schedule is not None)]
+        out = []
+        for spec in specs:
+            members = await s.runner.members(spec.partitions)
+            cands = plan.candidates(spec, members)
+            avail = await s.runner.availability(list(cands), spec.time_limit) if cands else {}
+            out.append(self.planner.document(spec, cands, avail, s.store.checks.nodes(spec.name)))
+        return out
 
     def routes(self, app: web.Application, operator: Operator) -> None:
         """Who may call them is the server's auth middleware's to say (reads: a viewer, POSTs: an operator);
@@ -121,5 +142,15 @@ class Checks(Component):
 
         app.router.add_get("/api/v1/checks", listing)
         app.router.add_post("/api/v1/checks/run", run)
+
+        async def plans(request: web.Request) -> web.Response:
+            try:
+                return json_response({"plans": await self.plans(request.query.get("check") or None)})
+            except KeyError as exc:
+                return error_response(404, str(exc.args[0]))
+            except RunnerError as exc:
+                return error_response(502, f"the scheduler did not answer: {exc}")
+
         app.router.add_get("/api/v1/checks/history/{node}", history)
+        app.router.add_get("/api/v1/checks/plan", plans)
         app.router.add_post("/api/v1/nodes/{node}/validate", validate_node)

@@ -223,6 +223,15 @@ class CheckRuns:
         )
         return [_run(r) for r in rows]
 
+    def since(self, check: str, start: float) -> list[CheckRun]:
+        """The check's runs started at or after ``start`` (the risk planner's budget and durations)."""
+        rows = self._db.all(
+            "reading a check's recent runs",
+            f"SELECT {_RUN_COLS} FROM check_runs WHERE check_name = ? AND started_at >= ? ORDER BY id",
+            (check, start),
+        )
+        return [_run(r) for r in rows]
+
     def history(self, node: str, limit: int = 20) -> list[CheckRun]:
         rows = self._db.all(
             "reading a node's check history",
