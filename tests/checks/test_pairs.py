@@ -133,3 +133,16 @@ async def test_a_pair_run_in_flight_at_restart_is_recorded_never_judged_alone(tm
         await task
     assert h.store.checks.unfinished() == [] and h.events == []  # a slow pair alone blames nobody
     assert h.store.checks.history("n000")[0].outcome == "failed"
+
+
+async def test_pairs_follow_slurms_leaf_switches_when_the_topology_is_given(tmp_path: Path) -> None:
+    topology = tmp_path / "topology.conf"
+    topology.write_text(
+        "SwitchName=leaf1 Nodes=n00[0,2]\nSwitchName=leaf2 Nodes=n00[1,3]\nSwitchName=spine Switches=leaf[1-2]\n"
+    )
+    cfg = pair_config().model_dump(mode="json")
+    cfg["risk"]["topology"] = str(topology)
+    runner = FakeCheckRunner(nodes(4), lambda job: RunOutput("completed", TWO_NODES, 0))
+    h = Harness(ChecksConfig.model_validate(cfg), runner)
+    await h.service.run_round("fabric")
+    assert sorted(j.nodes for j in runner.submitted) == [("n000", "n002"), ("n001", "n003")]

@@ -14,7 +14,7 @@ from watchd.checks.params import ChecksConfig, CheckSpec
 from watchd.checks.risk import DAY, NodeEvidence, Order, budget_left, order, score
 from watchd.checks.risk_evidence import EventEvidence
 from watchd.checks.runner import Availability
-from watchd.checks.topology import leaf_switches
+from watchd.checks.topology import read_leaf_switches
 from watchd.clock import Clock
 from watchd.logs import get_logger
 from watchd.store.checks import CheckNode
@@ -40,12 +40,9 @@ class RiskPlanner:
         self.store = store
         self.clock = clock
         self.evidence = evidence or EventEvidence()
-        if switches is None and config.risk.topology is not None:
-            try:
-                switches = leaf_switches(config.risk.topology.read_text())
-            except (OSError, ValueError) as exc:
-                _log.error("checks_topology_unreadable", path=str(config.risk.topology), error=str(exc))
-        self.switches: Mapping[str, str] = switches or {}
+        if switches is None:
+            switches = read_leaf_switches(config.risk.topology)
+        self.switches: Mapping[str, str] = switches
 
     # ------------------------------------------------------------------------------------------ inputs
     def _evidence(

@@ -6,59 +6,14 @@ out."""
 
 from __future__ import annotations
 
-import re
+from pathlib import Path
 
-__all__ = ["expand_hostlist", "leaf_switches"]
+from watchd.logs import get_logger
+from watchd.model.hostlist import expand_hostlist
 
-_BRACKET = re.compile(r"\[([^\]]*)\]")
+_log = get_logger("watchd.checks.topology")
 
-
-def _split_top(expr: str) -> list[str]:
-    """Split at commas outside brackets."""
-    out: list[str] = []
-    cur: list[str] = []
-    depth = 0
-    for ch in expr:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    out.append("".join(cur))
-    return [p for p in (s.strip() for s in out) if p]
-
-
-def _range(body: str) -> list[str]:
-    items: list[str] = []
-    for part in body.split(","):
-        lo, sep, hi = part.partition("-")
-        if not sep:
-            items.append(lo)
-            continue
-        if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
-            raise ValueError(f"bad range {part!r}")
-        width = len(lo)
-        items.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
-    return items
-
-
-def expand_hostlist(expr: str) -> list[str]:
-    """``gpu-[01-03,07],cpu1`` -> gpu-01 gpu-02 gpu-03 gpu-07 cpu1 (Slurm's hostlist syntax, several bracket
-    groups in one name too)."""
-    names: list[str] = []
-    for item in _split_top(expr):
-        partial = [""]
-        pos = 0
-        for m in _BRACKET.finditer(item):
-            prefix = item[pos : m.start()]
-            partial = [p + prefix + r for p in partial for r in _range(m.group(1))]
-            pos = m.end()
-        names.extend(p + item[pos:] for p in partial)
-    return names
+__all__ = ["leaf_switches", "read_leaf_switches"]
 
 
 def leaf_switches(text: str) -> dict[str, str]:
@@ -78,3 +33,15 @@ def leaf_switches(text: str) -> dict[str, str]:
             for node in expand_hostlist(nodes):
                 out.setdefault(node, switch)
     return out
+
+
+def read_leaf_switches(path: Path | None) -> dict[str, str]:
+    """:func:`leaf_switches` of the file at ``path`` (``checks.risk.topology``); {} without one, and {} with
+    an error logged when it cannot be read."""
+    if path is None:
+        return {}
+    try:
+        return leaf_switches(path.read_text())
+    except (OSError, ValueError) as exc:
+        _log.error("checks_topology_unreadable", path=str(path), error=str(exc))
+        return {}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from watchd.errors import UsageError
-from watchd.integrations.slurm.scheduler import expand_hostlist
+from watchd.model.hostlist import expand_hostlist
 from watchd.reports.model import Accounting, JobRecord, PendingJob, ShareRecord
 from watchd.reports.parse import (
     SACCT_FIELDS,

@@ -21,6 +21,7 @@ from watchd.checks import plan
 from watchd.checks.fabric.pairs import PairRun, attribute, first_pairs, second_pairs
 from watchd.checks.params import ChecksConfig, CheckSpec
 from watchd.checks.runner import CheckRunner, RunnerError, RunOutput
+from watchd.checks.topology import read_leaf_switches
 from watchd.checks.verdict import Verdict, gbps
 from watchd.clock import Clock
 from watchd.logs import get_logger
@@ -102,7 +103,7 @@ class PairRound:
         idle = await self._idle(spec, list(cands), not_idle)
         runs: list[PairRun] = []
         verdicts: dict[tuple[str, str], Verdict] = {}
-        wave = first_pairs(idle)
+        wave = first_pairs(idle, read_leaf_switches(self.config.risk.topology))
         pending = set(idle) - {n for pair in wave for n in pair}
         for _ in range(_MAX_WAVES):
             if not wave:

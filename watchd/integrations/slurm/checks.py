@@ -40,7 +40,8 @@ from watchd.checks.runner import Availability, CheckJob, JobHandle, JobStatus, R
 from watchd.integrations.base import SchedulerError
 from watchd.integrations.slurm.check_output import REFUSED, UNREADABLE, header, read_output, script
 from watchd.integrations.slurm.output_dir import check_output_dir
-from watchd.integrations.slurm.scheduler import SlurmScheduler, expand_hostlist
+from watchd.integrations.slurm.scheduler import SlurmScheduler
+from watchd.model.hostlist import expand_hostlist
 from watchd.model.nodes import drain_reason, drained_by_watchd
 from watchd.untrusted import FILE_IO
 

@@ -26,10 +26,10 @@ from watchd.integrations.base import SchedulerError
 from watchd.integrations.slurm.scheduler import (
     SlurmScheduler,
     compress_hostlist,
-    expand_hostlist,
     parse_state,
 )
 from watchd.model.fleet import FleetNode
+from watchd.model.hostlist import expand_hostlist
 
 RESERVATION_PREFIX = "watchd_spares_"
 SINFO_FORMAT = "%N|%R|%T|%u|%H|%E"

@@ -54,6 +54,7 @@ from watchd.integrations.slurm.scontrol_session import (
 )
 from watchd.integrations.slurm.settings import SlurmConfig
 from watchd.jobs.model import JobInfo, JobProviderError
+from watchd.model.hostlist import expand_hostlist
 from watchd.model.nodes import (
     WATCHD_REASON_PREFIX,
     DrainResult,
@@ -117,28 +118,6 @@ def compress_hostlist(names: Iterable[str]) -> str:
         else:
             parts.append(f"{prefix}[{','.join(ranges)}]")
     return ",".join(parts)
-
-
-def expand_hostlist(expr: str) -> list[str]:
-    """``"gpu-[1-3,7],cpu-01"`` -> ``["gpu-1", "gpu-2", "gpu-3", "gpu-7", "cpu-01"]`` (one bracket group per
-    name, as Slurm prints them)."""
-    out: list[str] = []
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", expr):
-        m = re.fullmatch(r"(.*?)\[([^\]]*)\](.*)", item)
-        if m is None:
-            out.append(item)
-            continue
-        prefix, body, suffix = m.groups()
-        for rng in body.split(","):
-            lo, _, hi = rng.partition("-")
-            width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
-            for n in range(int(lo), int(hi or lo) + 1):
-                out.extend(
-                    expand_hostlist(f"{prefix}{n:0{width}d}{suffix}")
-                    if "[" in suffix
-                    else [f"{prefix}{n:0{width}d}{suffix}"]
-                )
-    return out
 
 
 def _chunks(names: Sequence[str]) -> list[list[str]]:
