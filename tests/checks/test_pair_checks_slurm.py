@@ -6,6 +6,8 @@ shipped pair baseline (H100: 400 GB/s, 80%), and the default rule pack acting th
 
 from __future__ import annotations
 
+import asyncio
+import io
 import stat
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from tests.checks.conftest import DATA
 from tests.checks.test_slurm_checks import engine_config, runner_of, sinfo_reasons, wait_for
 from tests.harness.slurm import SlurmCluster
+from watchd.checks_cli import run_validate
 from watchd.engine.runner import Engine
 
 pytestmark = pytest.mark.slurm
@@ -105,3 +108,36 @@ async def test_a_bad_node_is_drained_alone_and_a_bad_link_only_pages(
         alerts = [a for a in engine.recent_actions(50) if a["rule"] == "check-link"]
         assert alerts and alerts[0]["action"] == "alert" and alerts[0]["node"] == "gpu-1", alerts
         assert sinfo_reasons(cluster) == {}  # nobody drained for a link
+
+
+async def test_validation_runs_the_pair_check_with_a_known_good_node(
+    cluster: SlurmCluster, standins: Path, pair_standin: Path, tmp_path: Path
+) -> None:
+    async with Engine(pair_config(cluster, standins, pair_standin, tmp_path)) as engine:
+        assert engine.checks is not None
+        summary = await engine.checks.run_round("fabric")  # every node passes: the known-good ones
+        assert summary["failed"] == [] and len(summary["checked"]) == 4, summary
+        (pair_standin / "bad_nodes").write_text("gpu-3\n")
+        cluster.drain("gpu-3", "watchd: ib port_down: mlx5_1:1 DOWN")
+        url = f"http://127.0.0.1:{engine.port}"
+        token = tmp_path / "token"
+        token.write_text("t0ken")
+        out = io.StringIO()
+        rc = await asyncio.to_thread(run_validate, "gpu-3", url, token, None, "alice", 120, out)
+        assert rc == 1, out.getvalue()
+        reason = sinfo_reasons(cluster)["gpu-3"]
+        assert reason.startswith("watchd: validation failed: nccl 2-node with gpu-"), reason
+        assert "which passed with others: nccl busbw 41 GB/s < 80% of 400 GB/s" in reason, reason
+        lent = [a for a in runner_of(engine).submissions if "--reservation=watchd-validate-gpu-3" in a]
+        assert len(lent) == 1 and lent[0][lent[0].index("-N") + 1] == "2"
+        partner = lent[0][lent[0].index("-w") + 1].split(",")[1]
+        assert partner in ("gpu-1", "gpu-2", "gpu-4")
+        reservations = cluster.run("scontrol", "show", "res", "-o", check=False).stdout
+        assert "watchd-validate" not in reservations  # the partner is given back with the node
+        assert cluster.node_state(partner) == "IDLE"
+        # repaired: the node runs well with a known-good node and returns
+        (pair_standin / "bad_nodes").write_text("")
+        out = io.StringIO()
+        rc = await asyncio.to_thread(run_validate, "gpu-3", url, token, None, "alice", 120, out)
+        assert rc == 0 and "gpu-3: resumed" in out.getvalue(), out.getvalue()
+        assert "gpu-3" not in sinfo_reasons(cluster)

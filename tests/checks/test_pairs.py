@@ -138,7 +138,9 @@ async def test_a_pair_run_in_flight_at_restart_is_recorded_never_judged_alone(tm
 async def test_pairs_follow_slurms_leaf_switches_when_the_topology_is_given(tmp_path: Path) -> None:
     topology = tmp_path / "topology.conf"
     topology.write_text(
-        "SwitchName=leaf1 Nodes=n00[0,2]\nSwitchName=leaf2 Nodes=n00[1,3]\nSwitchName=spine Switches=leaf[1-2]\n"
+        "SwitchName=leaf1 Nodes=n00[0,2]\n"
+        "SwitchName=leaf2 Nodes=n00[1,3]\n"
+        "SwitchName=spine Switches=leaf[1-2]\n"
     )
     cfg = pair_config().model_dump(mode="json")
     cfg["risk"]["topology"] = str(topology)
@@ -146,3 +148,24 @@ async def test_pairs_follow_slurms_leaf_switches_when_the_topology_is_given(tmp_
     h = Harness(ChecksConfig.model_validate(cfg), runner)
     await h.service.run_round("fabric")
     assert sorted(j.nodes for j in runner.submitted) == [("n000", "n002"), ("n001", "n003")]
+
+
+async def test_validation_without_a_known_good_partner_keeps_the_node_drained() -> None:
+    runner = FakeCheckRunner(nodes(3), lambda job: RunOutput("completed", TWO_NODES, 0))
+    runner.nodes["n000"].flags.add("DRAIN")
+    runner.nodes["n000"].reason = "watchd: ib port_down"
+    h = Harness(pair_config(), runner)
+    v = await h.service.validate("n000", "validate:1")
+    assert (v.done, v.passed) == ("drained", False)
+    assert "links not checked: no node that passed this check is idle to pair with" in v.detail
+    assert runner.submitted == [] and "DRAIN" in runner.nodes["n000"].flags
+    # once a round found good nodes, the validation pairs with one, lent to it and given back
+    runner.nodes["n000"].flags.add("RESERVED")  # keeps it out of the round
+    await h.service.run_round("fabric")
+    runner.nodes["n000"].flags.discard("RESERVED")
+    v = await h.service.validate("n000", "validate:2")
+    assert (v.done, v.passed) == ("resumed", True), v
+    assert (
+        runner.submitted[-1].nodes in (("n000", "n001"), ("n000", "n002")) and runner.submitted[-1].validation
+    )
+    assert runner.lent == {} and not any(n.reserved for n in runner.nodes.values())

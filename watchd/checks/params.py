@@ -210,6 +210,11 @@ class ChecksConfig(Strict):
         return next((c for c in self.items if c.name == name), None)
 
     def suite(self) -> list[CheckSpec]:
-        """The checks `watchd node validate` runs: one node's each (a pair check needs a partner: it runs
-        in rounds only)."""
-        return [c for c in self.items if c.in_suite and CHECK_KINDS[c.type].nodes_per_run == 1]
+        """The checks `watchd node validate` runs: each node check, then each pair check (with a known-good
+        node: :mod:`watchd.checks.fabric.validate`)."""
+        chosen = [c for c in self.items if c.in_suite]
+        return sorted(chosen, key=lambda c: CHECK_KINDS[c.type].nodes_per_run)
+
+    def node_suite(self) -> list[CheckSpec]:
+        """The suite's checks that run on one node alone (`watchd checks run`)."""
+        return [c for c in self.suite() if CHECK_KINDS[c.type].nodes_per_run == 1]

@@ -116,6 +116,12 @@ class CheckRunner(Protocol):
         or is drained again): Slurm: the reservation removed."""
         ...
 
+    async def lend(self, node: str, partners: Sequence[str]) -> None:
+        """Let ``partners`` run in ``node``'s validation beside it (a pair check with a known-good node):
+        Slurm: its reservation covers them too; ``()``: the node alone again. RunnerError where the runner
+        cannot (Kubernetes: pair checks are Slurm's only)."""
+        ...
+
 
 class GatedRunner:
     """``runner`` with every change validation makes to the cluster (the reservation and the lifted drain,
@@ -162,3 +168,7 @@ class GatedRunner:
     async def abandon_validation(self, node: str) -> None:
         await self._ask(f"end of the validation of {node}")
         await self.inner.abandon_validation(node)
+
+    async def lend(self, node: str, partners: Sequence[str]) -> None:
+        await self._ask(f"{', '.join(partners) or 'no node'} lent to the validation of {node}")
+        await self.inner.lend(node, partners)

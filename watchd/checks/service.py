@@ -22,8 +22,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from watchd.checks import plan
+from watchd.checks import plan, views
 from watchd.checks.fabric.round import PairRound
+from watchd.checks.fabric.validate import validate_pair
 from watchd.checks.judge import Verdict, judge, judge_peers
 from watchd.checks.kinds import CHECK_KINDS, undeclared_figures
 from watchd.checks.metrics import CheckMetrics
@@ -410,7 +411,7 @@ class CheckService:
 
     async def run_now(self, nodes: Sequence[str], names: Sequence[str] = ()) -> list[RunResult]:
         """``watchd checks run``: the named checks (default: the suite) on each node, now, if it is idle."""
-        specs = [self._spec(n) for n in names] if names else self.config.suite()
+        specs = [self._spec(n) for n in names] if names else self.config.node_suite()
         rid = f"run:{uuid.uuid4().hex[:8]}"
         try:
             avail = await self.runner.availability(
@@ -462,9 +463,22 @@ class CheckService:
                 return Validation("failed", False, f"validation not begun: {exc}")
             try:
                 for spec in specs:
-                    _, run_id, verdict, output = await self._run_one(
-                        spec, node, round_id, None, validation=True
-                    )
+                    if CHECK_KINDS[spec.type].nodes_per_run > 1:  # with a known-good node, lent to it
+                        run_id, verdict, out = await validate_pair(
+                            self.runner,
+                            self.store.checks,
+                            spec,
+                            node,
+                            round_id,
+                            self._running,
+                            self._run_one,
+                            self.clock.now(),
+                        )
+                        output = out
+                    else:
+                        _, run_id, verdict, output = await self._run_one(
+                            spec, node, round_id, None, validation=True
+                        )
                     event = await self._settle(
                         spec, node, round_id, run_id, verdict, output, validation=True, count_round=False
                     )
@@ -544,49 +558,19 @@ class CheckService:
 
     # ------------------------------------------------------------------------------------------- reading
     def listing(self) -> list[dict[str, Any]]:
-        out = []
-        next_runs = self.periodic.next_runs() if self.periodic is not None else {}
-        for spec in self.config.items:
-            last = self.store.checks.last_round(spec.name)
-            nxt = next_runs.get(f"check:{spec.name}")
-            out.append(
-                {
-                    "name": spec.name,
-                    "type": spec.type,
-                    "command": spec.argv(),
-                    "schedule": spec.schedule.model_dump() if spec.schedule is not None else None,
-                    "partitions": spec.partitions,
-                    "nodes": spec.nodes,
-                    "max_share": spec.max_share,
-                    "time_limit_s": spec.time_limit,
-                    "in_suite": spec.in_suite,
-                    "last_round": None if last is None else {"round": last[0], "finished_at": last[2]},
-                    "round_running": self._rounds.get(spec.name),
-                    "next_run": nxt.timestamp() if nxt is not None else None,
-                }
-            )
-        return out
+        return views.listing(self.config, self.store.checks, self.periodic, self._rounds)
 
     def history(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
         return [r.to_dict() for r in self.store.checks.history(node, limit)]
 
     def status(self) -> dict[str, Any]:
-        nodes = self.store.checks.all_nodes()
-        failing = sorted(self._failing)
-        return {
-            "checks": self.listing(),
-            "running": dict(sorted(self._running.items())),
-            "validating": sorted(self._validating),
-            "awaiting_validation": failing,
-            "backing_off": sorted({f"{n.check}:{n.node}" for n in nodes if n.next_try > self.clock.now()}),
-            "last": [
-                {
-                    "check": n.check,
-                    "node": n.node,
-                    "outcome": n.last_outcome,
-                    "last_run": n.last_run,
-                    "last_success": n.last_success,
-                }
-                for n in sorted(nodes, key=lambda n: (n.check, n.node))[:500]
-            ],
-        }
+        return views.status(
+            self.config,
+            self.store.checks,
+            self.periodic,
+            self._rounds,
+            self.clock.now(),
+            running=self._running,
+            validating=self._validating,
+            failing=self._failing,
+        )

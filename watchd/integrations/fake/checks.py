@@ -45,6 +45,7 @@ class FakeCheckRunner:
         self._jobs: dict[str, CheckJob] = {}
         self._ids = itertools.count(1)
         self.availability_calls = 0
+        self.lent: dict[str, tuple[str, ...]] = {}  # node in validation -> the partners lent to it
 
     async def members(self, partitions: Sequence[str]) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -132,10 +133,23 @@ class FakeCheckRunner:
 
     async def abandon_validation(self, node: str) -> None:
         self.nodes[node].reserved = False
+        for partner in self.lent.pop(node, ()):
+            self.nodes[partner].reserved = False
+
+    async def lend(self, node: str, partners: Sequence[str]) -> None:
+        for partner in self.lent.pop(node, ()):
+            self.nodes[partner].reserved = False
+        for partner in partners:
+            if partner not in self.nodes:
+                raise RunnerError(f"scontrol: error: invalid node name {partner}")
+            self.nodes[partner].reserved = True
+        self.lent[node] = tuple(partners)
 
     async def end_validation(self, node: str, passed: bool, reason: str) -> str:
         n = self.nodes[node]
         n.reserved = False
+        for partner in self.lent.pop(node, ()):
+            self.nodes[partner].reserved = False
         if passed:
             n.reason = None
             return "resumed"

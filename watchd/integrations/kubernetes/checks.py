@@ -254,6 +254,10 @@ class KubernetesCheckRunner:
     async def abandon_validation(self, node: str) -> None:
         return None  # nothing was set up: the node stayed cordoned
 
+    async def lend(self, node: str, partners: Sequence[str]) -> None:
+        if partners:
+            raise RunnerError("pair checks run on Slurm only: a Kubernetes check Job takes one node")
+
     async def end_validation(self, node: str, passed: bool, reason: str) -> str:
         if passed:
             result = await self.scheduler.resume(node)

@@ -397,6 +397,11 @@ class SlurmCheckRunner:
         name = f"{VALIDATION_PREFIX}{node}"
         await self._run(self.slurm.scontrol, "delete", f"ReservationName={name}", check=False)
 
+    async def lend(self, node: str, partners: Sequence[str]) -> None:
+        name = f"{VALIDATION_PREFIX}{node}"
+        nodes = ",".join((node, *partners))
+        await self._run(self.slurm.scontrol, "update", f"ReservationName={name}", f"Nodes={nodes}")
+
 
 def runner_from_config(config: Any) -> SlurmCheckRunner:
     checks: ChecksConfig = config.checks
