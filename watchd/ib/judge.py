@@ -235,6 +235,9 @@ class IbJudge:
         up = r.state in ACTIVE_STATES
         if up:
             view.seen_active = True
+            cond = view.conds.get(PORT_DOWN)
+            if cond is None or not cond.active:
+                return None  # up, and nothing to clear
             rate = f", {r.rate.gbps:g} Gb/sec" if r.rate is not None else ""
             return _Reading(False, 0, f"{r.key} ACTIVE ({r.phys_name or '?'}{rate})")
         if not (view.seen_active or self._expected(r.key)):
@@ -268,17 +271,22 @@ class IbJudge:
         view.reference = ref
         cond = view.conds.get(RATE_DOWNTRAINED)
         active = cond is not None and cond.active
-        speed = f" ({r.rate.width}X {r.rate.speed})" if r.rate.width and r.rate.speed else ""
-        signature: object = rate
-        if rate < ref - _RATE_EPSILON:
+        slow = rate < ref - _RATE_EPSILON
+        if slow:
             view.bad_scans, view.good_scans = view.bad_scans + 1, 0
-            evidence = f"{r.key} at {rate:g} Gb/sec{speed}, below {ref:g} Gb/sec ({why})"
         else:
             view.good_scans, view.bad_scans = view.good_scans + 1, 0
-            evidence = f"{r.key} at {rate:g} Gb/sec{speed}" + (", recovering" if active else "")
-            signature = cond.signature if cond is not None else None  # recovering: nothing new to say
         n = p.downtrain_scans
         holds = view.good_scans < n if active else view.bad_scans >= n
+        if not holds and not active:
+            return None  # the usual case, decided before any text is built
+        speed = f" ({r.rate.width}X {r.rate.speed})" if r.rate.width and r.rate.speed else ""
+        signature: object = rate
+        if slow:
+            evidence = f"{r.key} at {rate:g} Gb/sec{speed}, below {ref:g} Gb/sec ({why})"
+        else:
+            evidence = f"{r.key} at {rate:g} Gb/sec{speed}" + (", recovering" if active else "")
+            signature = cond.signature if cond is not None else None  # recovering: nothing new to say
         return _Reading(
             holds, rate, evidence, signature=signature, threshold=ref, extra={"reference": reference}
         )
@@ -297,7 +305,10 @@ class IbJudge:
         window = self.params.error_window_s
         rise = state.update(value, now, window, COUNTER_WIDTHS.get(counter))
         cond = view.conds.get(f"{LINK_ERRORS}:{counter}")
-        active = rise > threshold // 10 if cond is not None and cond.active else rise >= threshold
+        held = cond is not None and cond.active
+        if not held and rise < threshold:
+            return None  # the usual case, decided before any text is built
+        active = rise > threshold // 10 if held else rise >= threshold
         full = ", saturated: it no longer counts, clear it with perfquery -R" if state.saturated else ""
         evidence = f"{r.key} {counter} +{rise} in {window:g}s (count {value}{full})"
         extra = {"counter": counter, "count": value, "saturated": state.saturated}

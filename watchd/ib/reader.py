@@ -31,11 +31,15 @@ class _Unreadable(Exception):
     pass
 
 
-def _read(path: str) -> str | None:
-    """The file's text; None when it does not exist; :class:`_Unreadable` when it exists but cannot be
-    read."""
+_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+_DIR = os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY
+
+
+def _read(path: str, dir_fd: int | None = None) -> str | None:
+    """The file's text (``path`` relative to ``dir_fd`` when given); None when it does not exist;
+    :class:`_Unreadable` when it exists but cannot be read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(path, _FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -129,35 +133,54 @@ class SysfsReader:
         return Snapshot(now, tuple(ports), present=True, skipped=skipped)
 
     def _port(self, device: str, port: str) -> PortReading:
+        """The port's files, each opened relative to its folder (the folder's path, through the class
+        folder's links, is resolved once a port, not once a file)."""
         layout = self._layout(device, port)
         base = layout.base
         unreadable: list[str] = []
         unsupported: list[str] = []
+        try:
+            port_fd = os.open(base, _DIR)
+        except OSError:  # the device left between the listing and now: nothing known of it this scan
+            return PortReading(device, int(port), hca_type=layout.hca_type)
 
-        def text(name: str) -> str | None:
-            path = f"{base}/{name}"
+        def text(name: str, dir_fd: int = port_fd, folder: str = "") -> str | None:
             try:
-                return _read(path)
+                return _read(name, dir_fd)
             except _Unreadable as exc:
-                unreadable.append(name)
-                self._on_unreadable(path, str(exc))
+                unreadable.append(folder + name)
+                self._on_unreadable(f"{base}/{folder}{name}", str(exc))
                 return None
 
         def numbers(folder: str, names: tuple[str, ...]) -> MappingProxyType[str, int]:
             out: dict[str, int] = {}
-            for name in names:
-                raw = text(f"{folder}/{name}")
-                value = parse_counter(raw)
-                if value is not None:
-                    out[name] = value
-                elif raw is not None:
-                    unsupported.append(f"{folder}/{name}")
+            if not names:
+                return MappingProxyType(out)
+            try:
+                dir_fd = os.open(folder, _DIR, dir_fd=port_fd)
+            except OSError:
+                return MappingProxyType(out)
+            try:
+                for name in names:
+                    raw = text(name, dir_fd, f"{folder}/")
+                    value = parse_counter(raw)
+                    if value is not None:
+                        out[name] = value
+                    elif raw is not None:
+                        unsupported.append(f"{folder}/{name}")
+            finally:
+                os.close(dir_fd)
             return MappingProxyType(out)
 
-        state = parse_state(text("state"), PORT_STATES)
-        phys = parse_state(text("phys_state"), PHYS_STATES)
-        rate = parse_rate(text("rate"))
-        link_layer = text("link_layer")
+        try:
+            state = parse_state(text("state"), PORT_STATES)
+            phys = parse_state(text("phys_state"), PHYS_STATES)
+            rate = parse_rate(text("rate"))
+            link_layer = text("link_layer")
+            counters = numbers("counters", layout.counters)
+            hw_counters = numbers("hw_counters", layout.hw_counters)
+        finally:
+            os.close(port_fd)
         return PortReading(
             device=device,
             port=int(port),
@@ -166,8 +189,8 @@ class SysfsReader:
             rate=rate,
             link_layer=link_layer.strip()[:32] or None if link_layer else None,
             hca_type=layout.hca_type,
-            counters=numbers("counters", layout.counters),
-            hw_counters=numbers("hw_counters", layout.hw_counters),
+            counters=counters,
+            hw_counters=hw_counters,
             unreadable=tuple(unreadable),
             unsupported=tuple(unsupported),
         )
