@@ -55,7 +55,9 @@ def test_config_is_strict() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         IbConfig(interval_s=0.1)
     with pytest.raises(ValueError, match="error_thresholds"):
-        IbConfig(error_thresholds={"symbol_error": 0})
+        IbConfig(error_thresholds={"symbol_error": -1})
+    merged = IbConfig(error_thresholds={"symbol_error": 20, "link_downed": 0}).error_thresholds
+    assert merged["symbol_error"] == 20 and "link_downed" not in merged and merged["link_error_recovery"] == 5
     with pytest.raises(ValueError, match="extra"):
         IbConfig.model_validate({"intervall_s": 30})
     config = IbConfig(error_thresholds={"rnr_nak_retry_err": 1}, hw_counters=[])

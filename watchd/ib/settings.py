@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from watchd.model.durations import Seconds
 from watchd.model.ib import COUNTER_WIDTHS, DEFAULT_ERROR_THRESHOLDS
@@ -41,13 +41,19 @@ class IbConfig(Strict):
     compare_peers: bool = True  # the fastest port of the same HCA type and link layer is a reference too
     downtrain_scans: Annotated[int, Field(ge=1, le=100)] = 2
     error_window_s: Annotated[float, Field(ge=10.0, le=86400.0)] = 300.0
-    error_thresholds: dict[Annotated[str, Field(pattern=_NAME)], Annotated[int, Field(ge=1)]] = Field(
+    # counter -> rise within the window; merged over the defaults, 0 turns a counter off
+    error_thresholds: dict[Annotated[str, Field(pattern=_NAME)], Annotated[int, Field(ge=0)]] = Field(
         default_factory=lambda: dict(DEFAULT_ERROR_THRESHOLDS)
     )
     hw_counters: list[Annotated[str, Field(pattern=_NAME)]] = Field(
         default_factory=lambda: list(DEFAULT_HW_COUNTERS)
     )
     report_interval_s: Seconds = 60.0
+
+    @field_validator("error_thresholds")
+    @classmethod
+    def _over_the_defaults(cls, value: dict[str, int]) -> dict[str, int]:
+        return {k: v for k, v in {**DEFAULT_ERROR_THRESHOLDS, **value}.items() if v > 0}
 
     def hw_counters_read(self) -> tuple[str, ...]:
         """The ``hw_counters/`` files read: those named, and any a threshold names that is not one of the
