@@ -5,6 +5,8 @@ engine."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.ib.tree import NODE_EXPORTER, copy_recorded, ndr_node, port, write
-from tests.support import eventually
+from tests.support import eventually, real_components_required
 from watchd.agent.metrics import AgentMetrics
 from watchd.agent.runner import Agent
 from watchd.agent.settings import EngineEndpoint, HeartbeatConfig, ShipperConfig
@@ -98,18 +100,36 @@ def test_a_scan_feeds_the_metrics(tmp_path: Path) -> None:
     assert value("watchd_ib_port_condition", device="mlx5_1", port="1", condition="port_down") == 1
     info = dict(device="mlx5_0", port="1", link_layer="InfiniBand", hca_type="MT4129")
     assert value("watchd_ib_port_info", **info) == 1
-    assert value("watchd_ib_port_counter_total", device="mlx5_1", port="1", counter="symbol_error") == 0
+    assert value("watchd_ib_port_errors_total", device="mlx5_1", port="1", counter="symbol_error") == 0
     assert (
-        value("watchd_ib_port_counter_total", device="mlx5_0", port="1", counter="local_ack_timeout_err")
+        value("watchd_ib_port_errors_total", device="mlx5_0", port="1", counter="local_ack_timeout_err")
         == 131
     )
     assert (
-        "watchd_ib_port_counter_total",
+        "watchd_ib_port_errors_total",
         (("counter", "port_rcv_errors"), ("device", "mlx5_0"), ("port", "1")),
     ) not in got
     assert value("watchd_agent_ib_scans_total", outcome="ok") == 2
     assert value("watchd_agent_ib_files_unreadable_total") == 1
     assert value("watchd_agent_ib_scan_cpu_seconds_total") > 0
+
+
+def test_the_metrics_pass_promtool(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if real_components_required():
+            pytest.fail("promtool is required under CI")
+        pytest.skip("promtool not installed")
+    root = ndr_node(tmp_path, 2)
+    metrics = AgentMetrics()
+    source = IbPortSource("n", IbConfig(root=root), collector=metrics.ib_ports, on_scan=metrics.ib_scanned)
+    source.observe(source.scan())
+    write(port(root, "mlx5_1") / "state", "1: DOWN")
+    source.observe(source.reader.scan(2e9))
+    text = generate_latest(metrics.registry)
+    assert b"watchd_ib_port_errors_total{" in text and b'condition="port_down"' in text
+    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, check=False)
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
 
 
 def test_the_recorded_saturated_counter_shows_in_the_metrics() -> None:
@@ -120,7 +140,7 @@ def test_the_recorded_saturated_counter_shows_in_the_metrics() -> None:
     source.observe(source.scan())
     got = samples(registry)
     key = (
-        "watchd_ib_port_counter_saturated",
+        "watchd_ib_port_errors_saturated",
         (("counter", "port_xmit_wait"), ("device", "mlx4_0"), ("port", "1")),
     )
     # port_xmit_wait is read only when a threshold names it; the error counters are not saturated

@@ -95,12 +95,12 @@ class IbPortCollector(Collector):
             labels=_LABELS,
         )
         counter = CounterMetricFamily(
-            "watchd_ib_port_counter",
-            "The port's counters (counters/ and hw_counters/), as the kernel reads them.",
+            "watchd_ib_port_errors",
+            "The port's error counters read (counters/ and hw_counters/), as the kernel shows them.",
             labels=[*_LABELS, "counter"],
         )
         saturated = GaugeMetricFamily(
-            "watchd_ib_port_counter_saturated",
+            "watchd_ib_port_errors_saturated",
             "1 when a counter stopped at the top of its width (it no longer counts).",
             labels=[*_LABELS, "counter"],
         )
