@@ -282,13 +282,17 @@ class IbJudge:
             return None  # the usual case, decided before any text is built
         speed = f" ({r.rate.width}X {r.rate.speed})" if r.rate.width and r.rate.speed else ""
         signature: object = rate
+        value = rate
         if slow:
             evidence = f"{r.key} at {rate:g} Gb/sec{speed}, below {ref:g} Gb/sec ({why})"
         else:
             evidence = f"{r.key} at {rate:g} Gb/sec{speed}" + (", recovering" if active else "")
-            signature = cond.signature if cond is not None else None  # recovering: nothing new to say
+            # recovering: nothing new to say; a re-report says the slow rate it holds for
+            signature = cond.signature if cond is not None else None
+            if isinstance(signature, float):
+                value = signature
         return _Reading(
-            holds, rate, evidence, signature=signature, threshold=ref, extra={"reference": reference}
+            holds, value, evidence, signature=signature, threshold=ref, extra={"reference": reference}
         )
 
     def _errors(
@@ -372,7 +376,10 @@ class IbJudge:
             link_layer=last.link_layer if last is not None else None,
             state=state or (r.state_name if r is not None else None),
             phys_state=phys or (r.phys_name if r is not None else None),
-            rate_gbps=r.rate.gbps if r is not None and r.rate is not None else None,
+            # a down port's rate means nothing (the kernel shows SDR)
+            rate_gbps=r.rate.gbps
+            if r is not None and r.rate is not None and r.state in ACTIVE_STATES
+            else None,
             reference=extra.get("reference"),  # type: ignore[arg-type]
             counter=extra.get("counter"),  # type: ignore[arg-type]
             count=extra.get("count"),  # type: ignore[arg-type]

@@ -138,7 +138,7 @@ class IbPortHealth(Attrs):
     link_layer: str | None = None  # InfiniBand | Ethernet (RoCE)
     state: str | None = None  # ACTIVE, DOWN, INIT, ARMED, ... or "missing" (the device is gone)
     phys_state: str | None = None  # LinkUp, Disabled, Polling, ... or "missing"
-    rate_gbps: float | None = None
+    rate_gbps: float | None = None  # while ACTIVE
     reference: str | None = None  # rate_downtrained: expected | port_max | peers
     counter: str | None = None  # link_errors: the counter (symbol_error, link_downed, ...)
     count: int | None = None  # link_errors: the counter's value now
