@@ -26,6 +26,7 @@ VOCABULARY = (
     "watchd.errors",
     "watchd.logs",
     "watchd.model.durations",
+    "watchd.model.ib",  # the InfiniBand counter table: the widths and default thresholds the section names
     "watchd.credentials",
     "watchd.http_settings",
     "watchd.integrations.settings",

@@ -48,6 +48,7 @@ ORDER: tuple[str, ...] = (
     "integrations",
     "actions",
     "gpu",
+    "ib",  # InfiniBand/RoCE ports: parse and judge (pure), read sysfs, the agent's collector
     "sources",
     "reports",
     "fleetview",

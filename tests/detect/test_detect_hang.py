@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
+from tests.ib.tree import ndr_node, port, write
 from watchd.detect.correlator import Correlator
 from watchd.detect.detector import Cycle, Onset
 from watchd.detect.finding import Finding
 from watchd.detect.params import DetectorsConfig
 from watchd.detect.registry import DETECTORS
+from watchd.ib.judge import IbJudge
+from watchd.ib.reader import SysfsReader
 from watchd.jobs.model import JobInfo
 from watchd.model.events import Event, Scalar, stable_id
 
@@ -241,6 +245,77 @@ def test_nvlink_down_is_hardware_evidence(event: Event) -> None:
     job.run_for(20.0, "spin")
     [f] = hangs(job.findings)
     assert (f.culprit_node, f.culprit_gpu, f.evidence, f.hardware) == ("n2", 3, "nvlink_down", True)
+
+
+class IbNode:
+    """A node's InfiniBand ports as the agent reads and judges them (a real tree, tests/ib/tree.py)."""
+
+    def __init__(self, node: str, tmp: Path) -> None:
+        self.root = ndr_node(tmp / node, 8)
+        self.reader = SysfsReader(self.root)
+        self.judge = IbJudge(node)
+
+    def scan(self, t: float) -> list[Event]:
+        return self.judge.observe(self.reader.scan(t))
+
+
+def test_a_node_that_lost_its_infiniband_link_is_the_hangs_culprit(tmp_path: Path) -> None:
+    job = warmed()
+    ib = IbNode("n2", tmp_path)
+    assert ib.scan(T0) == []
+    write(port(ib.root, "mlx5_5") / "state", "1: DOWN")
+    write(port(ib.root, "mlx5_5") / "phys_state", "3: Disabled")
+    for event in ib.scan(job.t + 3.0):
+        job.observe(event)
+    job.run_for(20.0, "spin", {("n1", 2): "compute"})  # it also beats an odd one out on the other node
+    [f] = hangs(job.findings)
+    assert (f.culprit_node, f.culprit_gpu, f.evidence, f.hardware) == ("n2", None, "hardware_event", True)
+    assert f.extra["detail"] == "ib port_down: mlx5_5:1 DOWN (physical Disabled), was ACTIVE at 400 Gb/sec"
+    assert f.confidence == pytest.approx(0.95)
+
+
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        (("rate", "200 Gb/sec (2X NDR)"), "ib rate_downtrained: mlx5_0:1 at 200 Gb/sec (2X NDR), below 400"),
+        (("counters/link_downed", "3"), "ib link_errors: mlx5_0:1 link_downed +3 in 300s"),
+    ],
+    ids=["downtrained", "link_downed"],
+)
+def test_a_downtrained_or_flapping_link_is_hardware_evidence(
+    tmp_path: Path, change: tuple[str, str], detail: str
+) -> None:
+    job = warmed()
+    ib = IbNode("n1", tmp_path)
+    ib.scan(T0)
+    write(port(ib.root, "mlx5_0") / change[0], change[1])
+    for event in ib.scan(job.t - 14.0) + ib.scan(job.t + 1.0):  # a downtrain needs two scans
+        job.observe(event)
+    job.run_for(20.0, "spin")
+    [f] = hangs(job.findings)
+    assert (f.culprit_node, f.hardware) == ("n1", True)
+    assert str(f.extra["detail"]).startswith(detail)
+
+
+def test_a_cleared_port_and_a_transport_counter_are_no_evidence(tmp_path: Path) -> None:
+    job = warmed()
+    ib = IbNode("n2", tmp_path)
+    ib.judge.params = dataclasses.replace(ib.judge.params, error_thresholds={"out_of_sequence": 1})
+    ib.reader = SysfsReader(ib.root, hw_counters=["out_of_sequence"])
+    ib.scan(T0)
+    write(port(ib.root, "mlx5_1") / "state", "1: DOWN")
+    write(port(ib.root, "mlx5_1") / "hw_counters" / "out_of_sequence", "50")
+    events = ib.scan(T0 + 30.0)
+    assert sorted(e.attrs["condition"] for e in events) == ["link_errors", "port_down"]
+    write(port(ib.root, "mlx5_1") / "state", "4: ACTIVE")
+    events += ib.scan(T0 + 45.0)  # the port came back: its clear
+    for event in events:
+        if event.attrs["condition"] == "port_down" and event.attrs["value"] == 1:
+            continue  # the start, long before the onset; only its clear and the transport counter remain
+        job.observe(event)
+    job.run_for(20.0, "spin", {("n1", 2): "compute"})
+    [f] = hangs(job.findings)
+    assert (f.culprit_node, f.evidence, f.hardware) == ("n1", "odd_one_out", False)
 
 
 def test_hardware_event_beats_an_application_xid() -> None:

@@ -192,6 +192,15 @@ def test_hardware_event_on_the_gpu_attributes_a_slow_clock() -> None:
     assert "pcie_downtrain" in first.evidence
 
 
+def test_an_infiniband_port_down_on_the_node_is_no_cause_of_a_slow_clock() -> None:
+    fleet = one_job(model=None)
+    attrs: dict[str, object] = {"condition": "port_down", "device": "mlx5_0", "port": 1, "value": 1}
+    fleet.c.observe(Event("i1", "n2", "ib-sysfs", "ib_port_health", fleet.t, attrs))  # type: ignore[arg-type]
+    fleet.run_for(300.0, {SLOW_GPU: {"clock": 0.85 * CLOCK}}, model=None)
+    first = stragglers(fleet.findings)[0]
+    assert first.hardware is False
+
+
 # --------------------------------------------------------------------------- thresholds and noise
 
 

@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from tests.ib.wire import ib_events
 from tests.trainlog.wire import trainlog_events
 from watchd.agent.heartbeat import Coalescer, parse_report
 from watchd.agent.runner import xid_event
@@ -367,4 +368,5 @@ def build() -> dict[str, bytes]:
     out["findings"] = _body(f.to_event() for f in FINDINGS)
     out["watchd-action"] = _body(_actions())
     out["trainlog"] = _body(trainlog_events(NODE, T0 + 500))  # issue 19
+    out["ib-sysfs"] = _body(ib_events(NODE, T0 + 600))  # InfiniBand/RoCE ports, recorded when added
     return out

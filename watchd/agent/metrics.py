@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from watchd.ib.metrics import IbPortCollector
+
 
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -95,3 +97,26 @@ class AgentMetrics:
         self.heartbeat_ranks = Gauge(
             "watchd_agent_heartbeat_ranks", "Training ranks whose heartbeats the agent tracks.", registry=r
         )
+        # InfiniBand/RoCE ports (sources.ib): the per-port series come from the last scan
+        self.ib_ports = IbPortCollector()
+        r.register(self.ib_ports)
+        self.ib_scans = Counter(
+            "watchd_agent_ib_scans",
+            "Scans of the InfiniBand/RoCE ports, by outcome (ok; absent: no /sys/class/infiniband).",
+            ["outcome"],
+            registry=r,
+        )
+        self.ib_scan_cpu = Counter(
+            "watchd_agent_ib_scan_cpu_seconds",
+            "CPU time the scans of the InfiniBand/RoCE ports took (the reading thread's).",
+            registry=r,
+        )
+        self.ib_unreadable = Counter(
+            "watchd_agent_ib_files_unreadable",
+            "Port files that exist but could not be read (EIO, EACCES, a driver error), each time.",
+            registry=r,
+        )
+
+    def ib_scanned(self, outcome: str, cpu_s: float) -> None:
+        self.ib_scans.labels(outcome).inc()
+        self.ib_scan_cpu.inc(cpu_s)

@@ -29,7 +29,7 @@ from watchd.security import engine_client_tls, listener_tls
 from watchd.sources.base import LogLine, LogSource
 from watchd.sources.flight_recorder import EventSource, FlightRecorderSource
 from watchd.sources.job_owners import SlurmJobOwners
-from watchd.sources.registry import SourceContext, sources_from_config
+from watchd.sources.registry import SourceContext, event_sources_from_config, sources_from_config
 from watchd.trainlog.limit import EventLimiter
 from watchd.trainlog.parser import parse_line as parse_trainlog_line
 from watchd.xid import XidParser, XidRecord
@@ -87,6 +87,9 @@ class Agent:
             node=config.node,
             on_file_refused=lambda source, reason: self.metrics.files_refused.labels(source, reason).inc(),
             on_bytes_skipped=lambda source, n: self.metrics.bytes_skipped.labels(source).inc(n),
+            ib_ports=self.metrics.ib_ports,
+            on_ib_scan=self.metrics.ib_scanned,
+            on_ib_unreadable=self.metrics.ib_unreadable.inc,
         )
         if sources is None:
             self.sources = sources_from_config(config.sources, context)
@@ -126,6 +129,8 @@ class Agent:
             if training.flight_recorder_dirs
             else []
         )
+        # event sources by name (the InfiniBand/RoCE ports): shipped as they come, no per-job bound
+        self.node_event_sources = event_sources_from_config(config.sources, context)
         self.dedup = XidDeduplicator(SystemClock(), config.sources.gpu.xid_dedup_window_s)
         # A fake GPU writes its kernel-log lines to a source of its own, as a real driver to the kernel log.
         kernel_log = context.fake_kernel_log.inject_log_threadsafe
@@ -156,6 +161,8 @@ class Agent:
                 self._spawn(self._watch(source), f"source-{source.name}")
             for event_source in self.event_sources:
                 self._spawn(self._pump(event_source), f"source-{event_source.name}")
+            for event_source in self.node_event_sources:
+                self._spawn(self._pump(event_source, limited=False), f"source-{event_source.name}")
             if self.gpu is not None:
                 self._spawn(self.gpu.run(), "gpu")
             self._stack.push_async_callback(self._stop_tasks)
@@ -230,14 +237,16 @@ class Agent:
         )
         self._emit(event)
 
-    async def _pump(self, source: EventSource) -> None:
-        """Ship the events of an event source (Flight Recorder dumps); restarted with backoff on failure."""
+    async def _pump(self, source: EventSource, limited: bool = True) -> None:
+        """Ship the events of an event source (Flight Recorder dumps: ``limited`` per job and kind, as the
+        training stack's lines; the InfiniBand ports); restarted with backoff on failure."""
         delay = _RESTART_MIN_S
         while True:
             try:
                 async for event in source.events():
                     delay = _RESTART_MIN_S
-                    if self.trainlog_limit.allow(event.attrs.get("job"), event.kind, event.time):  # type: ignore[arg-type]
+                    job = event.attrs.get("job")
+                    if not limited or self.trainlog_limit.allow(job, event.kind, event.time):  # type: ignore[arg-type]
                         self._emit(event)
                     else:
                         self.metrics.dropped.labels("trainlog_rate").inc()

@@ -32,6 +32,8 @@ from watchd.model.gpu import HEALTH_KIND, SUMMARY_KIND, GpuHealth, GpuSummary
 from watchd.model.heartbeat import DEFAULT_PHASE, Heartbeat
 from watchd.model.heartbeat import KIND as HEARTBEAT_KIND
 from watchd.model.heartbeat import QUIET_PHASES as QUIET_PHASES  # the detectors' name for it
+from watchd.model.ib import KIND as IB_KIND
+from watchd.model.ib import LINK_COUNTERS, LINK_ERRORS, IbPortHealth
 from watchd.model.jobs import job_label
 from watchd.model.xid import KIND as XID_KIND
 from watchd.model.xid import Xid
@@ -232,6 +234,8 @@ class FleetState:
             self._xid(event)
         elif kind == HEALTH_KIND:
             self._health(event)
+        elif kind == IB_KIND:
+            self._ib_port(event)
         elif kind in TRAINLOG_KINDS:
             self.training.observe(event)
             if self.training.dropped:
@@ -376,6 +380,18 @@ class FleetState:
             what = f"{condition}: {evidence}" if evidence else condition
             hardware = condition in HARDWARE_CONDITIONS
             self._hardware(HardwareEvent(e.time, e.node, h.gpu, what, hardware, condition))
+
+    def _ib_port(self, e: Event) -> None:
+        """An InfiniBand/RoCE port down, downtrained or with climbing link counters: hardware evidence on the
+        node (its NIC, cable or switch port), with no GPU. A site's threshold on another counter (a transport
+        counter of ``hw_counters``: as often the peer's or the fabric's doing) is no evidence here."""
+        h = IbPortHealth.read(e)
+        if h is None or not h.value:
+            return  # value 0: the condition cleared
+        if h.condition == LINK_ERRORS and h.counter not in LINK_COUNTERS:
+            return
+        what = f"ib {h.condition}: {h.evidence or f'{h.device}:{h.port}'}"
+        self._hardware(HardwareEvent(e.time, e.node, None, what, True, f"ib_{h.condition}"))
 
     def _hardware(self, h: HardwareEvent) -> None:
         self._touch(h.node, h.time)

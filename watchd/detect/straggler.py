@@ -219,6 +219,7 @@ def _gpu_attribution(node: str, gpu: int | None, ev: Evidence) -> tuple[bool, st
                 f"SM clock {clock:.0f} MHz, {1 - clock / reference:.0%} below the fleet median for its model",
             )
     for h in ev.fleet.hardware_events(node, ev.now - _EVENT_LOOKBACK_S):
-        if h.hardware and (h.gpu is None or h.gpu == gpu):
+        # a NIC's fault slows a rank's collectives, not its SM clock or compute time: no cause here
+        if h.hardware and (h.gpu is None or h.gpu == gpu) and not h.condition.startswith("ib_"):
             return True, h.what
     return False, "no hardware cause: software imbalance"

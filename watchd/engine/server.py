@@ -41,7 +41,9 @@ Accepted = tuple[Event, float]  # the event and its arrival time (monotonic)
 
 # Metric labels come from what clients send: only known values become labels, so a client cannot create
 # unbounded series.
-SOURCES = frozenset({"kmsg", "file", "nvml", "dcgm", "fake", "watchd", "sim", "detector", "heartbeat"})
+SOURCES = frozenset(
+    {"kmsg", "file", "nvml", "dcgm", "fake", "watchd", "sim", "detector", "heartbeat", "ib-sysfs"}
+)
 KINDS = ALL_KINDS
 #: Events stamped further ahead than this take their arrival time (one bad clock must not push cooldowns and
 #: windows into the future); the node's own stamp is kept in ``attrs["node_time"]``.

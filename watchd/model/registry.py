@@ -15,6 +15,7 @@ from watchd.model import (
     finding,
     gpu,
     heartbeat,
+    ib,
     reboot,
     reliability,
     trainlog,
@@ -41,6 +42,7 @@ KINDS: Mapping[str, type[Attrs]] = MappingProxyType(
         reliability.KIND: reliability.CheckpointInterval,  # issue 17: checkpoint advice
         reboot.REBOOTED_KIND: reboot.NodeRebooted,  # a reboot watchd asked for is over
         reboot.OVERDUE_KIND: reboot.NodeRebootOverdue,
+        ib.KIND: ib.IbPortHealth,  # InfiniBand/RoCE ports, from the agent's sysfs reader
         # issue 19: what the training stack says (PyTorch watchdog, NCCL, Flight Recorder)
         **{cls.KIND: cls for cls in trainlog.KINDS},
     }

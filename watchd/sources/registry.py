@@ -8,6 +8,10 @@ here): each entry builds the sources its part of the ``sources:`` config asks fo
     slurm-jobs  the output files of the Slurm jobs on the node (``sources.training.slurm_jobs``, issue 19)
     pods        the container logs under ``sources.training.pods_dir`` (issue 19)
     journald-units  the journal of ``sources.training.journald_units`` (issue 19)
+
+and the sources of events (not lines), by name too:
+
+    ib-ports  the InfiniBand/RoCE ports under ``sources.ib.root`` (unless ``enabled: false``)
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from watchd.errors import ConfigError
+from watchd.ib.collector import IbPortSource
+from watchd.ib.metrics import IbPortCollector
 from watchd.sources.base import FakeLogSource, LogSource
 from watchd.sources.filefollow import FileFollowSource
+from watchd.sources.flight_recorder import EventSource
 from watchd.sources.journald import JournaldSource
 from watchd.sources.journald_units import JournaldUnitsSource
 from watchd.sources.kmsg import KmsgSource
@@ -38,6 +45,10 @@ class SourceContext:
     on_file_refused: Callable[[str, str], None] = lambda source, reason: None
     #: bytes of a user's file skipped unread (source name, bytes): written faster than the budget allows
     on_bytes_skipped: Callable[[str, int], None] = lambda source, n: None
+    #: the InfiniBand ports' metrics, each scan (outcome, CPU seconds) and each file not read
+    ib_ports: IbPortCollector | None = None
+    on_ib_scan: Callable[[str, float], None] = lambda outcome, seconds: None
+    on_ib_unreadable: Callable[[], None] = lambda: None
 
 
 SourceFactory = Callable[[SourcesConfig, SourceContext], list[LogSource]]
@@ -133,5 +144,39 @@ def sources_from_config(
         if factory is None:
             known = ", ".join(sorted(SOURCES))
             raise ConfigError(f"sources: no source named {name!r} (known: {known})")
+        out += factory(config, context)
+    return out
+
+
+EventSourceFactory = Callable[[SourcesConfig, SourceContext], list[EventSource]]
+
+
+def _ib_ports(config: SourcesConfig, context: SourceContext) -> list[EventSource]:
+    if not config.ib.enabled:
+        return []
+    return [
+        IbPortSource(
+            context.node,
+            config.ib,
+            collector=context.ib_ports,
+            on_scan=context.on_ib_scan,
+            on_unreadable=context.on_ib_unreadable,
+        )
+    ]
+
+
+EVENT_SOURCES: dict[str, EventSourceFactory] = {"ib-ports": _ib_ports}
+
+
+def event_sources_from_config(
+    config: SourcesConfig, context: SourceContext, names: Iterable[str] = tuple(EVENT_SOURCES)
+) -> list[EventSource]:
+    """The event sources ``config`` asks for, of those registered under ``names`` (all by default)."""
+    out: list[EventSource] = []
+    for name in names:
+        factory = EVENT_SOURCES.get(name)
+        if factory is None:
+            known = ", ".join(sorted(EVENT_SOURCES))
+            raise ConfigError(f"sources: no event source named {name!r} (known: {known})")
         out += factory(config, context)
     return out

@@ -1,5 +1,6 @@
 """The agent's ``sources:`` section: the kernel log (kmsg, journald), followed files, the GPU backend
-(:mod:`watchd.gpu.settings`) and the training stack's own output (issue 19)."""
+(:mod:`watchd.gpu.settings`), the InfiniBand/RoCE ports (:mod:`watchd.ib.settings`) and the training
+stack's own output (issue 19)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from watchd.gpu.settings import GpuSourceConfig
+from watchd.ib.settings import IbConfig
 from watchd.model.durations import Seconds
 from watchd.strict import Strict
 
@@ -59,4 +61,5 @@ class SourcesConfig(Strict):
     journald: JournaldConfig = JournaldConfig()
     files: list[FileSourceConfig] = Field(default_factory=list)
     gpu: GpuSourceConfig = GpuSourceConfig()
+    ib: IbConfig = IbConfig()  # InfiniBand/RoCE ports from sysfs
     training: TrainingLogsConfig = TrainingLogsConfig()  # issue 19
