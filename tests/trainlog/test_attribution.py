@@ -4,8 +4,12 @@ to the reader; a node's own logs still speak for it."""
 
 from __future__ import annotations
 
-from tests.detect.test_detect_hang import JOB, Job, hangs, warmed
+from pathlib import Path
+
+from tests.detect.test_detect_hang import JOB, IbNode, Job, hangs, warmed
+from tests.ib.tree import port, write
 from tests.trainlog.test_trainlog_culprit import ev, spin_hang
+from watchd.checks.risk_evidence import EventEvidence
 from watchd.detect.attribution import Origin, credit, host_node
 from watchd.model.heartbeat import Heartbeat
 from watchd.model.trainlog import CollectiveReport, FlightRecord, NcclWarn
@@ -126,3 +130,36 @@ def test_a_flight_recorder_dump_places_its_rank_and_a_host_named_line_too() -> N
     training.observe(ev("n1", 1.0, named))
     placed = training.placement(JOB)
     assert (placed(3), placed(5), placed(0)) == ("n2", "n2", None)
+
+
+def test_nccls_net_ib_errors_on_the_port_the_agent_saw_go_down_are_one_nic(tmp_path: Path) -> None:
+    job = warmed()
+    ib = IbNode("n2", tmp_path)
+    ib.scan(job.t - 30.0)
+    write(port(ib.root, "mlx5_5") / "state", "1: DOWN")
+    write(port(ib.root, "mlx5_5") / "phys_state", "3: Disabled")
+    for event in ib.scan(job.t + 1.0):
+        job.observe(event)
+    line = NcclWarn(
+        category="ib_completion",
+        message="m",
+        host="n2",
+        status=12,
+        device="mlx5_5",
+        port=1,
+        job=JOB,
+        gathered=True,
+    )
+    job.observe(ev("n1", job.t + 2.0, line))  # printed on n2, read on the batch host n1
+    spin_hang(job)
+    [f] = hangs(job.findings)
+    assert (f.culprit_node, f.evidence, f.extra.get("corroborated")) == ("n2", "hardware_event", "nic_errors")
+    assert str(f.extra["detail"]).endswith("; NCCL NET/IB errors on mlx5_5 too")
+
+
+def test_the_risk_planner_counts_a_gathered_nic_error_for_the_host_it_names() -> None:
+    evidence = EventEvidence()
+    for reader, host in (("n1", "n2"), ("n1", None)):
+        line = NcclWarn(category="ib_completion", message="m", host=host, status=12, job=JOB, gathered=True)
+        evidence.observe(ev(reader, 1.0, line))
+    assert set(evidence._times) == {"n2"}  # the reader is not evidence; a line naming nobody counts nowhere

@@ -46,7 +46,15 @@ class EventEvidence:
         cls = evidence_class(event)
         if cls is None:
             return
-        self.add(event.node, cls, event.time)
+        node = event.node
+        if event.attrs.get(
+            "gathered"
+        ):  # read from a job's output that every node writes: the line says whose
+            host = event.attrs.get("host")
+            if not isinstance(host, str):
+                return
+            node = host
+        self.add(node, cls, event.time)
 
     def add(self, node: str, cls: str, t: float) -> None:
         by_class = self._times.get(node)

@@ -203,6 +203,18 @@ def _late_arrival(evidence: list[RankEvidence], margin_s: float = 5.0) -> Culpri
     return Culprit(last.node, last.gpu, "late_arrival", False, 0.6, what, (last.node,))
 
 
+def _same_nic(chosen: Culprit, training: TrainingEvidence, job: JobView, since: float, now: float) -> Culprit:
+    """An InfiniBand port fault the agent saw, and NCCL's NET/IB errors on the same device of the same node:
+    one NIC, said twice (the detail says so)."""
+    if chosen.node is None or not chosen.detail.startswith("ib "):
+        return chosen
+    errors = training.nic_errors(job.id, job.nodes, since, now).get(chosen.node, [])
+    same = sorted({e.device for e in errors if e.device and f"{e.device}:" in chosen.detail})
+    if not same:
+        return chosen
+    return replace(chosen, detail=f"{chosen.detail}; NCCL NET/IB errors on {', '.join(same)} too")
+
+
 def find_culprit(
     fleet: FleetState,
     job: JobView,
@@ -234,7 +246,7 @@ def find_culprit(
     )
     named = [c for f in finders if (c := f()) is not None and c.node is not None]
     if named:
-        chosen = named[0]
+        chosen = _same_nic(named[0], training, job, since, now)
         agree = tuple(c.evidence for c in named[1:] if c.node == chosen.node)
         disagree = tuple(c.evidence for c in named[1:] if c.node != chosen.node)
         return replace(chosen, corroborated=agree, contradicted=disagree)
