@@ -141,3 +141,23 @@ async def test_validation_runs_the_pair_check_with_a_known_good_node(
         rc = await asyncio.to_thread(run_validate, "gpu-3", url, token, None, "alice", 120, out)
         assert rc == 0 and "gpu-3: resumed" in out.getvalue(), out.getvalue()
         assert "gpu-3" not in sinfo_reasons(cluster)
+
+
+async def test_a_group_of_four_is_bisected_to_the_bad_node(
+    cluster: SlurmCluster, standins: Path, pair_standin: Path, tmp_path: Path
+) -> None:
+    (pair_standin / "bad_nodes").write_text("gpu-3\n")
+    config = pair_config(cluster, standins, pair_standin, tmp_path)
+    data = config.model_dump(mode="json", exclude_unset=True)
+    data["checks"]["items"][0]["group_size"] = 4
+    async with Engine(type(config).model_validate(data)) as engine:
+        assert engine.checks is not None
+        summary = await engine.checks.run_round("fabric")
+        assert summary["failed"] == ["gpu-3"] and summary["runs"] == 5, str(summary)[80:]
+        runs = (pair_standin / "runs").read_text().splitlines()
+        assert runs[0] == "gpu-1 gpu-2 gpu-3 gpu-4" and sorted(runs[1:3]) == ["gpu-1 gpu-2", "gpu-3 gpu-4"]
+        await wait_for(lambda: "gpu-3" in sinfo_reasons(cluster))
+        assert sinfo_reasons(cluster)["gpu-3"].startswith(
+            "watchd: nccl 4/2-node busbw 41 GB/s with gpu-1,gpu-2,gpu-4"
+        )
+        assert set(sinfo_reasons(cluster)) == {"gpu-3"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.checks.test_service import Harness, nodes
-from watchd.checks.fabric.pairs import PairRun, attribute, first_pairs, second_pairs
+from watchd.checks.fabric.pairs import PairRun, attribute, first_groups, first_pairs, next_wave, second_pairs
 from watchd.checks.params import ChecksConfig
 from watchd.checks.runner import CheckJob, RunOutput
 from watchd.integrations.fake.checks import FakeCheckRunner
@@ -169,3 +169,70 @@ async def test_validation_without_a_known_good_partner_keeps_the_node_drained() 
         runner.submitted[-1].nodes in (("n000", "n001"), ("n000", "n002")) and runner.submitted[-1].validation
     )
     assert runner.lent == {} and not any(n.reserved for n in runner.nodes.values())
+
+
+# ------------------------------------------------------------------------------ groups, bisected
+
+
+def simulate(
+    nodes: list[str], size: int, bad: set[str], links: set[frozenset[str]] = frozenset()
+) -> list[PairRun]:  # type: ignore[assignment]
+    """Every wave of a round until nothing is left to run: a run is slow when it holds a bad node or a bad
+    link (both ends)."""
+    runs: list[PairRun] = []
+    wave = first_groups(nodes, size)
+    pending = set(nodes) - {n for g in wave for n in g}
+    while wave:
+        for g in wave:
+            slow = bool(set(g) & bad) or any(link <= set(g) for link in links)
+            runs.append(
+                run(g[0], g[1], not slow) if len(g) == 2 else PairRun(g, not slow, 41.0 if slow else 380.0)
+            )
+        wave = next_wave(runs, pending)
+        pending = set()
+    return runs
+
+
+def test_a_slow_group_is_bisected_to_its_bad_node_in_log_n_waves() -> None:
+    nodes = [f"gpu-{i:02d}" for i in range(1, 17)]
+    runs = simulate(nodes, 8, {"gpu-11"})
+    att = attribute(runs)
+    assert list(att.at_fault) == ["gpu-11"] and att.links == [] and att.unresolved == {}
+    assert sorted(att.passed) == sorted(set(nodes) - {"gpu-11"})
+    # 2 groups of 8, the bad group's halves (2), their halves (2), the bad pair's nodes each with a good node
+    assert len(runs) == 2 + 2 + 2 + 2
+    assert runs[2].nodes == ("gpu-09", "gpu-10", "gpu-11", "gpu-12")
+
+
+def test_a_bad_link_inside_a_group_pages_and_blames_nobody() -> None:
+    nodes = [f"gpu-{i}" for i in range(1, 9)]
+    runs = simulate(nodes, 4, set(), {frozenset({"gpu-2", "gpu-3"})})
+    att = attribute(runs)
+    assert att.at_fault == {} and att.unresolved == {}
+    assert sorted(r.nodes for r in att.links) == [
+        ("gpu-1", "gpu-2", "gpu-3", "gpu-4")
+    ]  # the group, not a half
+    assert sorted(att.passed) == nodes
+
+
+async def test_a_group_round_in_the_service_drains_only_the_bad_node() -> None:
+    def script(job: CheckJob) -> RunOutput:
+        return RunOutput("completed", SLOW if "n005" in job.nodes else TWO_NODES, 0)
+
+    runner = FakeCheckRunner(nodes(8), script)
+    cfg = pair_config().model_dump(mode="json")
+    cfg["items"][0].update(group_size=4, max_share=1.0)
+    h = Harness(ChecksConfig.model_validate(cfg), runner)
+    summary = await h.service.run_round("fabric")
+    assert summary["failed"] == ["n005"] and summary["runs"] == 6, summary
+    assert [len(j.nodes) for j in runner.submitted][:2] == [4, 4]
+    evidence = h.by_node()["n005"].evidence
+    assert evidence.startswith(
+        "nccl 4/2-node busbw 41 GB/s with n004,n006,n007 and busbw 41 GB/s with n004"
+    ), evidence
+
+
+def test_nodes_that_shared_a_group_are_still_new_partners() -> None:
+    runs = simulate(["gpu-1", "gpu-2", "gpu-3", "gpu-4"], 4, {"gpu-3"})
+    assert [r.nodes for r in runs][-2:] == [("gpu-3", "gpu-1"), ("gpu-4", "gpu-2")]
+    assert list(attribute(runs).at_fault) == ["gpu-3"] and len(runs) == 5

@@ -80,6 +80,8 @@ class CheckSpec(Strict):
     backoff: Backoff = Backoff()
     threshold: Share = 0.8  # nccl: the share of the baseline (and of the peers' median) a node must reach
     baseline_gbps: float | None = Field(default=None, gt=0)  # nccl: overrides the baselines table
+    #: nccl-pair: nodes per run (2: pairs); a larger group that runs slowly is bisected, wave by wave
+    group_size: Annotated[int, Field(ge=2, le=64)] = 2
     in_suite: bool = True  # part of `watchd node validate`
     #: which nodes a round tries first: the least recently checked, or the riskiest within ``budget``
     planner: Literal["oldest_first", "risk"] = "oldest_first"

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from watchd.checks import plan
-from watchd.checks.fabric.pairs import PairRun, attribute, first_pairs, second_pairs
+from watchd.checks.fabric.pairs import Group, PairRun, attribute, first_groups, next_wave
 from watchd.checks.params import ChecksConfig, CheckSpec
 from watchd.checks.runner import CheckRunner, RunnerError, RunOutput
 from watchd.checks.topology import read_leaf_switches
@@ -39,6 +39,11 @@ Settle = Callable[..., Awaitable[Event]]
 FinishRaw = Callable[[str, str, str, dict[str, Any]], None]
 
 
+def _size(runs: Sequence[PairRun]) -> str:
+    """``2`` when every run was a pair, else the sizes (``8/4/2``)."""
+    return "/".join(dict.fromkeys(str(len(r.nodes)) for r in runs))
+
+
 def _speed(run: PairRun) -> str:
     """``busbw 41 GB/s``, or what went wrong when the run gave no bandwidth."""
     if run.busbw_gbps is not None:
@@ -47,19 +52,19 @@ def _speed(run: PairRun) -> str:
 
 
 def _waves(
-    pairs: Sequence[tuple[str, str]], parts: Mapping[str, tuple[str, ...]], limits: Mapping[str, int]
-) -> list[list[tuple[str, str]]]:
+    pairs: Sequence[Group], parts: Mapping[str, tuple[str, ...]], limits: Mapping[str, int]
+) -> list[list[Group]]:
     """``pairs`` in groups that keep each partition within its limit (a pair counts its two nodes; a limit
     below two still lets one pair run)."""
-    groups: list[list[tuple[str, str]]] = []
-    current: list[tuple[str, str]] = []
+    groups: list[list[Group]] = []
+    current: list[Group] = []
     load: dict[str, int] = {}
     for pair in pairs:
         need: dict[str, int] = {}
         for node in pair:
             for p in parts.get(node, ()):
                 need[p] = need.get(p, 0) + 1
-        fits = all(load.get(p, 0) + n <= max(2, limits.get(p, 2)) for p, n in need.items())
+        fits = all(load.get(p, 0) + n <= max(len(pair), limits.get(p, 2)) for p, n in need.items())
         if current and not fits:
             groups.append(current)
             current, load = [], {}
@@ -102,8 +107,8 @@ class PairRound:
         not_idle: dict[str, str] = {}
         idle = await self._idle(spec, list(cands), not_idle)
         runs: list[PairRun] = []
-        verdicts: dict[tuple[str, str], Verdict] = {}
-        wave = first_pairs(idle, read_leaf_switches(self.config.risk.topology))
+        verdicts: dict[Group, Verdict] = {}
+        wave = first_groups(idle, spec.group_size, read_leaf_switches(self.config.risk.topology))
         pending = set(idle) - {n for pair in wave for n in pair}
         for _ in range(_MAX_WAVES):
             if not wave:
@@ -117,25 +122,26 @@ class PairRound:
                 for pair, verdict in done:
                     verdicts[pair] = verdict
             runs = self._judged(verdicts)
-            wave = second_pairs(runs, pending)
+            wave = next_wave(runs, pending)
             pending = set()
         att = attribute(runs)
         threshold = self._threshold(spec, verdicts)
         for node, bad in att.at_fault.items():
             fine = sorted({r.partner(node) for r in bad} & set(att.passed))
             with_whom = " and ".join(f"{_speed(r)} with {r.partner(node)}" for r in bad)
-            evidence = f"nccl 2-node {with_whom}{threshold}; {', '.join(fine)} fine with others"
+            evidence = f"nccl {_size(bad)}-node {with_whom}{threshold}; {', '.join(fine)} fine with others"
             figures = self._figures(verdicts, bad[-1], ",".join(r.partner(node) for r in bad))
             await self._emit(spec, node, rid, Verdict("failed", evidence, figures), settle)
         for node, good in att.passed.items():
             figures = self._figures(verdicts, good, good.partner(node))
-            evidence = f"nccl 2-node {_speed(good)} with {good.partner(node)}"
+            evidence = f"nccl {len(good.nodes)}-node {_speed(good)} with {good.partner(node)}"
             await self._emit(spec, node, rid, Verdict("passed", evidence, figures), settle)
         for link in att.links:
-            a, b = link.nodes
-            evidence = (
-                f"nccl 2-node {_speed(link)} between {a} and {b}{threshold}; "
-                f"both fine with others: the link between them"
+            a, b = link.nodes[0], ",".join(link.nodes[1:])
+            evidence = f"nccl {len(link.nodes)}-node {_speed(link)} between {a} and {b}{threshold}; " + (
+                "both fine with others: the link between them"
+                if len(link.nodes) == 2
+                else "each fine with others: the links between them"
             )
             await self._emit(
                 spec, a, rid, Verdict("link", evidence, self._figures(verdicts, link, b)), settle
@@ -198,17 +204,19 @@ class PairRound:
         self,
         spec: CheckSpec,
         rid: str,
-        pair: tuple[str, str],
+        group: Group,
         cands: Mapping[str, tuple[str, ...]],
         finish_raw: FinishRaw,
-    ) -> tuple[tuple[str, str], Verdict]:
-        a, b = pair
-        partition = cands[a][0] if cands.get(a) else None
-        _, run_id, verdict, _ = await self.run_job(spec, a, rid, partition, peers=(b,))
-        finish_raw(run_id, verdict.outcome, verdict.evidence, {**verdict.figures, "partners": b})
-        return pair, verdict
+    ) -> tuple[Group, Verdict]:
+        first, peers = group[0], group[1:]
+        partition = cands[first][0] if cands.get(first) else None
+        _, run_id, verdict, _ = await self.run_job(spec, first, rid, partition, peers=peers)
+        finish_raw(
+            run_id, verdict.outcome, verdict.evidence, {**verdict.figures, "partners": ",".join(peers)}
+        )
+        return group, verdict
 
-    def _judged(self, verdicts: Mapping[tuple[str, str], Verdict]) -> list[PairRun]:
+    def _judged(self, verdicts: Mapping[Group, Verdict]) -> list[PairRun]:
         """The runs as the attribution sees them: passed, or slow/failed/hung; below ``peers.share`` of the
         round's median pair (with ``peers.min_nodes`` pairs measured) counts as slow too."""
         peers = self.config.peers
@@ -222,7 +230,7 @@ class PairRound:
         return out
 
     @staticmethod
-    def _threshold(spec: CheckSpec, verdicts: Mapping[tuple[str, str], Verdict]) -> str:
+    def _threshold(spec: CheckSpec, verdicts: Mapping[Group, Verdict]) -> str:
         base = next(
             (v.figures.get("baseline_gbps") for v in verdicts.values() if v.figures.get("baseline_gbps")),
             None,
@@ -232,9 +240,7 @@ class PairRound:
         return " (below the round's other pairs)"
 
     @staticmethod
-    def _figures(
-        verdicts: Mapping[tuple[str, str], Verdict], run: PairRun, partners: str
-    ) -> dict[str, Scalar]:
+    def _figures(verdicts: Mapping[Group, Verdict], run: PairRun, partners: str) -> dict[str, Scalar]:
         return {**verdicts[run.nodes].figures, "partners": partners}
 
     async def _emit(self, spec: CheckSpec, node: str, rid: str, verdict: Verdict, settle: Settle) -> None:
