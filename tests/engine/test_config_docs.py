@@ -7,11 +7,16 @@ from __future__ import annotations
 import re
 import shutil
 import textwrap
+import types
+import typing
+from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from watchd.config import AgentConfig, EngineConfig, load_config
 
@@ -110,3 +115,61 @@ def test_a_broken_example_would_be_caught(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"checks\.items\.0\.command\.2"):
         _load(None, "checks: {items: [{name: n, type: nccl, command: [x, -b, 8]}]}\n", "x.md:3", tmp_path)
+
+
+def config_keys(model: type[BaseModel], prefix: str = "") -> dict[str, bool]:
+    """Every key the strict loader accepts, as a dotted path (``[]``: an element of a list), -> whether it
+    is a leaf (a value, not a section)."""
+    out: dict[str, bool] = {}
+    for name, field in model.model_fields.items():
+        key = prefix + (field.alias or name)
+        sections = list(_models(field.annotation))
+        out[key] = not sections
+        for suffix, section in sections:
+            out.update(config_keys(section, f"{key}{suffix}."))
+    return out
+
+
+def _models(annotation: Any) -> Iterator[tuple[str, type[BaseModel]]]:
+    """The models a field's values are, with ``[]`` for a list's elements (a mapping's values are not
+    keys: ``detectors.partitions.<name>`` is documented as a whole)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield "", annotation
+    elif origin is typing.Annotated:
+        yield from _models(args[0])
+    elif origin in (typing.Union, types.UnionType):
+        for arg in args:
+            yield from _models(arg)
+    elif origin in (list, tuple, set, frozenset):
+        for arg in args:
+            yield from ((f"[]{suffix}", m) for suffix, m in _models(arg))
+
+
+def documented_keys(section: str) -> set[str]:
+    """The keys the tables of a section of docs/configuration.md name in their first column: a dotted key
+    is whole; a plain name after it in the same cell is its sibling (`state.postgres.dsn` / `dsn_env`)."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    keys: set[str] = set()
+    for line in body.splitlines():
+        if not line.startswith("| `"):
+            continue
+        parent = ""
+        for i, key in enumerate(re.findall(r"`([^`]+)`", line.split(" | ", 1)[0])):
+            if "." in key or i == 0:
+                parent = key.rpartition(".")[0]
+                keys.add(key)
+            else:
+                keys.add(f"{parent}.{key}" if parent else key)
+    return keys
+
+
+@pytest.mark.parametrize(("section", "model"), [("Engine", EngineConfig), ("Agent", AgentConfig)])
+def test_configuration_md_names_every_key_and_no_other(section: str, model: type[BaseModel]) -> None:
+    accepted = config_keys(model)
+    documented = documented_keys(section)
+    missing = [key for key, leaf in accepted.items() if leaf and key not in documented]
+    where = f"docs/configuration.md, {section}"
+    assert missing == [], f"{where}: keys the loader accepts but the doc leaves out: {missing}"
+    assert sorted(documented - set(accepted)) == [], f"{where}: keys no loader accepts"
