@@ -336,6 +336,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             output=args.output,
             out=sys.stdout,
             err=sys.stderr,
+            slurm_conf=engine.slurm.slurm_conf if engine is not None else None,
+            squeue=engine.slurm.squeue if engine is not None else "squeue",
         )
     raise AssertionError(args.command)
 

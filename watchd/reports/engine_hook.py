@@ -38,9 +38,15 @@ class UsageHook(Component):
         registry: CollectorRegistry,
         clock: Clock,
         source: AccountingSource | None = None,
+        *,
+        slurm_conf: Path | None = None,
+        squeue: str = "squeue",
     ) -> None:
         self.config = config
         self.clock = clock
+        self.slurm_conf = slurm_conf  # the engine's slurm.slurm_conf and slurm.squeue: accounting's too
+        self.squeue = squeue
+        self._accounting_why: str | None = None  # why the last refresh had no accounting ("": it had)
         self.ledger = UsageLedger(config.idle_util_pct)
         self.collector = UsageCollector(config.max_accounts)
         self.source = source
@@ -91,9 +97,19 @@ class UsageHook(Component):
             _log.warning("usage_report_failed", error=str(exc))
             return
         self.collector.update(report)
+        why = "" if report.accounting else report.accounting_note
+        if why != self._accounting_why:  # once per change, not every refresh
+            if why:
+                _log.warning("usage_accounting_unavailable", why=why, source=self.config.source)
+            elif self._accounting_why is not None:
+                _log.info("usage_accounting_available", source=self.config.source)
+            self._accounting_why = why
 
     def _build(self, start: float, now: float) -> UsageReport:
-        source = self.source or build_source(self.config.source, timeout_s=self.config.timeout_s)
+        cfg = self.config
+        source = self.source or build_source(
+            cfg.source, timeout_s=cfg.timeout_s, slurm_conf=self.slurm_conf, squeue=self.squeue
+        )
         observed = Observed()
         if self._state_path is not None:
             from watchd.reports.observed import load_observed
