@@ -302,3 +302,25 @@ def test_config_is_strict() -> None:
         )
     with pytest.raises(ValueError, match="needs a command"):
         ChecksConfig.model_validate({"items": [{"name": "x", "type": "command"}]})
+
+
+async def test_a_run_that_cannot_be_judged_reports_no_bandwidth() -> None:
+    """A truncated output (the job's output cut after the small sizes, with or without an exit status)
+    measured no bandwidth at the largest size: no figure, not 0 GB/s, and the gauge keeps the last
+    measurement. Nor does it count among the peers."""
+    truncated = (DATA / "nccl" / "p5-mpirun-prefix-truncated.txt").read_text()
+    outputs = {"n000": RunOutput("completed", truncated, 0), "n001": RunOutput("failed", truncated, 1)}
+    runner = FakeCheckRunner(nodes(6), lambda job: outputs.get(job.node, RunOutput("completed", PASS, 0)))
+    h = Harness(config(max_share=1.0), runner)
+    h.metrics.busbw.labels("nccl", "n000").set(470.0)  # an earlier round's measurement
+    await h.service.run_round("nccl")
+    results = h.by_node()
+    assert (results["n000"].outcome, results["n001"].outcome) == ("error", "failed")
+    assert results["n000"].evidence == "nccl output truncated after 3 sizes (no summary)"
+    for node in ("n000", "n001"):
+        assert results[node].busbw_gbps is None, node
+        assert results[node].sizes == "8:0,16:0,32:0"  # what it did print stays evidence
+        assert results[node].peers is None  # not a peer: the four others are too few (min_nodes 4 needs 4)
+    gauge = {s.labels["node"]: s.value for m in h.metrics.busbw.collect() for s in m.samples}
+    assert gauge["n000"] == 470.0 and "n001" not in gauge
+    assert results["n002"].peers == 4
