@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from watchd.checks.judge import judge, judge_peers
 from watchd.checks.metrics import CheckMetrics
 from watchd.checks.params import ChecksConfig, CheckSpec, PeersConfig
-from watchd.checks.runner import CheckJob, RunOutput
+from watchd.checks.runner import CheckJob, JobHandle, RunOutput
 from watchd.checks.service import CheckService
 from watchd.clock import FakeClock
 from watchd.integrations.fake.checks import FakeCheckRunner, FakeNode
@@ -324,3 +324,61 @@ async def test_a_run_that_cannot_be_judged_reports_no_bandwidth() -> None:
     gauge = {s.labels["node"]: s.value for m in h.metrics.busbw.collect() for s in m.samples}
     assert gauge["n000"] == 470.0 and "n001" not in gauge
     assert results["n002"].peers == 4
+
+
+def _two_checks() -> ChecksConfig:
+    cfg = config()
+    nhc = CheckSpec(name="nhc", type="command", command=["/usr/sbin/nhc"], time_limit=600.0)
+    return cfg.model_copy(update={"items": [*cfg.items, nhc]})
+
+
+async def test_checks_run_skips_the_rest_once_a_failure_drained_the_node() -> None:
+    def script(job: CheckJob) -> RunOutput:
+        if job.check == "nccl":  # fails, and the rules drain the node (as the default pack does)
+            node = runner.nodes[job.node]
+            node.flags.add("DRAIN")
+            node.reason = "watchd: nccl busbw 312 GB/s < 80% of 450 GB/s"
+            return RunOutput("completed", low(312), 0)
+        return RunOutput("completed", "", 0)
+
+    runner = FakeCheckRunner(nodes(1), script)
+    h = Harness(_two_checks(), runner)
+    results = await h.service.run_now(["n000"], ["nccl", "nhc"])
+    assert [(r["check"], r["outcome"], r["evidence"]) for r in results] == [
+        ("nccl", "failed", "nccl busbw 312 GB/s < 80% of 450 GB/s"),
+        ("nhc", "skipped", "node drained after nccl failed"),
+    ]
+    assert [j.check for j in runner.submitted] == ["nccl"]  # nhc never submitted
+    assert [e.attrs["check"] for e in h.events] == ["nccl"]  # a skip is no result for the rules
+
+
+async def test_checks_run_skips_a_check_whose_node_was_drained_while_it_waited() -> None:
+    """The drain lands after the next check was submitted: its job never starts (Slurm: PENDING
+    ReqNodeNotAvail, given up by the runner), and that is recorded as skipped, not as an error."""
+
+    class DrainedWhileWaiting(FakeCheckRunner):
+        async def wait(self, handle: JobHandle) -> RunOutput:
+            if handle.job_id == "2":
+                self.nodes[handle.node].flags.add("DRAIN")
+                self.nodes[handle.node].reason = "watchd: nccl busbw 312 GB/s < 80% of 450 GB/s"
+                self.nodes[handle.node].state = "idle"
+                return RunOutput("not_started", detail=f"did not start: {handle.node} drained (watchd: ...)")
+            return await super().wait(handle)
+
+    runner = DrainedWhileWaiting(
+        nodes(1), lambda job: RunOutput("completed", low(312) if job.check == "nccl" else "", 0)
+    )
+    h = Harness(_two_checks(), runner)
+    results = await h.service.run_now(["n000"], ["nccl", "nhc"])
+    assert [(r["check"], r["outcome"]) for r in results] == [("nccl", "failed"), ("nhc", "skipped")]
+    assert results[1]["evidence"] == "node drained after nccl failed"
+    history = h.service.history("n000")
+    newest = history[0]
+    assert (newest["check"], newest["outcome"], newest["evidence"]) == (
+        "nhc",
+        "skipped",
+        "node drained after nccl failed",
+    )
+    st = h.store.checks.nodes("nhc").get("n000")
+    assert st is None or st.failures == 0  # no back-off for a check that never ran
+    assert 'outcome="error"' not in str(list(h.metrics.runs.collect()))
