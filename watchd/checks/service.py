@@ -41,6 +41,7 @@ from watchd.checks.runner import (
     RunnerError,
     RunOutput,
 )
+from watchd.checks.views import CheckViews
 from watchd.clock import Clock
 from watchd.logs import get_logger
 from watchd.model.events import Event
@@ -56,7 +57,7 @@ _log = get_logger("watchd.checks")
 Emit = Callable[[Event], Awaitable[None]]
 
 
-class CheckService:
+class CheckService(CheckViews):
     def __init__(
         self,
         config: ChecksConfig,
@@ -579,52 +580,3 @@ class CheckService:
             return Validation("drained", False, reason, results)
         except RunnerError as exc:
             return Validation("interrupted", passed, f"not recovered: {exc}", results)
-
-    # ------------------------------------------------------------------------------------------- reading
-    def listing(self) -> list[dict[str, Any]]:
-        out = []
-        next_runs = self.periodic.next_runs() if self.periodic is not None else {}
-        for spec in self.config.items:
-            last = self.store.checks.last_round(spec.name)
-            nxt = next_runs.get(f"check:{spec.name}")
-            out.append(
-                {
-                    "name": spec.name,
-                    "type": spec.type,
-                    "command": spec.argv(),
-                    "schedule": spec.schedule.model_dump() if spec.schedule is not None else None,
-                    "partitions": spec.partitions,
-                    "nodes": spec.nodes,
-                    "max_share": spec.max_share,
-                    "time_limit_s": spec.time_limit,
-                    "in_suite": spec.in_suite,
-                    "last_round": None if last is None else {"round": last[0], "finished_at": last[2]},
-                    "round_running": self._rounds.get(spec.name),
-                    "next_run": nxt.timestamp() if nxt is not None else None,
-                }
-            )
-        return out
-
-    def history(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
-        return [r.to_dict() for r in self.store.checks.history(node, limit)]
-
-    def status(self) -> dict[str, Any]:
-        nodes = self.store.checks.all_nodes()
-        failing = sorted(self._failing)
-        return {
-            "checks": self.listing(),
-            "running": dict(sorted(self._running.items())),
-            "validating": sorted(self._validating),
-            "awaiting_validation": failing,
-            "backing_off": sorted({f"{n.check}:{n.node}" for n in nodes if n.next_try > self.clock.now()}),
-            "last": [
-                {
-                    "check": n.check,
-                    "node": n.node,
-                    "outcome": n.last_outcome,
-                    "last_run": n.last_run,
-                    "last_success": n.last_success,
-                }
-                for n in sorted(nodes, key=lambda n: (n.check, n.node))[:500]
-            ],
-        }

@@ -14,6 +14,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from watchd.clock import Clock
+from watchd.integrations.slurm.settings import SlurmConfig
 from watchd.model.events import Event
 from watchd.reports.core import build_report
 from watchd.reports.ledger import UsageLedger
@@ -39,13 +40,11 @@ class UsageHook(Component):
         clock: Clock,
         source: AccountingSource | None = None,
         *,
-        slurm_conf: Path | None = None,
-        squeue: str = "squeue",
+        slurm: SlurmConfig | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
-        self.slurm_conf = slurm_conf  # the engine's slurm.slurm_conf and slurm.squeue: accounting's too
-        self.squeue = squeue
+        self.slurm = slurm or SlurmConfig()  # its slurm_conf and squeue are the accounting commands' too
         self._accounting_why: str | None = None  # why the last refresh had no accounting ("": it had)
         self.ledger = UsageLedger(config.idle_util_pct)
         self.collector = UsageCollector(config.max_accounts)
@@ -108,7 +107,7 @@ class UsageHook(Component):
     def _build(self, start: float, now: float) -> UsageReport:
         cfg = self.config
         source = self.source or build_source(
-            cfg.source, timeout_s=cfg.timeout_s, slurm_conf=self.slurm_conf, squeue=self.squeue
+            cfg.source, timeout_s=cfg.timeout_s, slurm_conf=self.slurm.slurm_conf, squeue=self.slurm.squeue
         )
         observed = Observed()
         if self._state_path is not None:
