@@ -465,14 +465,20 @@ class CheckService(CheckViews):
         return [r for rs in results for r in rs]
 
     async def _left_service(self, node: str, failed: str | None) -> str:
-        """Why ``node`` can take no check now ("" while it can), in the words of ``watchd checks run``."""
+        """Why ``node`` left service (drained, down), in the words of ``watchd checks run``; "" while it is
+        in service (busy or reserved is not out of service: a check waits for it as before)."""
         try:
             a = (await self.runner.availability([node], 60.0)).get(node)
         except RunnerError:
             return ""  # unknown: the next run tells
         if a is None or a.idle:
             return ""
-        what = "node drained" if a.why.startswith("drained") else a.why
+        if a.why.startswith("drained"):
+            what = "node drained"
+        elif a.why.startswith("node is down"):
+            what = "node down"
+        else:
+            return ""
         return f"{what} after {failed} failed" if failed else f"{what} before the check started"
 
     def _skip(self, run_id: str, why: str) -> None:
