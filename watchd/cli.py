@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import select
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from watchd import __version__
 from watchd.config import AgentConfig, EngineConfig, load_config
@@ -177,6 +180,34 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # a reader that went away shows here, not as a traceback at exit
+    except BrokenPipeError:
+        if not _reader_gone(sys.stdout):
+            raise
+        # as Unix tools do (`watchd checks history NODE | head -3`): stop quietly, with the status a
+        # process killed by SIGPIPE has in the shell; the output still buffered goes nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _reader_gone(stream: TextIO) -> bool:
+    """Whether the reading end of this output is closed (a pipe whose reader exited polls POLLERR)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
@@ -307,6 +338,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             output=args.output,
             out=sys.stdout,
             err=sys.stderr,
+            slurm_conf=engine.slurm.slurm_conf if engine is not None else None,
+            squeue=engine.slurm.squeue if engine is not None else "squeue",
         )
     raise AssertionError(args.command)
 

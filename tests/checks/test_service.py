@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from watchd.checks.judge import judge, judge_peers
 from watchd.checks.metrics import CheckMetrics
 from watchd.checks.params import ChecksConfig, CheckSpec, PeersConfig
-from watchd.checks.runner import CheckJob, RunOutput
+from watchd.checks.runner import CheckJob, JobHandle, RunOutput
 from watchd.checks.service import CheckService
 from watchd.clock import FakeClock
 from watchd.integrations.fake.checks import FakeCheckRunner, FakeNode
@@ -302,3 +302,83 @@ def test_config_is_strict() -> None:
         )
     with pytest.raises(ValueError, match="needs a command"):
         ChecksConfig.model_validate({"items": [{"name": "x", "type": "command"}]})
+
+
+async def test_a_run_that_cannot_be_judged_reports_no_bandwidth() -> None:
+    """A truncated output (the job's output cut after the small sizes, with or without an exit status)
+    measured no bandwidth at the largest size: no figure, not 0 GB/s, and the gauge keeps the last
+    measurement. Nor does it count among the peers."""
+    truncated = (DATA / "nccl" / "p5-mpirun-prefix-truncated.txt").read_text()
+    outputs = {"n000": RunOutput("completed", truncated, 0), "n001": RunOutput("failed", truncated, 1)}
+    runner = FakeCheckRunner(nodes(6), lambda job: outputs.get(job.node, RunOutput("completed", PASS, 0)))
+    h = Harness(config(max_share=1.0), runner)
+    h.metrics.busbw.labels("nccl", "n000").set(470.0)  # an earlier round's measurement
+    await h.service.run_round("nccl")
+    results = h.by_node()
+    assert (results["n000"].outcome, results["n001"].outcome) == ("error", "failed")
+    assert results["n000"].evidence == "nccl output truncated after 3 sizes (no summary)"
+    for node in ("n000", "n001"):
+        assert results[node].busbw_gbps is None, node
+        assert results[node].sizes == "8:0,16:0,32:0"  # what it did print stays evidence
+        assert results[node].peers is None  # not a peer: the four others are too few (min_nodes 4 needs 4)
+    gauge = {s.labels["node"]: s.value for m in h.metrics.busbw.collect() for s in m.samples}
+    assert gauge["n000"] == 470.0 and "n001" not in gauge
+    assert results["n002"].peers == 4
+
+
+def _two_checks() -> ChecksConfig:
+    cfg = config()
+    nhc = CheckSpec(name="nhc", type="command", command=["/usr/sbin/nhc"], time_limit=600.0)
+    return cfg.model_copy(update={"items": [*cfg.items, nhc]})
+
+
+async def test_checks_run_skips_the_rest_once_a_failure_drained_the_node() -> None:
+    def script(job: CheckJob) -> RunOutput:
+        if job.check == "nccl":  # fails, and the rules drain the node (as the default pack does)
+            node = runner.nodes[job.node]
+            node.flags.add("DRAIN")
+            node.reason = "watchd: nccl busbw 312 GB/s < 80% of 450 GB/s"
+            return RunOutput("completed", low(312), 0)
+        return RunOutput("completed", "", 0)
+
+    runner = FakeCheckRunner(nodes(1), script)
+    h = Harness(_two_checks(), runner)
+    results = await h.service.run_now(["n000"], ["nccl", "nhc"])
+    assert [(r["check"], r["outcome"], r["evidence"]) for r in results] == [
+        ("nccl", "failed", "nccl busbw 312 GB/s < 80% of 450 GB/s"),
+        ("nhc", "skipped", "node drained after nccl failed"),
+    ]
+    assert [j.check for j in runner.submitted] == ["nccl"]  # nhc never submitted
+    assert [e.attrs["check"] for e in h.events] == ["nccl"]  # a skip is no result for the rules
+
+
+async def test_checks_run_skips_a_check_whose_node_was_drained_while_it_waited() -> None:
+    """The drain lands after the next check was submitted: its job never starts (Slurm: PENDING
+    ReqNodeNotAvail, given up by the runner), and that is recorded as skipped, not as an error."""
+
+    class DrainedWhileWaiting(FakeCheckRunner):
+        async def wait(self, handle: JobHandle) -> RunOutput:
+            if handle.job_id == "2":
+                self.nodes[handle.node].flags.add("DRAIN")
+                self.nodes[handle.node].reason = "watchd: nccl busbw 312 GB/s < 80% of 450 GB/s"
+                self.nodes[handle.node].state = "idle"
+                return RunOutput("not_started", detail=f"did not start: {handle.node} drained (watchd: ...)")
+            return await super().wait(handle)
+
+    runner = DrainedWhileWaiting(
+        nodes(1), lambda job: RunOutput("completed", low(312) if job.check == "nccl" else "", 0)
+    )
+    h = Harness(_two_checks(), runner)
+    results = await h.service.run_now(["n000"], ["nccl", "nhc"])
+    assert [(r["check"], r["outcome"]) for r in results] == [("nccl", "failed"), ("nhc", "skipped")]
+    assert results[1]["evidence"] == "node drained after nccl failed"
+    history = h.service.history("n000")
+    newest = history[0]
+    assert (newest["check"], newest["outcome"], newest["evidence"]) == (
+        "nhc",
+        "skipped",
+        "node drained after nccl failed",
+    )
+    st = h.store.checks.nodes("nhc").get("n000")
+    assert st is None or st.failures == 0  # no back-off for a check that never ran
+    assert 'outcome="error"' not in str(list(h.metrics.runs.collect()))

@@ -251,3 +251,56 @@ def test_metrics_and_status_show_the_checks(cluster: SlurmCluster, standins: Pat
     assert status["checks"]["awaiting_validation"] == ["gpu-1"]
     assert [c["name"] for c in status["checks"]["checks"]] == ["nccl", "dcgm"]
     os.environ.pop("WATCHD_TOKEN", None)
+
+
+async def test_checks_run_stops_when_the_rules_drain_the_node_after_a_failure(
+    cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    """``watchd checks run`` with several checks: the first fails, the default pack drains the node, and the
+    next one is not left waiting on the drained node for its time limit (an error): it is skipped, at once,
+    saying why."""
+    behave(standins, gpu_3="low")
+    config = engine_config(cluster, standins, tmp_path)
+    dcgm = config.checks.items[1].model_copy(update={"time_limit": 60.0})
+    config = config.model_copy(
+        update={"checks": config.checks.model_copy(update={"items": [config.checks.items[0], dcgm]})}
+    )
+    async with Engine(config) as engine:
+        assert engine.checks is not None
+        started = time.monotonic()
+        results = await engine.checks.run_now(["gpu-3"], ["nccl", "dcgm"])
+        took = time.monotonic() - started
+        history = engine.checks.history("gpu-3")
+    assert [(r["check"], r["outcome"]) for r in results] == [("nccl", "failed"), ("dcgm", "skipped")], results
+    assert results[1]["evidence"] == "node drained after nccl failed", results[1]
+    assert took < 30, f"{took:.0f} s: the skipped check waited"
+    assert sinfo_reasons(cluster)["gpu-3"] == "watchd: nccl busbw 312 GB/s < 80% of 450 GB/s"
+    assert [r["outcome"] for r in history if r["check"] == "dcgm"] in ([], ["skipped"])
+    assert not cluster.run("squeue", "-h", "-w", "gpu-3", "-o", "%i").stdout.strip()  # nothing left queued
+
+
+async def test_a_check_job_waiting_on_a_node_that_is_drained_gives_up_at_once(
+    cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    """The check's job waits behind a user's job; the node is drained meanwhile: slurmctld will not start
+    it there (ReqNodeNotAvail), so the runner cancels it at once, not after its time limit."""
+    from watchd.checks.runner import CheckJob
+
+    busy = cluster.submit("sleep 120", nodes=1, extra_args=["-w", "gpu-4", "--exclusive"])
+    cluster.wait_job_running(busy)
+    try:
+        async with Engine(engine_config(cluster, standins, tmp_path)) as engine:
+            runner = runner_of(engine)
+            job = CheckJob("dcgm", "gpu-4", (str(standins / "dcgmi"), "diag"), 60.0, "run-x", "gpu")
+            handle = await runner.submit(job)
+            await wait_for(lambda: cluster.job(handle.job_id).get("JobState") == "PENDING")
+            cluster.drain("gpu-4", "admin: fan")
+            started = time.monotonic()
+            output = await runner.wait(handle)
+            took = time.monotonic() - started
+        assert (output.status, output.detail) == ("not_started", "did not start: gpu-4 drained (admin: fan)")
+        assert took < 15, took
+        assert cluster.wait_job_state(handle.job_id, ["CANCELLED"], timeout=10)["JobState"] == "CANCELLED"
+    finally:
+        cluster.cancel(busy)
+        cluster.reset_nodes(["gpu-4"])

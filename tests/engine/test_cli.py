@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -120,3 +121,51 @@ def test_node_resume_without_a_running_engine_is_one_line_exit_2() -> None:
     assert res.returncode == 2 and "Traceback" not in res.stderr
     [line] = res.stderr.strip().splitlines()
     assert line.startswith(f"watchd node: cannot reach the engine at {url}: ") and "watchd engine" in line
+
+
+def _with_reader_gone(*args: str) -> subprocess.CompletedProcess[str]:
+    """``watchd ARGS | head -0``, without the race: the pipe's reading end is closed before watchd starts."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [*watchd_command(), *args], stdout=write, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize("args", [("rules", "list"), ("rules", "schema"), ("version",), ("--help",)])
+def test_a_reader_that_goes_away_ends_a_command_quietly(args: tuple[str, ...]) -> None:
+    res = _with_reader_gone(*args)
+    assert res.stderr == "" and res.returncode in (0, 141)
+
+
+def test_checks_history_into_head_ends_quietly(tmp_path: Path) -> None:
+    from tests.daemons import Daemon, free_port
+
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    config = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "auth": {"token_file": str(token)},
+        "mode": "enforce",
+        "slurm": {"enabled": False},
+        "fake": {"enabled": True, "nodes": ["gpu-1"]},
+        "checks": {
+            "enabled": True,
+            "runner": "fake",
+            "items": [{"name": f"c{i}", "type": "command", "command": ["/bin/true"]} for i in range(3)],
+        },
+    }
+    engine = Daemon("engine", config, tmp_path)
+    try:
+        engine.wait_ready()
+        common = ("--url", engine.url, "--token-file", str(token))
+        assert watchd("checks", "run", "gpu-1", *common).returncode == 0
+        res = watchd("checks", "history", "gpu-1", *common)
+        assert res.returncode == 0 and len(res.stdout.splitlines()) == 4, res.stderr
+        res = _with_reader_gone("checks", "history", "gpu-1", *common)
+        assert res.returncode == 141 and res.stderr == ""
+    finally:
+        engine.stop()

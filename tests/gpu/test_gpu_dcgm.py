@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from tests.harness.alertmanager import free_port
+from tests.support import eventually
 from watchd.clock import FakeClock
 from watchd.gpu.dcgm import (
     DCGM_FP64_BLANK,
@@ -24,8 +25,11 @@ from watchd.gpu.dcgm import (
     DcgmUnavailable,
     parse_dcgm,
 )
-from watchd.gpu.model import CLOCK_HW_THERMAL, CLOCK_SW_THERMAL
+from watchd.gpu.dcgm_backend import LOST_AFTER_SCRAPES, DcgmBackend
+from watchd.gpu.model import CLOCK_HW_THERMAL, CLOCK_SW_THERMAL, GpuLostError
+from watchd.gpu.sampler import GpuSampler
 from watchd.httputil import serve
+from watchd.model.events import Event
 
 PAGE = (Path(__file__).parent.parent / "data" / "dcgm-exporter.txt").read_text()
 NOW = 1_700_000_123.0
@@ -337,3 +341,61 @@ async def test_scrape_unreachable() -> None:
         with pytest.raises(DcgmUnavailable, match="unreachable") as info:
             await dcgm.scrape()
     assert isinstance(info.value, DcgmError)
+
+
+# --- as the agent's GPU backend --------------------------------------------------------------------------
+
+
+def _lost(events: list[Event], value: int) -> list[Event]:
+    return [
+        e
+        for e in events
+        if e.kind == "gpu_health" and e.attrs["condition"] == "gpu_lost" and e.attrs["value"] == value
+    ]
+
+
+async def test_a_gpu_gone_from_the_exporter_page_is_lost_and_back_when_it_returns(exporter: Exporter) -> None:
+    gone = [s.gpu for s in parse_dcgm(PAGE, NOW).samples][3]
+    without = "\n".join(line for line in PAGE.splitlines() if f'UUID="{gone.uuid}"' not in line) + "\n"
+    backend = DcgmBackend(exporter.url, max_age_s=0.0)
+    events: list[Event] = []
+    sampler = GpuSampler(backend, "gpu-node-017", events.append, interval_s=0.02)
+    task = asyncio.create_task(sampler.run())
+    try:
+        await eventually(lambda: sampler.samples_taken >= 16, what="two rounds of all eight GPUs")
+        exporter.status, exporter.body = 503, "busy"  # the exporter away: unknown, not lost
+        hits = exporter.hits
+        await eventually(lambda: exporter.hits >= hits + 5, what="five failed scrapes")
+        exporter.status, exporter.body = 200, without
+        await eventually(lambda: bool(_lost(events, 1)), what="the lost GPU reported")
+        [lost] = _lost(events, 1)
+        assert (lost.attrs["uuid"], lost.attrs["gpu"]) == (gone.uuid, gone.index)
+        assert lost.attrs["evidence"] == "dcgm-exporter: GPU gone from its page"
+        exporter.body = PAGE
+        await eventually(lambda: bool(_lost(events, 0)), what="the GPU back")
+        [back] = _lost(events, 0)
+        assert back.attrs["uuid"] == gone.uuid
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def test_one_page_without_a_gpu_is_not_a_lost_gpu() -> None:
+    """A short or odd page (a truncated read parses as a subset) never makes a lost GPU on its own: only
+    LOST_AFTER_SCRAPES pages in a row do, and one GPU's calls in one round count one page."""
+    gone = next(s.gpu for s in parse_dcgm(PAGE, NOW).samples)
+    without = "\n".join(line for line in PAGE.splitlines() if f'UUID="{gone.uuid}"' not in line) + "\n"
+    backend = DcgmBackend("http://unused", max_age_s=3600.0)
+    pages = iter([PAGE, without, PAGE, without, without, without])
+    backend._fetch = lambda: parse_dcgm(next(pages), NOW)  # type: ignore[method-assign]
+    backend.open()
+    answered = []
+    for _ in range(4):
+        backend._scraped_at = -1e9  # the next call reads the next page
+        answered.append(backend.sample(gone, NOW).util_gpu is not None)
+        answered.append(backend.sample(gone, NOW).util_gpu is not None)  # the same page again
+    assert answered == [False, False, True, True, False, False, False, False]
+    backend._scraped_at = -1e9
+    assert LOST_AFTER_SCRAPES == 3
+    with pytest.raises(GpuLostError, match=f"{gone.uuid}.*missing from http://unused in 3 pages in a row"):
+        backend.sample(gone, NOW)

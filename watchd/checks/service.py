@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from watchd.checks import plan, views
+from watchd.checks import plan
 from watchd.checks.fabric.round import PairRound
 from watchd.checks.fabric.validate import validate_pair
 from watchd.checks.judge import Verdict, judge, judge_peers
@@ -41,6 +41,7 @@ from watchd.checks.runner import (
     RunOutput,
 )
 from watchd.checks.schedule import trigger_for
+from watchd.checks.views import CheckViews
 from watchd.clock import Clock
 from watchd.logs import get_logger
 from watchd.model.events import Event
@@ -56,7 +57,7 @@ _log = get_logger("watchd.checks")
 Emit = Callable[[Event], Awaitable[None]]
 
 
-class CheckService:
+class CheckService(CheckViews):
     def __init__(
         self,
         config: ChecksConfig,
@@ -432,17 +433,58 @@ class CheckService:
                     RunResult(node=node, check=s.name, outcome="skipped", passed=False, evidence=why)
                     for s in specs
                 ]
-            out = []
-            for spec in specs:
-                _, run_id, verdict, output = await self._run_one(
-                    spec, node, rid, (a.partitions or (None,))[0]
-                )
+            out: list[RunResult] = []
+            failed: str | None = None  # the first check that found the node wanting
+            for k, spec in enumerate(specs):
+                # after a failure the rules may drain the node: the checks left would wait on it for their
+                # whole time limit, then count as errors; they are skipped, saying why
+                why = await self._left_service(node, failed) if failed else ""
+                if not why:
+                    _, run_id, verdict, output = await self._run_one(
+                        spec, node, rid, (a.partitions or (None,))[0]
+                    )
+                    if output.status == "not_started":  # the node may have left service while it waited
+                        why = await self._left_service(node, failed)
+                        if why:
+                            self._skip(run_id, why)
+                if why:
+                    out += [
+                        RunResult(node=node, check=s.name, outcome="skipped", passed=False, evidence=why)
+                        for s in specs[k:]
+                    ]
+                    break
                 event = await self._settle(spec, node, rid, run_id, verdict, output, count_round=False)
                 out.append(run_result(event))
+                if failed is None and verdict.outcome in ("failed", "timeout"):
+                    failed = spec.name
             return out
 
         results = await asyncio.gather(*(on(n) for n in dict.fromkeys(nodes)))
         return [r for rs in results for r in rs]
+
+    async def _left_service(self, node: str, failed: str | None) -> str:
+        """Why ``node`` left service (drained, down), in the words of ``watchd checks run``; "" while it is
+        in service (busy or reserved is not out of service: a check waits for it as before)."""
+        try:
+            a = (await self.runner.availability([node], 60.0)).get(node)
+        except RunnerError:
+            return ""  # unknown: the next run tells
+        if a is None or a.idle:
+            return ""
+        if a.why.startswith("drained"):
+            what = "node drained"
+        elif a.why.startswith("node is down"):
+            what = "node down"
+        else:
+            return ""
+        return f"{what} after {failed} failed" if failed else f"{what} before the check started"
+
+    def _skip(self, run_id: str, why: str) -> None:
+        self._jobs.pop(run_id, None)
+        try:
+            self.store.checks.skip(run_id, self.clock.now(), why)
+        except StoreError as exc:
+            _log.error("check_store_failed", run=run_id, error=str(exc), rate_limited=True)
 
     async def validate(self, node: str, round_id: str) -> Validation:
         """Run the suite on ``node`` (drained by watchd: the ``validate`` action checked), inside what the
@@ -555,22 +597,3 @@ class CheckService:
             return Validation("drained", False, reason, results)
         except RunnerError as exc:
             return Validation("interrupted", passed, f"not recovered: {exc}", results)
-
-    # ------------------------------------------------------------------------------------------- reading
-    def listing(self) -> list[dict[str, Any]]:
-        return views.listing(self.config, self.store.checks, self.periodic, self._rounds)
-
-    def history(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
-        return [r.to_dict() for r in self.store.checks.history(node, limit)]
-
-    def status(self) -> dict[str, Any]:
-        return views.status(
-            self.config,
-            self.store.checks,
-            self.periodic,
-            self._rounds,
-            self.clock.now(),
-            running=self._running,
-            validating=self._validating,
-            failing=self._failing,
-        )

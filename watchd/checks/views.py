@@ -1,71 +1,74 @@
-"""What the checks subsystem shows (``GET /api/v1/checks``, the engine's status): the configured checks with
-their last and next rounds, and where each node stands. Read-only."""
+"""What the checks service shows: the checks with their schedules and rounds, a node's runs, the status
+document's ``checks`` section (read from the state database and the service's book-keeping)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
 from typing import Any
 
 from watchd.checks.params import ChecksConfig
+from watchd.clock import Clock
 from watchd.periodic import Periodic
-from watchd.store.checks import CheckRuns
+from watchd.store.database import Store
 
-__all__ = ["listing", "status"]
-
-
-def listing(
-    config: ChecksConfig, store: CheckRuns, periodic: Periodic | None, rounds: Mapping[str, str]
-) -> list[dict[str, Any]]:
-    out = []
-    next_runs = periodic.next_runs() if periodic is not None else {}
-    for spec in config.items:
-        last = store.last_round(spec.name)
-        nxt = next_runs.get(f"check:{spec.name}")
-        out.append(
-            {
-                "name": spec.name,
-                "type": spec.type,
-                "command": spec.argv(),
-                "schedule": spec.schedule.model_dump() if spec.schedule is not None else None,
-                "partitions": spec.partitions,
-                "nodes": spec.nodes,
-                "max_share": spec.max_share,
-                "time_limit_s": spec.time_limit,
-                "in_suite": spec.in_suite,
-                "last_round": None if last is None else {"round": last[0], "finished_at": last[2]},
-                "round_running": rounds.get(spec.name),
-                "next_run": nxt.timestamp() if nxt is not None else None,
-            }
-        )
-    return out
+__all__ = ["CheckViews"]
 
 
-def status(
-    config: ChecksConfig,
-    store: CheckRuns,
-    periodic: Periodic | None,
-    rounds: Mapping[str, str],
-    now: float,
-    *,
-    running: Mapping[str, str],
-    validating: Collection[str],
-    failing: Collection[str],
-) -> dict[str, Any]:
-    nodes = store.all_nodes()
-    return {
-        "checks": listing(config, store, periodic, rounds),
-        "running": dict(sorted(running.items())),
-        "validating": sorted(validating),
-        "awaiting_validation": sorted(failing),
-        "backing_off": sorted({f"{n.check}:{n.node}" for n in nodes if n.next_try > now}),
-        "last": [
-            {
-                "check": n.check,
-                "node": n.node,
-                "outcome": n.last_outcome,
-                "last_run": n.last_run,
-                "last_success": n.last_success,
-            }
-            for n in sorted(nodes, key=lambda n: (n.check, n.node))[:500]
-        ],
-    }
+class CheckViews:
+    """The reading half of :class:`~watchd.checks.service.CheckService`, which keeps these attributes."""
+
+    config: ChecksConfig
+    store: Store
+    clock: Clock
+    periodic: Periodic | None
+    _running: dict[str, str]  # node -> run id
+    _rounds: dict[str, str]  # check -> its round in progress
+    _validating: set[str]
+    _failing: dict[str, set[str]]  # node -> checks whose last result failed
+
+    def listing(self) -> list[dict[str, Any]]:
+        out = []
+        next_runs = self.periodic.next_runs() if self.periodic is not None else {}
+        for spec in self.config.items:
+            last = self.store.checks.last_round(spec.name)
+            nxt = next_runs.get(f"check:{spec.name}")
+            out.append(
+                {
+                    "name": spec.name,
+                    "type": spec.type,
+                    "command": spec.argv(),
+                    "schedule": spec.schedule.model_dump() if spec.schedule is not None else None,
+                    "partitions": spec.partitions,
+                    "nodes": spec.nodes,
+                    "max_share": spec.max_share,
+                    "time_limit_s": spec.time_limit,
+                    "in_suite": spec.in_suite,
+                    "last_round": None if last is None else {"round": last[0], "finished_at": last[2]},
+                    "round_running": self._rounds.get(spec.name),
+                    "next_run": nxt.timestamp() if nxt is not None else None,
+                }
+            )
+        return out
+
+    def history(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in self.store.checks.history(node, limit)]
+
+    def status(self) -> dict[str, Any]:
+        nodes = self.store.checks.all_nodes()
+        failing = sorted(self._failing)
+        return {
+            "checks": self.listing(),
+            "running": dict(sorted(self._running.items())),
+            "validating": sorted(self._validating),
+            "awaiting_validation": failing,
+            "backing_off": sorted({f"{n.check}:{n.node}" for n in nodes if n.next_try > self.clock.now()}),
+            "last": [
+                {
+                    "check": n.check,
+                    "node": n.node,
+                    "outcome": n.last_outcome,
+                    "last_run": n.last_run,
+                    "last_success": n.last_success,
+                }
+                for n in sorted(nodes, key=lambda n: (n.check, n.node))[:500]
+            ],
+        }

@@ -115,7 +115,7 @@ class Engine:
         self.detectors = Detectors(
             config.detectors, config.jobs, self.clock, self.metrics.registry, self.emit
         )
-        self.usage = UsageHook(config.reports, self.metrics.registry, self.clock)
+        self.usage = UsageHook(config.reports, self.metrics.registry, self.clock, slurm=config.slurm)
         self.checks: CheckService | None = None  # with checks.enabled
         self.subsystems: list[Subsystem] = []
         self._observers: list[Any] = []  # the subsystems' observe, those that observe anything

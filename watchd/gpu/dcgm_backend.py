@@ -2,6 +2,10 @@
 
 Blocking, like every backend (the sampler calls it from a worker thread): one scrape per sampling round,
 shared by the GPUs of the round. DCGM's last-Xid gauge becomes Xid notices when its value changes.
+
+A GPU the exporter listed at start that is missing from :data:`LOST_AFTER_SCRAPES` of its pages in a row is
+lost (DCGM stops reporting a GPU that fell off the bus), as NVML's GpuIsLost; it answers again when it is back
+on the page. A page that could not be read is no evidence either way: every field unknown, nothing lost.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import urllib.request
 
 from watchd.gpu.backend import XidNotice
 from watchd.gpu.dcgm import DEFAULT_URL, DcgmError, DcgmScrape, parse_dcgm
-from watchd.gpu.model import BackendUnavailable, GpuIdentity, GpuSample
+from watchd.gpu.model import BackendUnavailable, GpuIdentity, GpuLostError, GpuSample
 
 _MAX_BYTES = 32 * 1024 * 1024
+#: consecutive pages without a GPU before it is lost: one short or odd page never drains a node
+LOST_AFTER_SCRAPES = 3
 
 
 class DcgmBackend:
@@ -29,6 +35,7 @@ class DcgmBackend:
         self._scraped_at = 0.0
         self._xids_seen: dict[str, int] | None = None
         self._gpus: dict[str, GpuIdentity] = {}
+        self._missing: dict[str, tuple[DcgmScrape, int]] = {}  # uuid -> the last page without it, how many
         self._lock = threading.Lock()
 
     def _fetch(self) -> DcgmScrape:
@@ -57,11 +64,22 @@ class DcgmBackend:
 
     def sample(self, gpu: GpuIdentity, now: float) -> GpuSample:
         try:
-            found = self._current().by_uuid().get(gpu.uuid)
+            scrape = self._current()
         except DcgmError:
-            found = None  # the exporter is away this round: every field unknown, not a lost GPU
+            return GpuSample(time=now, gpu=gpu)  # the exporter is away this round: unknown, not a lost GPU
+        found = scrape.by_uuid().get(gpu.uuid)
         if found is None:
+            last, misses = self._missing.get(gpu.uuid, (None, 0))
+            if last is not scrape:  # count pages, not the calls of one round
+                misses += 1
+                self._missing[gpu.uuid] = (scrape, misses)
+            if misses >= LOST_AFTER_SCRAPES:
+                raise GpuLostError(
+                    f"GPU {gpu.index} ({gpu.uuid}, {gpu.pci_bus_id}) missing from {self.url} in {misses} "
+                    "pages in a row"
+                )
             return GpuSample(time=now, gpu=gpu)
+        self._missing.pop(gpu.uuid, None)
         return GpuSample(**{**{f: getattr(found, f) for f in found.__slots__}, "time": now, "gpu": gpu})
 
     def wait_xids(self, timeout_s: float) -> list[XidNotice]:

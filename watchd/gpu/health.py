@@ -42,6 +42,12 @@ from watchd.xid.catalog import RECOVERY_ACTIONS
 #: The conditions, in the order their events are returned for one sample (rows of the model's table).
 CONDITIONS = CONDITION_NAMES
 
+#: the text of a lost GPU's event, by backend: what said so
+LOST_TEXT = {
+    "nvml": "NVML: GPU is lost",
+    "fake": "NVML: GPU is lost",
+    "dcgm": "dcgm-exporter: GPU gone from its page",
+}
 _EPSILON_S = 1e-3  # float noise in sample times must not postpone a re-report by a whole sampling period
 
 
@@ -224,7 +230,7 @@ class HealthDeriver:
     def _read(self, name: str, st: _GpuState, s: GpuSample) -> _Reading | None:
         if name == "gpu_lost":
             if s.lost:
-                return _Reading(True, 1, "NVML: GPU is lost")
+                return _Reading(True, 1, LOST_TEXT.get(self.source, f"{self.source}: GPU is lost"))
             return _Reading(False, 0, "GPU answers again")
         if s.lost:
             return None

@@ -89,7 +89,7 @@ def render(report: UsageReport, fmt: str, max_accounts: int = 50) -> str:
     return renderer(fmt)(report, **{k: options[k] for k in REPORT_FORMATS[fmt].options})
 
 
-def run_usage(  # cfg, state: the engine config's reports section and state database, when it was given
+def run_usage(  # cfg, state, slurm_conf, squeue: from the engine config, when it was given
     *,
     since: str,
     until: str | None,
@@ -103,12 +103,18 @@ def run_usage(  # cfg, state: the engine config's reports section and state data
     output: Path | None,
     out: TextIO,
     err: TextIO,
+    slurm_conf: Path | None = None,
+    squeue: str = "squeue",
 ) -> int:
     now = time.time()
     start, end = window(since, until, now)
     dims = parse_by(by)
     src = build_source(
-        source or (cfg.source if cfg else "slurm"), fixture=fixture, timeout_s=cfg.timeout_s if cfg else 300.0
+        source or (cfg.source if cfg else "slurm"),
+        fixture=fixture,
+        timeout_s=cfg.timeout_s if cfg else 300.0,
+        slurm_conf=slurm_conf,
+        squeue=squeue,
     )
     idle = idle_util_pct if idle_util_pct is not None else (cfg.idle_util_pct if cfg else 5.0)
     report = make_report(

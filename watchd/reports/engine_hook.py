@@ -14,6 +14,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from watchd.clock import Clock
+from watchd.integrations.slurm.settings import SlurmConfig
 from watchd.model.events import Event
 from watchd.reports.core import build_report
 from watchd.reports.ledger import UsageLedger
@@ -38,9 +39,13 @@ class UsageHook(Component):
         registry: CollectorRegistry,
         clock: Clock,
         source: AccountingSource | None = None,
+        *,
+        slurm: SlurmConfig | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
+        self.slurm = slurm or SlurmConfig()  # its slurm_conf and squeue are the accounting commands' too
+        self._accounting_why: str | None = None  # why the last refresh had no accounting ("": it had)
         self.ledger = UsageLedger(config.idle_util_pct)
         self.collector = UsageCollector(config.max_accounts)
         self.source = source
@@ -91,9 +96,19 @@ class UsageHook(Component):
             _log.warning("usage_report_failed", error=str(exc))
             return
         self.collector.update(report)
+        why = "" if report.accounting else report.accounting_note
+        if why != self._accounting_why:  # once per change, not every refresh
+            if why:
+                _log.warning("usage_accounting_unavailable", why=why, source=self.config.source)
+            elif self._accounting_why is not None:
+                _log.info("usage_accounting_available", source=self.config.source)
+            self._accounting_why = why
 
     def _build(self, start: float, now: float) -> UsageReport:
-        source = self.source or build_source(self.config.source, timeout_s=self.config.timeout_s)
+        cfg = self.config
+        source = self.source or build_source(
+            cfg.source, timeout_s=cfg.timeout_s, slurm_conf=self.slurm.slurm_conf, squeue=self.slurm.squeue
+        )
         observed = Observed()
         if self._state_path is not None:
             from watchd.reports.observed import load_observed

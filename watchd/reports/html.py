@@ -3,7 +3,8 @@ three plots drawn here as inline SVG — each account's share of the GPU-hours o
 fair-share target (dashed), the distribution of queue waits per account, and the GPU energy per account.
 
 Each account keeps one colour in every plot (``PALETTE``, in the order of the report's rows); each plot has
-its own light background (``PLOT_BACKGROUNDS``), which the rendering test counts in the screenshot."""
+its own light background (``PLOT_BACKGROUNDS``), which the rendering test counts in the screenshot. A period
+without any GPU-hours is no share of anyone's: the lines break there, over a grey band (``NO_DATA``)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import time
 from collections import defaultdict
 
 from watchd.reports.model import WAIT_LABELS, UsageReport
-from watchd.reports.render import _columns, _fmt, header
+from watchd.reports.render import COLUMN_TITLES, _columns, _fmt, header
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 PLOT_BACKGROUNDS = {"usage": "#eef4fb", "waits": "#f1f9ee", "energy": "#fdf3e7"}
+NO_DATA = "#dcdcdc"  # the periods without GPU-hours in the usage plot
 W, H = 860, 300
 L, R, T, B = 60, 150, 20, 40
 
@@ -64,16 +66,27 @@ def usage_plot(report: UsageReport) -> str:
     for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
         y = T + ph * (1 - frac)
         body.append(f'<text x="{L - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{frac:.0%}</text>')
+    for i in range(n):
+        if totals[i] <= 0:
+            body.append(
+                f'<rect x="{L + pw * i / n:.1f}" y="{T}" width="{pw / n:.1f}" height="{ph}" fill="{NO_DATA}">'
+                "<title>no GPU-hours in this period</title></rect>"
+            )
     shares = {r.key.get("account"): r.norm_shares for r in report.rows if r.norm_shares is not None}
     for account, s in report.series.items():
-        pts = []
+        runs: list[list[tuple[float, float]]] = [[]]
         for i in range(n):
-            x = L + (pw * (i + 0.5) / n)
-            f = s[i] / totals[i] if totals[i] > 0 else 0.0
-            pts.append(f"{x:.1f},{T + ph * (1 - f):.1f}")
-        body.append(
-            f'<polyline points="{" ".join(pts)}" fill="none" stroke="{col[account]}" stroke-width="4"/>'
-        )
+            if totals[i] <= 0:  # no data is not 0 %: the line breaks
+                runs.append([])
+                continue
+            runs[-1].append((L + pw * (i + 0.5) / n, T + ph * (1 - s[i] / totals[i])))
+        for run in (r for r in runs if r):
+            if len(run) == 1:  # one period between gaps: a dot
+                (x, y) = run[0]
+                body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{col[account]}"/>')
+                continue
+            pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in run)
+            body.append(f'<polyline points="{pts}" fill="none" stroke="{col[account]}" stroke-width="4"/>')
         share = shares.get(account)
         if share is not None:
             y = T + ph * (1 - share)
@@ -86,6 +99,8 @@ def usage_plot(report: UsageReport) -> str:
         label = time.strftime("%m-%d %H:%M", time.localtime(report.bucket_starts[i]))
         body.append(f'<text x="{x:.1f}" y="{H - B + 16}" font-size="10" text-anchor="middle">{label}</text>')
     legend = [(a, col[a]) for a in report.series]
+    if any(t <= 0 for t in totals):
+        legend.append(("no data", NO_DATA))
     return _frame("usage", "share of GPU-hours over time against fair-share target", body, legend)
 
 
@@ -144,7 +159,7 @@ def energy_plot(report: UsageReport) -> str:
 
 def to_html(report: UsageReport, title: str = "watchd GPU usage") -> str:
     cols = _columns(report)
-    head = "".join(f"<th>{_e(n)}</th>" for n, _ in cols)
+    head = "".join(f'<th title="{_e(n)}">{_e(COLUMN_TITLES.get(n, n))}</th>' for n, _ in cols)
     body = "\n".join(
         "<tr>" + "".join(f"<td>{_e(_fmt(get(r)))}</td>" for _, get in cols) + "</tr>" for r in report.rows
     )

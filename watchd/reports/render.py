@@ -41,6 +41,29 @@ def _columns(report: UsageReport) -> list[_Col]:
     return cols
 
 
+#: what people read above each column of the HTML page (CSV, JSON and the terminal table keep the names, which
+#: the page gives as each head's tooltip)
+COLUMN_TITLES = {
+    "account": "account",
+    "user": "user",
+    "partition": "partition",
+    "gpu_hours": "GPU-hours",
+    "usage_pct": "share (%)",
+    "share_pct": "target (%)",
+    "fairshare": "fair-share",
+    "jobs": "jobs",
+    "wait_p50_s": "wait p50 (s)",
+    "wait_p95_s": "wait p95 (s)",
+    "wait_max_s": "wait max (s)",
+    "pending": "pending",
+    "pending_wait_max_s": "pending max (s)",
+    "pending_reasons": "why pending",
+    "energy_kwh": "energy (kWh)",
+    "idle_gpu_hours": "idle GPU-hours",
+    "lost_gpu_hours": "lost GPU-hours",
+}
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"

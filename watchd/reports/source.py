@@ -41,14 +41,47 @@ def _local(t: float) -> str:
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
 
+def _beside(command: str, name: str) -> str:
+    """``name`` in the folder of ``command`` when that is a path (``/opt/slurm/bin/squeue`` -> its ``sacct``),
+    else ``name`` (found on the PATH)."""
+    folder = os.path.dirname(command)
+    return os.path.join(folder, name) if folder else name
+
+
+def unavailable_why(error: str) -> str:
+    """Why accounting is unavailable, in words that do not send the operator to the wrong place: slurmdbd is
+    named only when Slurm's answer is about it, not when the command did not run or found no slurm.conf."""
+    lowered = error.lower()
+    if "configuration file" in lowered or "not found" in lowered:
+        return f"Slurm accounting unavailable ({error}): is slurm.slurm_conf the cluster's slurm.conf?"
+    if "accounting storage is disabled" in lowered:
+        return f"Slurm accounting unavailable ({error}): slurm.conf names no slurmdbd (AccountingStorageType)"
+    if "slurmdbd" in lowered or "talking to the database" in lowered:
+        return f"Slurm accounting unavailable ({error}): is slurmdbd running and reachable?"
+    return f"Slurm accounting unavailable ({error})"
+
+
 class SlurmAccounting:
-    """``sacct -a -X -D`` (every run of every job in the window), ``sshare -a`` and ``squeue -t PD``."""
+    """``sacct -a -X -D`` (every run of every job in the window), ``sshare -a`` and ``squeue -t PD``.
+
+    ``slurm_conf`` is the engine's ``slurm.slurm_conf`` (``SLURM_CONF`` of the commands; else the
+    environment's, else Slurm's default); ``sacct`` and ``sshare`` are looked for beside ``squeue``."""
 
     name = "slurm"
 
-    def __init__(self, *, timeout_s: float = 300.0, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 300.0,
+        env: Mapping[str, str] | None = None,
+        slurm_conf: Path | None = None,
+        squeue: str = "squeue",
+    ) -> None:
         self.timeout_s = timeout_s
         self.env = {**(env if env is not None else os.environ), "SLURM_TIME_FORMAT": "%s"}
+        if slurm_conf is not None:
+            self.env["SLURM_CONF"] = str(slurm_conf)
+        self.squeue, self.sacct, self.sshare = squeue, _beside(squeue, "sacct"), _beside(squeue, "sshare")
 
     def _run(self, argv: list[str]) -> tuple[bool, str]:
         try:
@@ -61,17 +94,25 @@ class SlurmAccounting:
             return False, f"{argv[0]} did not answer within {self.timeout_s:g} s"
         if res.returncode != 0:
             lines = (res.stderr or res.stdout).strip().splitlines()
-            return False, f"{argv[0]}: {lines[-1] if lines else f'exit status {res.returncode}'}"
+            name = os.path.basename(argv[0])
+            last = lines[-1].removeprefix(f"{name}: ") if lines else f"exit status {res.returncode}"
+            conf = self.env.get("SLURM_CONF")  # which cluster it asked, for the operator reading the why
+            return False, f"{name}{f' (SLURM_CONF={conf})' if conf else ''}: {last}"
         return True, res.stdout
 
     def fetch(self, start: float, end: float) -> Accounting:
+        conf = self.env.get("SLURM_CONF")
+        if conf and not os.path.exists(conf):  # else each command retries for a minute before it gives up
+            return Accounting(
+                available=False, why=unavailable_why(f"SLURM_CONF={conf}: not found"), source=self.name
+            )
         pending: list[PendingJob] = []
-        ok, out = self._run(["squeue", "-h", "-a", "-t", "PD", "-O", SQUEUE_FORMAT])
+        ok, out = self._run([self.squeue, "-h", "-a", "-t", "PD", "-O", SQUEUE_FORMAT])
         if ok:
             pending, _ = parse_squeue_pending(out)
         ok, out = self._run(
             [
-                "sacct",
+                self.sacct,
                 "-a",
                 "-X",
                 "-D",
@@ -87,13 +128,13 @@ class SlurmAccounting:
         if not ok:
             return Accounting(
                 available=False,
-                why=f"Slurm accounting unavailable ({out}): no slurmdbd?",
+                why=unavailable_why(out),
                 pending=tuple(pending),
                 source=self.name,
             )
         jobs, _ = parse_sacct(out, expand_hostlist)
         shares: list[ShareRecord] = []
-        ok, sh = self._run(["sshare", "-a", "-P", "-n", "-o", SSHARE_FIELDS])
+        ok, sh = self._run([self.sshare, "-a", "-P", "-n", "-o", SSHARE_FIELDS])
         if ok:
             shares, _ = parse_sshare(sh)
         return Accounting(
@@ -168,10 +209,18 @@ class FakeAccounting:
         )
 
 
-def build_source(name: str, *, fixture: Path | None = None, timeout_s: float = 300.0) -> AccountingSource:
-    """The source called ``name`` (``slurm``, ``none``, ``fake`` with a JSON ``fixture``)."""
+def build_source(
+    name: str,
+    *,
+    fixture: Path | None = None,
+    timeout_s: float = 300.0,
+    slurm_conf: Path | None = None,
+    squeue: str = "squeue",
+) -> AccountingSource:
+    """The source called ``name`` (``slurm``, ``none``, ``fake`` with a JSON ``fixture``); ``slurm_conf`` and
+    ``squeue``: the engine config's ``slurm.slurm_conf`` and ``slurm.squeue``."""
     if name == "slurm":
-        return SlurmAccounting(timeout_s=timeout_s)
+        return SlurmAccounting(timeout_s=timeout_s, slurm_conf=slurm_conf, squeue=squeue)
     if name == "none":
         return NoAccounting()
     if name == "fake":

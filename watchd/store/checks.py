@@ -149,6 +149,16 @@ class CheckRuns:
                 (job_id, job_output, job_nonce, run_id),
             )
 
+    def skip(self, run_id: str, now: float, evidence: str) -> None:
+        """A run whose job never started because its node left service meanwhile: recorded as ``skipped``,
+        no verdict on the node, so the node's standing (failures, back-off, last success) is left as is."""
+        with self._db.write(f"skipping run {run_id}") as tx:
+            tx.execute(
+                "UPDATE check_runs SET finished_at = ?, outcome = 'skipped', evidence = ?, figures = '{}'"
+                " WHERE run_id = ?",
+                (now, evidence, run_id),
+            )
+
     def finish(
         self,
         run_id: str,

@@ -50,6 +50,8 @@ __all__ = ["SlurmCheckRunner", "parse_job", "parse_reservations", "runner_from_c
 #: node state flags that still let a check start (none of them takes or reserves the node)
 _HARMLESS_FLAGS = frozenset({"CLOUD", "DYNAMIC_NORM", "DYNAMIC_FUTURE"})
 _HOLDING = "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,STOPPED,RESIZING"
+#: a pending job's reasons that can mean its node left service (then the node's state is read to be sure)
+_NODE_GONE_REASONS = ("ReqNodeNotAvail", "NodeDown")
 _TERMINAL = {
     "COMPLETED": "completed",
     "FAILED": "failed",
@@ -315,6 +317,13 @@ class SlurmCheckRunner:
                 return RunOutput(status, text, None, gone, None, handle.job_id, unread)
             if state in ("RUNNING", "COMPLETING") and started is None:
                 started = time.time()
+            if state == "PENDING" and info.get("Reason", "").startswith(_NODE_GONE_REASONS):
+                gone = await self._out_of_service(handle.node)
+                if gone:  # drained or down since the submission: it would wait for its whole time limit
+                    await self.cancel(handle)
+                    return RunOutput(
+                        "not_started", "", None, f"did not start: {handle.node} {gone}", None, handle.job_id
+                    )
             if state in _TERMINAL:
                 code, _, signal = info.get("ExitCode", "0:0").partition(":")
                 exit_code = int(code) if code.isdigit() else None
@@ -350,6 +359,18 @@ class SlurmCheckRunner:
                     handle.job_id,
                 )
             await asyncio.sleep(self.poll_interval_s)
+
+    async def _out_of_service(self, node: str) -> str:
+        """Why ``node`` is out of service (drained, down), "" when it is not or that is not known."""
+        try:
+            st = (await self.slurm.node_states([node])).get(node)
+        except SchedulerError:
+            return ""
+        if st is None:
+            return ""
+        if st.drained:
+            return f"drained ({st.reason or 'no reason'})"
+        return f"is {st.state}" if st.state in ("down", "fail") else ""
 
     async def cancel(self, handle: JobHandle) -> None:
         await self._run(self.scancel, handle.job_id, check=False)
