@@ -176,6 +176,8 @@ class KubernetesCheckRunner(Strict):
     gpus: Annotated[int, Field(ge=0)] = 8  # requested by the check's pod (every GPU of the node)
     poll_interval_s: Annotated[float, Field(gt=0)] = 2.0
     grace: Duration = 30.0  # past the time limit the Job is deleted and counted as timed out
+    #: multi-node checks (nccl-pair): the pods use their nodes' network (rank 0 reached at its node's address)
+    host_network: bool = False
 
 
 class ChecksConfig(Strict):
