@@ -41,6 +41,7 @@ KINDS: Mapping[str, type[Attrs]] = MappingProxyType(
         reliability.KIND: reliability.CheckpointInterval,  # issue 17: checkpoint advice
         reboot.REBOOTED_KIND: reboot.NodeRebooted,  # a reboot watchd asked for is over
         reboot.OVERDUE_KIND: reboot.NodeRebootOverdue,
+        reboot.GPU_RESET_KIND: reboot.NodeGpuReset,  # the node's agent reset its GPUs as watchd asked
         # issue 19: what the training stack says (PyTorch watchdog, NCCL, Flight Recorder)
         **{cls.KIND: cls for cls in trainlog.KINDS},
     }
