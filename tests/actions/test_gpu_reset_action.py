@@ -89,8 +89,8 @@ async def test_an_idle_drained_node_is_reset_through_its_agent() -> None:
     ("answer", "why"),
     [
         (
-            lambda c: CommandResult(c.id, "refused", "GPU 0000:3b:00.0 is held by pid 4242 (python3)"),
-            "the agent refused the reset of 0000:3b:00.0: GPU 0000:3b:00.0 is held by pid 4242",
+            lambda c: CommandResult(c.id, "refused", "in use: pid 4242 (python3) on GPU 0000:3b:00.0"),
+            "the agent refused the reset of 0000:3b:00.0: in use: pid 4242",
         ),
         (
             lambda c: CommandResult(c.id, "failed", "nvidia-smi --gpu-reset: exit status 255"),
