@@ -77,6 +77,16 @@ def _again(engine: Daemon, tmp_path: Path, env: dict[str, str]) -> Daemon:
     return again
 
 
+def _history_cli(engine: Daemon) -> str:
+    return subprocess.run(
+        [*watchd_command(), "node", "history", NODE, "--url", engine.url],
+        capture_output=True,
+        text=True,
+        env={"WATCHD_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
+        check=True,
+    ).stdout
+
+
 def _resets(tmp_path: Path) -> list[dict[str, Any]]:
     path = tmp_path / "resets.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -140,13 +150,7 @@ def test_xid_to_gpu_reset_to_validated_return_without_a_person(
         history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
         assert history[0]["state"] == "returned" and history[0]["evidence"].startswith("watchd: Xid 95")
         assert [s["action"] for s in history[0]["steps"]][:3] == ["drain", "requeue", "gpu_reset"]
-        out = subprocess.run(
-            [*watchd_command(), "node", "history", NODE, "--url", engine.url],
-            capture_output=True,
-            text=True,
-            env={"WATCHD_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
-            check=True,
-        ).stdout
+        out = _history_cli(engine)
         assert f"{NODE}: returned" in out and "gpu_reset" in out and "validate" in out, out
         metrics = engine.get("/metrics")
         assert 'watchd_agent_commands_total{command="gpu_reset",outcome="done"} 1.0' in metrics
@@ -205,6 +209,9 @@ def test_a_gpu_held_by_a_process_is_not_reset_and_the_node_is_left_for_a_person(
         assert not any(a["action"] == "validate" for a in _actions(engine))
         history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
         assert history[0]["state"] == "left_for_a_person"
+        out = _history_cli(engine)
+        assert f"{NODE}: left_for_a_person since" in out and "gpu_reset     left_for_a_person" in out, out
+        print(out)
     finally:
         agent.stop()
         engine.stop()
