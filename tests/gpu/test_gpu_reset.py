@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.support import eventually
+from watchd.errors import ConfigError
 from watchd.gpu.model import GpuIdentity, GpuSample
 from watchd.gpu.nvml_standin import StandinNvml
+from watchd.gpu.registry import resetter_from_config
 from watchd.gpu.reset import NvidiaSmiResetter, ResetFailed, ResetRefused, has_cap_sys_admin, reset_gpus
 from watchd.gpu.sampler import GpuSampler
+from watchd.gpu.settings import GpuResetConfig
 from watchd.sim.gpu import FakeGpuBackend
 from watchd.sim.gpu_reset import FakeGpuResetter, for_backend
 from watchd.sim.scenario import FallOffBus, Scenario, XidFault
@@ -182,3 +186,18 @@ async def test_the_sampler_is_paused_around_a_reset_and_enumerates_again() -> No
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert opened[-1] == "close"
+
+
+def test_the_resetter_follows_the_gpu_backend_and_imports_the_simulation_only_for_it() -> None:
+    backend = FakeGpuBackend(Scenario.idle(gpus=1), time.time())
+    assert isinstance(resetter_from_config(GpuResetConfig(), backend), FakeGpuResetter)
+    assert isinstance(resetter_from_config(GpuResetConfig(), None), NvidiaSmiResetter)
+    with pytest.raises(ConfigError, match=r"needs sources\.gpu\.backend fake"):
+        resetter_from_config(GpuResetConfig(backend="fake"), None)
+    code = (
+        "import sys; from watchd.gpu.registry import resetter_from_config; "
+        "from watchd.gpu.settings import GpuResetConfig; resetter_from_config(GpuResetConfig(), None); "
+        "print(any(m.startswith('watchd.sim') for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -59,14 +59,14 @@ def resetter_from_config(
     config: GpuResetConfig, backend: GpuBackend | None, proc_root: Path = Path("/proc")
 ) -> GpuResetter:
     """How ``commands.gpu_reset`` resets a GPU: ``nvidia-smi``, or the fake over the simulated GPUs of
-    ``backend`` (``auto``: the fake exactly when the GPUs are simulated)."""
-    from watchd.sim.gpu import FakeGpuBackend
-
-    fake = isinstance(backend, FakeGpuBackend)
-    if config.backend == "fake" or (config.backend == "auto" and fake):
-        if not isinstance(backend, FakeGpuBackend):
-            raise ConfigError("commands.gpu_reset.backend fake: needs sources.gpu.backend fake")
+    ``backend`` (``auto``: the fake exactly when the GPUs are simulated). The simulation is imported only
+    then."""
+    simulated = backend is not None and backend.name == "fake"
+    if config.backend == "fake" or (config.backend == "auto" and simulated):
+        from watchd.sim.gpu import FakeGpuBackend
         from watchd.sim.gpu_reset import for_backend
 
+        if not isinstance(backend, FakeGpuBackend):
+            raise ConfigError("commands.gpu_reset.backend fake: needs sources.gpu.backend fake")
         return for_backend(backend, config.fake_delay_s, config.fake_log)
     return NvidiaSmiResetter(config.nvidia_smi, config.timeout_s, proc_root=proc_root)
