@@ -14,7 +14,7 @@ command is handed out at every poll of its node until its result arrives."""
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +76,7 @@ class AgentCommands(Component):
         self._by_id: dict[str, _Pending] = {}
         self._by_node: dict[str, dict[str, _Pending]] = {}
         self._last_poll: OrderedDict[str, float] = OrderedDict()  # node -> monotonic, oldest first
-        self._late: deque[str] = deque(maxlen=_LATE_KEPT)  # ids no longer waited for
+        self._late: OrderedDict[str, str] = OrderedDict()  # id -> kind: no longer waited for, newest last
         self.finished = Counter(
             "watchd_agent_commands",
             "Commands the engine asked of agents, by command and how each ended: done, refused, failed (the "
@@ -138,7 +138,9 @@ class AgentCommands(Component):
         if pending.future.done():  # answered right at the deadline
             return pending.future.result()
         self._drop(command)
-        self._late.append(command.id)
+        self._late[command.id] = command.kind
+        while len(self._late) > _LATE_KEPT:
+            self._late.popitem(last=False)
         waited = self._clock.monotonic() - pending.queued_at
         if pending.fetched_at is None:
             since = self.last_poll_s(command.node)
@@ -196,8 +198,8 @@ class AgentCommands(Component):
         since: the action asks again with the same id if it still waits); 410 no longer waited for."""
         pending = self._by_id.get(result.id)
         if pending is None:
-            if result.id in self._late:
-                self.finished.labels("unknown", LATE).inc()
+            if (kind := self._late.get(result.id)) is not None:
+                self.finished.labels(kind, LATE).inc()
                 _log.warning(
                     "agent_command_result_late",
                     node=node,
