@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from watchd.ib.metrics import IbPortCollector
 
@@ -114,6 +114,27 @@ class AgentMetrics:
         self.ib_unreadable = Counter(
             "watchd_agent_ib_files_unreadable",
             "Port files that exist but could not be read (EIO, EACCES, a driver error), each time.",
+            registry=r,
+        )
+
+        # the engine's commands (a GPU reset; docs/remediation.md)
+        self.commands = Counter(
+            "watchd_agent_commands_run",
+            "Commands the engine asked of this agent, by command and how each ended (done, refused, failed).",
+            ["command", "outcome"],
+            registry=r,
+        )
+        self.command_polls = Counter(
+            "watchd_agent_command_polls",
+            "Polls for the node's commands, by result (ok, unreachable, refused, unsupported, invalid).",
+            ["result"],
+            registry=r,
+        )
+        self.command_seconds = Histogram(
+            "watchd_agent_command_duration_seconds",
+            "How long a command took to run on the node (a GPU reset: seconds).",
+            ["command"],
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
             registry=r,
         )
 

@@ -194,7 +194,7 @@ class ChecksConfig(Strict):
     kubernetes: KubernetesCheckRunner = KubernetesCheckRunner()
     #: event kinds that start `watchd node validate` on their node by themselves (a reboot watchd asked for
     #: is over; a repair system's ``node_repaired``): only nodes watchd drained are validated, as by hand
-    auto_validate: list[str] = Field(default_factory=lambda: ["node_rebooted"])
+    auto_validate: list[str] = Field(default_factory=lambda: ["node_rebooted", "node_gpu_reset"])
     risk: RiskWeights = RiskWeights()  # the risk planner's weights and the switch topology
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
 
+from watchd.actions.agent_commands import AgentCommands
 from watchd.actions.audit import MemoryAudit
 from watchd.actions.executor import ActionExecutor, Pools
 from watchd.actions.handler import Mode
@@ -31,6 +32,7 @@ from watchd.config import EngineConfig
 from watchd.detect.correlator import Correlator
 from watchd.detect.service import Detectors
 from watchd.engine.dedup import SeenIds
+from watchd.engine.housekeeping import prune
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.privileges import privileges
 from watchd.engine.rule_keeper import RuleKeeper
@@ -76,6 +78,7 @@ class Engine:
     token: str | None
     reliability: Reliability
     fleet: FleetWatch
+    commands: AgentCommands
 
     def __init__(
         self,
@@ -488,14 +491,19 @@ class Engine:
             self.checks = service
             subsystems.append(Checks(service, self.validate, frozenset(config.checks.auto_validate)))
         audit, remediation = self.store.audit, config.remediation
+        self.commands = AgentCommands(
+            self.clock, self.metrics.registry, max_pending=remediation.max_commands, leading=leading
+        )
         subsystems += [
             self.usage,
             Remediation(self.scheduler, audit, remediation, self.clock, self.emit, leading),
+            self.commands,  # the agents' commands (a GPU reset): in memory, their actions' intents durable
         ]
         self.executor.attach(
             spares=self.fleet,
             validation=self.checks,
             keep_spare_s=config.spares.keep_for_requeued_s,
+            commands=self.commands,
         )
         return subsystems
 
@@ -541,19 +549,8 @@ class Engine:
             _log.warning("pools_unavailable", error=str(exc))
 
     async def _prune(self) -> None:
-        if self.following() is not None:
-            return  # the leader prunes the shared store
-        now = self.clock.now()
-        retention = now - self.config.state.audit_retention_days * 86400
-        self.store.audit.prune(retention)
-        self.store.breaker.prune(now - max(self.config.safety.window_s, 86400.0))
-        self.store.intents.prune_cooldowns(now)
-        # resolved held actions and finished intents past the audit's retention (held ones and unfinished
-        # intents are never pruned): the tables stay bounded by the rate of actions, not by uptime
-        self.store.held.prune(retention)
-        self.store.intents.prune(retention)
-        self.store.checks.prune(retention)
-        self.reliability.prune(now)
+        if self.following() is None:  # the leader prunes a shared store
+            prune(self.store, self.config, self.reliability, self.clock.now())
 
     # ---------------------------------------------------------------------------------------- the stream
 
