@@ -98,7 +98,7 @@ async def test_an_idle_drained_node_is_reset_through_its_agent() -> None:
         ),
     ],
 )
-async def test_a_refused_or_failed_reset_leaves_the_node_for_a_person(answer: Answer, why: str) -> None:
+async def test_a_refused_or_failed_reset_is_not_reset_and_the_rules_decide(answer: Answer, why: str) -> None:
     fake = FakeScheduler()
     drained(fake)
     executor, _, clock = make(fake)
@@ -108,18 +108,18 @@ async def test_a_refused_or_failed_reset_leaves_the_node_for_a_person(answer: An
     async with executor:
         result = await executor.act("gpu_reset", "gpu-1", {"gpu": "0000:3b:00.0"}, rule="xid-gpu-reset")
     agent.stop()
-    assert result.outcome == "left_for_a_person" and why in result.detail, result
+    assert result.outcome == "not_reset" and why in result.detail, result
     assert fake.nodes["gpu-1"].drained
 
 
-async def test_an_agent_that_never_asks_leaves_the_node_for_a_person() -> None:
+async def test_an_agent_that_never_asks_is_not_reset() -> None:
     fake = FakeScheduler()
     drained(fake)
     executor, _, clock = make(fake)
     executor.attach(validation=Checks(), commands=AgentCommands(clock))
     async with executor:
         result = await executor.act("gpu_reset", "gpu-1", {"timeout": 0.05}, rule="xid-gpu-reset")
-    assert result.outcome == "left_for_a_person", result
+    assert result.outcome == "not_reset", result
     assert "no GPU reset: not fetched" in result.detail and "has not asked for commands" in result.detail
 
 

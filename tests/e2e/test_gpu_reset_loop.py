@@ -174,11 +174,13 @@ def test_xid_to_gpu_reset_to_validated_return_without_a_person(
         engine.stop()
 
 
-def test_a_gpu_held_by_a_process_is_not_reset_and_the_node_is_left_for_a_person(
+def test_a_gpu_held_by_a_process_is_not_reset_and_the_node_is_rebooted_instead(
     cluster: SlurmCluster, standins: Path, tmp_path: Path
 ) -> None:
     """The scheduler says the node runs no job, yet a process holds the GPU (the simulated board's load is a
-    training run): the agent refuses, the node stays drained and the shipped rules page."""
+    training run): the agent refuses, the node stays drained, and the shipped rules ask for a reboot instead
+    and tell the on-call (this shared cluster runs ReturnToService=2, where watchd refuses to reboot: the node
+    then stays drained, never in service without a pass)."""
     behave(standins, gpu_3="pass")
     engine = start_engine(cluster, standins, tmp_path)
     agent, kernel_log = _agent(engine, tmp_path, load="training")
@@ -194,23 +196,27 @@ def test_a_gpu_held_by_a_process_is_not_reset_and_the_node_is_left_for_a_person(
             cluster,
         )
         [reset] = [a for a in _actions(engine) if a["action"] == "gpu_reset"]
-        assert reset["outcome"] == "left_for_a_person", reset
+        assert reset["outcome"] == "not_reset", reset
         assert "the agent refused the reset of 0000:2a:00.0: in use: pid" in reset["detail"], reset
         _wait(
-            lambda: any(a["rule"] == "remediation-limit" for a in _actions(engine)),
+            lambda: (
+                {("reboot", "gpu-reset-not-done"), ("alert", "gpu-reset-not-done")}
+                <= {(a["action"], a["rule"]) for a in _actions(engine)}
+            ),
             30,
-            "the page",
+            "the reboot asked instead, and the word to the on-call",
             engine,
             agent,
             cluster,
         )
         time.sleep(2)
+        [reboot] = [a for a in _actions(engine) if a["action"] == "reboot"]
+        assert reboot["outcome"] in ("rebooting", "refused"), reboot
         assert _resets(tmp_path) == [] and "DRAIN" in cluster.node_state(NODE)
         assert not any(a["action"] == "validate" for a in _actions(engine))
-        history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
-        assert history[0]["state"] == "left_for_a_person"
+        assert not any(a["rule"] == "remediation-limit" for a in _actions(engine))
         out = _history_cli(engine)
-        assert f"{NODE}: left_for_a_person since" in out and "gpu_reset     left_for_a_person" in out, out
+        assert "gpu_reset     not_reset" in out and "reboot" in out, out
         print(out)
     finally:
         agent.stop()

@@ -6,9 +6,10 @@ service; once the agent reports the reset done the engine announces ``node_gpu_r
 Like ``reboot``: only a node watchd drained (never someone else's drain), at most ``max_per_node``
 automatic remediations of a node in ``window`` (reboots and resets together), never a node whose reason the
 lemon rule replaced, nothing without checks to validate it after. A node that still runs a job after
-``wait_idle`` (one that could not be requeued), an agent that refuses or fails the reset, or one that does not
-answer within ``timeout``: the node stays drained, left for a person (``left_for_a_person``; the shipped rules
-page).
+``wait_idle`` (one that could not be requeued): the node stays drained, left for a person
+(``left_for_a_person``; the shipped rules page). An agent that refuses or fails the reset, or one that does
+not answer within ``timeout``: ``not_reset``, the node stays drained and the rules say what next (the shipped
+pack reboots it).
 
 The command the engine queues for the agent has an id derived from the action's intent, so a re-drive after
 a ``kill -9`` of the engine asks with the same id, and the agent, which runs an id at most once, answers what
@@ -179,11 +180,11 @@ def _result(answer: CommandResult, command: Command, requested_at: float) -> Act
         )
     if answer.outcome in (REFUSED, FAILED):
         verb = "refused" if answer.outcome == REFUSED else "failed"
-        detail = f"the agent {verb} the reset of {gpus}: {answer.detail}; left for a person"
-        return ActionResult(Outcome.LEFT_FOR_A_PERSON, detail, {**data, "agent": answer.outcome})
+        detail = f"the agent {verb} the reset of {gpus}: {answer.detail}"
+        return ActionResult(Outcome.NOT_RESET, detail, {**data, "agent": answer.outcome})
     if answer.outcome in ("expired", "unanswered"):
-        detail = f"no GPU reset: {answer.detail}; left for a person"
-        return ActionResult(Outcome.LEFT_FOR_A_PERSON, detail, {**data, "agent": answer.outcome})
+        detail = f"no GPU reset: {answer.detail}"
+        return ActionResult(Outcome.NOT_RESET, detail, {**data, "agent": answer.outcome})
     return ActionResult(Outcome.FAILED, answer.detail, data)  # not queued, not the leader: tried again later
 
 
