@@ -73,6 +73,8 @@ def test_final_stage_user_entrypoint_and_wheel(stages: list[list[tuple[str, str]
     assert m, "the final stage installs the wheel built in the build stage"
     assert set(m.group(1).split(",")) == {"kubernetes", "postgres"} <= set(extras)
     assert "rm -rf /wheels" in runs
+    # the user exists (a name for the uid: getpass, `kubectl exec ... watchd` as the engine's user)
+    assert f"useradd --system --uid {uid} --gid {gid} " in runs and f"groupadd --system --gid {gid} " in runs
     assert ("COPY", "--from=build /wheels/ /wheels/") in final
     # the engine's Deployment runs as the image's user; the agent explicitly as root (CAP_SYSLOG)
     objs = render(BASE)
