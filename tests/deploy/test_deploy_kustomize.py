@@ -254,8 +254,8 @@ def test_pod_security_levels(base: list[Obj]) -> None:
 
 
 def test_check_jobs_are_admitted_in_their_namespace(base: list[Obj]) -> None:
-    """The Job the engine creates for an active check passes the Pod Security level of the namespace its
-    config names (and would not pass the engine's)."""
+    """The Jobs the engine creates for active checks pass the Pod Security level of the namespace its config
+    names (and would not pass the engine's); pair checks on the nodes' network need `privileged`."""
     from unittest.mock import MagicMock
 
     from watchd.checks.runner import CheckJob
@@ -264,13 +264,22 @@ def test_check_jobs_are_admitted_in_their_namespace(base: list[Obj]) -> None:
     engine_cm = one(base, "ConfigMap", "watchd-engine-config", "watchd")["data"]["engine.yaml"]
     engine = parse_config(EngineConfig, yaml.safe_load(engine_cm), "engine")
     ns = engine.checks.kubernetes.namespace
-    runner = KubernetesCheckRunner(MagicMock(), namespace=ns)
-    job = CheckJob("nccl", "gpu-1", ("all_reduce_perf", "-g", "8"), 600, "run.1")
-    manifest = runner._manifest(job, "watchd-check-nccl-1")
-    assert manifest["metadata"]["namespace"] == ns
-    spec = manifest["spec"]["template"]["spec"]
-    assert admitted(_level(base, ns), spec) == []
-    assert admitted("restricted", spec) != []
+    level = _level(base, ns)
+    single = CheckJob("nccl", "gpu-1", ("all_reduce_perf", "-g", "8"), 600, "run.1")
+    pair = CheckJob("nccl-pair", "gpu-1", ("launch",), 600, "run.2", peers=("gpu-2",))
+    for host_network in (False, True):
+        runner = KubernetesCheckRunner(MagicMock(), namespace=ns, host_network=host_network)
+        for job in (single, pair):
+            for rank in range(len(job.nodes)):
+                manifest = runner._manifest(job, f"watchd-check-{rank}", rank)
+                assert manifest["metadata"]["namespace"] == ns
+                spec = manifest["spec"]["template"]["spec"]
+                assert admitted("restricted", spec) != []
+                if host_network and job.peers:
+                    assert admitted(level, spec) == ["hostNetwork"]
+                    assert admitted("privileged", spec) == []
+                else:
+                    assert admitted(level, spec) == [], (job.check, host_network)
 
 
 # ------------------------------------------------------------------------------------- NetworkPolicy
