@@ -170,7 +170,7 @@ class SlurmCheckRunner(Strict):
 
 
 class KubernetesCheckRunner(Strict):
-    namespace: str = "watchd"
+    namespace: str = "watchd-checks"  # the shipped manifests' (Pod Security baseline)
     image: str = "nvcr.io/nvidia/pytorch:24.04-py3"
     gpu_resource: str = "nvidia.com/gpu"
     gpus: Annotated[int, Field(ge=0)] = 8  # requested by the check's pod (every GPU of the node)
