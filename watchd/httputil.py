@@ -16,6 +16,7 @@ import asyncio
 import hmac
 import json
 import math
+import platform
 import resource
 import ssl
 import zlib
@@ -31,9 +32,16 @@ from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
-from prometheus_client import CollectorRegistry
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from watchd import __version__
 from watchd.logs import get_logger
 
 _log = get_logger("watchd.http")
@@ -55,6 +63,23 @@ class HttpLimits:
 
 def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     return make_aiohttp_handler(registry)
+
+
+def standard_metrics(registry: CollectorRegistry, daemon: str) -> None:
+    """What every exporter's users expect beside its own series (docs/gpu-metrics.md, "Every daemon"): the
+    process's ``process_*`` (CPU, memory, open files, start time), ``python_info``, and
+    ``watchd_build_info{daemon,version,python_version}`` (1), which dashboards and rules join on to find
+    watchd's targets whatever their job is called. No ``*_created`` series: they double the counters and no
+    rule reads them (prometheus_client's switch is process-wide; every registry of watchd wants it off)."""
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    Gauge(
+        "watchd_build_info",
+        "1, labelled with the daemon (engine or agent), its version and the Python it runs on.",
+        ["daemon", "version", "python_version"],
+        registry=registry,
+    ).labels(daemon, __version__, platform.python_version()).set(1)
 
 
 # ------------------------------------------------------------------------------------------------- JSON

@@ -38,6 +38,10 @@ async def test_engine_and_agent_metrics_pass_promtool(promtool: str) -> None:
             engine_text, agent_text = await fetch(engine.port), await fetch(agent.port)
     assert "watchd_decision_latency_seconds_bucket" in engine_text
     assert "watchd_agent_events_shipped_total 1.0" in agent_text
+    for daemon, text in (("engine", engine_text), ("agent", agent_text)):
+        assert "\nprocess_resident_memory_bytes " in text and "\nprocess_cpu_seconds_total " in text
+        assert f'watchd_build_info{{daemon="{daemon}",' in text
+        assert "_created" not in text  # prometheus_client's *_created series are switched off
     check(promtool, engine_text)
     check(promtool, agent_text)
 

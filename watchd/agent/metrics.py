@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from watchd.httputil import standard_metrics
 from watchd.ib.metrics import IbPortCollector
 
 
@@ -11,6 +12,7 @@ class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        standard_metrics(r, "agent")  # process_*, python_info, watchd_build_info; no *_created
         self.lines = Counter("watchd_agent_log_lines", "Log lines read, by source.", ["source"], registry=r)
         self.events = Counter(
             "watchd_agent_events",

@@ -63,7 +63,7 @@ def gpu_sampler_from_config(
     backend = backend_from_config(gpu, kernel_log)
     if backend is None:
         return None
-    collector = GpuCollector()
+    collector = GpuCollector(job_label=gpu.job_label)
     metrics.registry.register(collector)
     up = metrics.source_up.labels(backend.name)
     return GpuSampler(

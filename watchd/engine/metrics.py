@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from watchd.httputil import standard_metrics
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -11,6 +13,7 @@ class EngineMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        standard_metrics(r, "engine")  # process_*, python_info, watchd_build_info; no *_created
         self.events_received = Counter(
             "watchd_events_received",
             "Events accepted by ingest, by source and kind.",

@@ -26,6 +26,9 @@ class GpuSourceConfig(Strict):
     # (4 ms CPU a read on an H200; the power integral in between)
     nvml_slow_interval_s: Seconds = 10.0
     nvml_energy_interval_s: Annotated[float, Field(ge=1.0, le=300.0)] = 30.0
+    # the per-GPU gauges also carry the job holding the GPU (as before watchd_gpu_job_info): every job change
+    # starts new series. Counters never carry it (increase() would break). docs/gpu-metrics.md
+    job_label: bool = False
 
     @model_validator(mode="after")
     def _scenario_for_fake(self) -> GpuSourceConfig:
