@@ -40,7 +40,7 @@ from watchd.engine.server import Accepted, make_app
 from watchd.engine.status import EngineStatus
 from watchd.fleetview.watch import FleetWatch
 from watchd.httputil import HttpLimits, serve
-from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier
+from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier, notifier_from_settings
 from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.integrations.leadership import AlwaysLeader, Leadership
 from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler
@@ -410,13 +410,8 @@ class Engine:
     def _build_executor(self) -> None:
         config = self.config
         self.alerts = (
-            AlertmanagerNotifier(
-                config.alertmanager.urls,
-                registry=self.metrics.registry,
-                clock=self.clock,
-                resend_interval=config.alertmanager.resend_interval_s,
-                timeout=config.alertmanager.timeout_s,
-                periodic=self.periodic,
+            notifier_from_settings(
+                config.alertmanager, registry=self.metrics.registry, clock=self.clock, periodic=self.periodic
             )
             if config.alertmanager.urls
             else None
