@@ -27,6 +27,8 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
+        for reason in ("queue_full", "rejected", "invalid", "shutdown", "trainlog_rate"):  # 0 from the start
+            self.dropped.labels(reason)
         self.requests = Counter(
             "watchd_agent_ship_requests",
             "Requests to the engine, by outcome.",

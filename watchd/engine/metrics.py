@@ -6,6 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from watchd.httputil import standard_metrics
 
+#: the actions timed in the scheduler (``ActionRuntime.scheduled``): their histogram series exist from start
+SCHEDULER_ACTIONS = ("drain", "requeue", "resume", "reboot")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -89,6 +91,10 @@ class EngineMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # every action that calls the scheduler, at 0 from the start: a series born at its first observation
+        # has no rate() in Prometheus until the second
+        for action in SCHEDULER_ACTIONS:
+            self.action_duration.labels(action)
         self.event_age = Histogram(
             "watchd_event_age_seconds",
             "From an event's observation on the node until its arrival at ingest.",
