@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from watchd.httputil import standard_metrics
 
 #: the actions timed in the scheduler (``ActionRuntime.scheduled``): their histogram series exist from start
-SCHEDULER_ACTIONS = ("drain", "requeue", "resume", "reboot")
+SCHEDULER_ACTIONS = ("drain", "requeue", "resume", "reboot", "gpu_reset")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
