@@ -126,7 +126,7 @@ async def test_validation_runs_the_pair_check_with_a_known_good_node(
         rc = await asyncio.to_thread(run_validate, "gpu-3", url, token, None, "alice", 120, out)
         assert rc == 1, out.getvalue()
         reason = sinfo_reasons(cluster)["gpu-3"]
-        assert reason.startswith("watchd: validation failed: nccl 2-node with gpu-"), reason
+        assert reason.startswith("watchd: validate ") and ": nccl 2-node with gpu-" in reason, reason
         assert "which passed with others: nccl busbw 41 GB/s < 80% of 400 GB/s" in reason, reason
         lent = [a for a in runner_of(engine).submissions if "--reservation=watchd-validate-gpu-3" in a]
         assert len(lent) == 1 and lent[0][lent[0].index("-N") + 1] == "2"

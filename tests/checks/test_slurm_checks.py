@@ -199,8 +199,8 @@ async def test_validate_resumes_only_after_every_check_passes(
     rc = await asyncio.to_thread(run_validate, "gpu-1", url, token, None, "alice", 120, out)
     assert rc == 1, out.getvalue()
     assert sinfo_reasons(cluster)["gpu-1"].startswith(
-        "watchd: validation failed: dcgm diag -r 2 failed: pcie"
-    )
+        "watchd: validate dcgm pcie: dcgm diag -r 2 failed: pcie"
+    ), sinfo_reasons(cluster)["gpu-1"]
     assert cluster.run("scontrol", "show", "res", "-o", check=False).stdout.find("watchd-validate-gpu-1") < 0
     # repaired: every check passes, the node returns to service
     (standins / "behaviour" / "gpu-1").write_text("pass")
