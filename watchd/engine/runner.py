@@ -391,6 +391,13 @@ class Engine:
         if self._scheduler_from_config:
             self._elector = build_leadership(self.config)
             self.scheduler = build_scheduler(self.config)
+        slurm = self.config.scheduler_settings().get("slurm")
+        if slurm is not None and slurm.enabled:  # watchd_slurm_calls_total: how often watchd asks Slurm
+            from watchd.integrations.slurm.calls import SlurmCallsCollector
+
+            calls = SlurmCallsCollector()
+            self.metrics.registry.register(calls)
+            stack.callback(self.metrics.registry.unregister, calls)
         if self._elector is not None:
             self.leadership = self._elector
             if self.store.shared:
