@@ -41,7 +41,7 @@ from watchd.httputil import HttpLimits, serve
 from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier
 from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.integrations.leadership import AlwaysLeader, Leadership
-from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler
+from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler, collectors
 from watchd.integrations.webhook.sender import WebhookSender
 from watchd.jobs.model import JobProvider, job_providers_of
 from watchd.logs import get_logger
@@ -335,10 +335,9 @@ class Engine:
             await privileges(self.scheduler, self.metrics.scheduler_privileged)
         self._build_executor()
         self.subsystems = self._build_subsystems()
-        for subsystem in self.subsystems:
-            for collector in subsystem.collectors():
-                self.metrics.registry.register(collector)
-                stack.callback(self.metrics.registry.unregister, collector)
+        for collector in [*(c for s in self.subsystems for c in s.collectors()), *collectors(self.config)]:
+            self.metrics.registry.register(collector)
+            stack.callback(self.metrics.registry.unregister, collector)
         self._observers = [  # those that observe anything
             s.observe
             for s in self.subsystems
@@ -391,13 +390,6 @@ class Engine:
         if self._scheduler_from_config:
             self._elector = build_leadership(self.config)
             self.scheduler = build_scheduler(self.config)
-        slurm = self.config.scheduler_settings().get("slurm")
-        if slurm is not None and slurm.enabled:  # watchd_slurm_calls_total: how often watchd asks Slurm
-            from watchd.integrations.slurm.calls import SlurmCallsCollector
-
-            calls = SlurmCallsCollector()
-            self.metrics.registry.register(calls)
-            stack.callback(self.metrics.registry.unregister, calls)
         if self._elector is not None:
             self.leadership = self._elector
             if self.store.shared:
