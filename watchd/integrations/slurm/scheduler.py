@@ -403,6 +403,7 @@ class SlurmScheduler:
             _, out, _ = await self._exec(
                 self.squeue,
                 "-h",
+                "--all",  # the jobs of every partition, hidden ones too (as --json lists them)
                 "--states=RUNNING",
                 "-o",
                 RUNNING_FORMAT,
