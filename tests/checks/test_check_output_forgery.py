@@ -243,7 +243,7 @@ def test_a_fifo_in_place_of_an_output_freezes_nothing(
             ) from None
         assert status == 200
         wait(lambda: "DRAIN" in cluster.node_state("gpu-3"), 15, "gpu-3 drained for its Xid 79")
-        assert str(cluster.reason("gpu-3")).startswith("watchd: Xid 79")
+        assert str(cluster.reason("gpu-3")).startswith("watchd: Xid79 ")
         thread.join(40)
         status, body = answer["validate"]
         assert body["outcome"] == "drained", body

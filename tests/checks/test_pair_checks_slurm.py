@@ -86,7 +86,8 @@ async def test_a_bad_node_is_drained_alone_and_a_bad_link_only_pages(
         await wait_for(lambda: "gpu-3" in sinfo_reasons(cluster))
         reason = sinfo_reasons(cluster)["gpu-3"]
         assert reason == (
-            "watchd: nccl 2-node busbw 41 GB/s with gpu-1 and busbw 41 GB/s with gpu-2 < 80% of 400 GB/s; "
+            "watchd: fabric 41GB/s: "
+            "nccl 2-node busbw 41 GB/s with gpu-1 and busbw 41 GB/s with gpu-2 < 80% of 400 GB/s; "
             "gpu-1, gpu-2 fine with others"
         ), reason
         assert set(sinfo_reasons(cluster)) == {"gpu-3"}
