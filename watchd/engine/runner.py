@@ -43,7 +43,7 @@ from watchd.httputil import HttpLimits, serve
 from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier, notifier_from_settings
 from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.integrations.leadership import AlwaysLeader, Leadership
-from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler
+from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler, collectors
 from watchd.integrations.webhook.sender import WebhookSender
 from watchd.jobs.model import JobProvider, job_providers_of
 from watchd.logs import get_logger
@@ -338,10 +338,9 @@ class Engine:
             await privileges(self.scheduler, self.metrics.scheduler_privileged)
         self._build_executor()
         self.subsystems = self._build_subsystems()
-        for subsystem in self.subsystems:
-            for collector in subsystem.collectors():
-                self.metrics.registry.register(collector)
-                stack.callback(self.metrics.registry.unregister, collector)
+        for collector in [*(c for s in self.subsystems for c in s.collectors()), *collectors(self.config)]:
+            self.metrics.registry.register(collector)
+            stack.callback(self.metrics.registry.unregister, collector)
         self._observers = [  # those that observe anything
             s.observe
             for s in self.subsystems
