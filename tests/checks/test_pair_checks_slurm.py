@@ -158,7 +158,9 @@ async def test_a_group_of_four_is_bisected_to_the_bad_node(
         runs = (pair_standin / "runs").read_text().splitlines()
         assert runs[0] == "gpu-1 gpu-2 gpu-3 gpu-4" and sorted(runs[1:3]) == ["gpu-1 gpu-2", "gpu-3 gpu-4"]
         await wait_for(lambda: "gpu-3" in sinfo_reasons(cluster))
-        assert sinfo_reasons(cluster)["gpu-3"].startswith(
-            "watchd: nccl 4/2-node busbw 41 GB/s with gpu-1,gpu-2,gpu-4"
-        )
+        reason = sinfo_reasons(cluster)["gpu-3"]
+        assert reason.startswith(
+            "watchd: fabric 41GB/s: nccl 4/2-node busbw 41 GB/s with gpu-1,gpu-2,gpu-4"
+        ), reason
+        assert reason.endswith("; gpu-1, gpu-2, gpu-4 fine with others"), reason
         assert set(sinfo_reasons(cluster)) == {"gpu-3"}

@@ -127,7 +127,7 @@ class PairRound:
         att = attribute(runs)
         threshold = self._threshold(spec, verdicts)
         for node, bad in att.at_fault.items():
-            fine = sorted({r.partner(node) for r in bad} & set(att.passed))
+            fine = sorted({n for r in bad for n in r.others(node)} & set(att.passed))
             with_whom = " and ".join(f"{_speed(r)} with {r.partner(node)}" for r in bad)
             evidence = f"nccl {_size(bad)}-node {with_whom}{threshold}; {', '.join(fine)} fine with others"
             figures = self._figures(verdicts, bad[-1], ",".join(r.partner(node) for r in bad))
