@@ -260,6 +260,9 @@ class CheckService(CheckViews):
         validation: bool = False,
         peers: tuple[str, ...] = (),
     ) -> tuple[str, str, Verdict, RunOutput]:
+        if validation and not peers and CHECK_KINDS[spec.type].nodes_per_run > 1:  # with a known-good node
+            pair = (self.runner, self.store.checks, spec, node, rid, self._running, self._run_one)
+            return node, *await validate_pair(*pair, self.clock.now())
         run_id = f"{spec.name}.{node}.{uuid.uuid4().hex[:10]}"
         self.store.checks.start(run_id, spec.name, node, rid, self.clock.now(), validation=validation)
         for busy in (node, *peers):
@@ -507,22 +510,9 @@ class CheckService(CheckViews):
                 return Validation("failed", False, f"validation not begun: {exc}")
             try:
                 for spec in specs:
-                    if CHECK_KINDS[spec.type].nodes_per_run > 1:  # with a known-good node, lent to it
-                        run_id, verdict, out = await validate_pair(
-                            self.runner,
-                            self.store.checks,
-                            spec,
-                            node,
-                            round_id,
-                            self._running,
-                            self._run_one,
-                            self.clock.now(),
-                        )
-                        output = out
-                    else:
-                        _, run_id, verdict, output = await self._run_one(
-                            spec, node, round_id, None, validation=True
-                        )
+                    _, run_id, verdict, output = await self._run_one(
+                        spec, node, round_id, None, validation=True
+                    )
                     event = await self._settle(
                         spec, node, round_id, run_id, verdict, output, validation=True, count_round=False
                     )

@@ -43,11 +43,11 @@ async def known_good_partner(
 
 def _unrun(
     store: CheckRuns, spec: CheckSpec, node: str, round_id: str, now: float, why: str
-) -> tuple[str, Verdict, RunOutput | None]:
+) -> tuple[str, Verdict, RunOutput]:
     """A run that could not start: recorded (the validation's history shows why), never a pass."""
     run_id = f"{spec.name}.{node}.{uuid.uuid4().hex[:10]}"
     store.start(run_id, spec.name, node, round_id, now, validation=True)
-    return run_id, Verdict("error", f"{spec.type}: {why}"), None
+    return run_id, Verdict("error", f"{spec.type}: {why}"), RunOutput("not_started", detail=why)
 
 
 async def validate_pair(
@@ -59,7 +59,7 @@ async def validate_pair(
     busy: Mapping[str, str],
     run_job: RunJob,
     now: float,
-) -> tuple[str, Verdict, RunOutput | None]:
+) -> tuple[str, Verdict, RunOutput]:
     """The run of pair check ``spec`` in ``node``'s validation: its run id (its row in the state database),
     the verdict on the node, the output."""
     try:
