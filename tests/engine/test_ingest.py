@@ -11,7 +11,7 @@ from tests.support import eventually, scheduler_actions, xid_event
 from watchd.config import EngineConfig, IngestConfig
 from watchd.credentials import TokenSource
 from watchd.engine.runner import Engine
-from watchd.http_settings import Listen
+from watchd.http_settings import HttpConfig, Listen
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.model.events import INGEST_PATH, batch_to_wire
 
@@ -170,10 +170,13 @@ async def test_a_batch_larger_than_the_whole_queue_gets_413_so_the_agent_splits_
 
 
 async def test_a_large_batch_arriving_in_many_chunks_is_read_whole() -> None:
+    # the client writes the body on the engine's own event loop: on a loaded machine that can take longer
+    # than the default 5 s body deadline, which this test is not about (tests/engine/test_http_errors.py is)
     config = EngineConfig(
         listen=Listen(port=0),
         auth=TokenSource(token=TOKEN),
         ingest=IngestConfig(max_body_bytes=8 * 1024 * 1024, max_events_per_batch=10_000),
+        http=HttpConfig(body_timeout_s=120),
     )
     async with Engine(config, use_config_scheduler=False) as engine:
         events = [xid_event(event_id=f"big{i}", message="x" * 200) for i in range(3000)]
