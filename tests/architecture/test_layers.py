@@ -22,6 +22,7 @@ ORDER: tuple[str, ...] = (
     "untrusted",  # opening and reading files the cluster's users control
     "extras",  # names the optional extra an import needs
     "progress",  # a command's progress line on a terminal
+    "yamlfile",  # YAML read strictly (no key twice), with positions and "did you mean"
     # the vocabulary: one typed class per event kind, the wire format, the Xid catalog, settings types; the
     # shipped rule pack (data)
     "data",

@@ -65,7 +65,8 @@ def test_broken_config_is_one_line_per_problem_exit_2(tmp_path: Path) -> None:
     res = watchd("engine", "--config", str(config))
     assert res.returncode == 2
     assert "Traceback" not in res.stderr
-    assert f"{config}: mode:" in res.stderr and f"{config}: slurm.scontrl: unknown key" in res.stderr
+    assert f"{config}:1:7: mode:" in res.stderr
+    assert f"{config}:2:9: slurm.scontrl: unknown key (did you mean 'scontrol'?)" in res.stderr
 
 
 def test_broken_rule_file_is_reported(tmp_path: Path) -> None:
