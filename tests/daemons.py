@@ -113,5 +113,7 @@ def agent_config(node: str, engine_port: int, token_file: Path, log_file: Path) 
             "token_secret": {"token": "node-secret"},
         },  # hermetic: not /run/watchd, not 9123
         "shipper": {"backoff_initial_s": 0.05, "backoff_max_s": 1},
+        # hermetic: the ids of the commands it ran next to its log, not in /var/lib/watchd-agent
+        "commands": {"state_file": str(log_file.parent / f"{node}-commands.json")},
         "log": {"format": "json"},
     }

@@ -16,6 +16,7 @@ import asyncio
 import hmac
 import json
 import math
+import platform
 import resource
 import ssl
 import zlib
@@ -31,9 +32,16 @@ from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
-from prometheus_client import CollectorRegistry
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from watchd import __version__
 from watchd.logs import get_logger
 
 _log = get_logger("watchd.http")
@@ -55,6 +63,23 @@ class HttpLimits:
 
 def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     return make_aiohttp_handler(registry)
+
+
+def standard_metrics(registry: CollectorRegistry, daemon: str) -> None:
+    """What every exporter's users expect beside its own series (docs/gpu-metrics.md, "Every daemon"): the
+    process's ``process_*`` (CPU, memory, open files, start time), ``python_info``, and
+    ``watchd_build_info{daemon,version,python_version}`` (1), which dashboards and rules join on to find
+    watchd's targets whatever their job is called. No ``*_created`` series: they double the counters and no
+    rule reads them (prometheus_client's switch is process-wide; every registry of watchd wants it off)."""
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    Gauge(
+        "watchd_build_info",
+        "1, labelled with the daemon (engine or agent), its version and the Python it runs on.",
+        ["daemon", "version", "python_version"],
+        registry=registry,
+    ).labels(daemon, __version__, platform.python_version()).set(1)
 
 
 # ------------------------------------------------------------------------------------------------- JSON
@@ -346,8 +371,9 @@ async def serve(
 
 # --------------------------------------------------------------------- credentials and TLS (issue 22)
 
-#: what a request needs: the agents' ingest, a read, an operator's call, /metrics, /healthz and /readyz
-Need = Literal["ingest", "read", "operate", "metrics", "health", "agent_read"]
+#: what a request needs: the agents' ingest, a read, an operator's call, /metrics, /healthz and /readyz, an
+#: agent's read of its job's advice, an agent's own call (its commands and their results)
+Need = Literal["ingest", "read", "operate", "metrics", "health", "agent_read", "agent"]
 Role = Literal["agent", "viewer", "operator", "anyone"]
 
 
@@ -398,7 +424,7 @@ class Credentials:
         if principal is None:
             return False
         role = principal.role
-        if need == "ingest":  # the agents' alone: never a viewer's or an operator's, whatever else is set
+        if need in ("ingest", "agent"):  # the agents' alone: never a viewer's or an operator's
             return role == "agent"
         if need == "agent_read":  # what an agent asks for a job on its node (one job's checkpoint advice)
             return role in ("agent", "operator", "viewer")
@@ -412,11 +438,19 @@ class Credentials:
 PRINCIPAL = web.RequestKey("principal", Principal)
 
 
-def need_of(request: web.BaseRequest, ingest_path: str, agent_reads: Collection[str] = ()) -> Need:
-    """What a request needs; ``agent_reads``: the GET paths an agent's token may read too."""
+def need_of(
+    request: web.BaseRequest,
+    ingest_path: str,
+    agent_reads: Collection[str] = (),
+    agent_prefix: str | None = None,
+) -> Need:
+    """What a request needs; ``agent_reads``: the GET paths an agent's token may read too; ``agent_prefix``:
+    the paths of the agents' own calls (their commands), the agents' token's alone."""
     path = request.path
     if path == ingest_path:
         return "ingest"
+    if agent_prefix is not None and path.startswith(agent_prefix):
+        return "agent"
     if path in agent_reads and request.method in ("GET", "HEAD"):
         return "agent_read"
     if path == "/metrics":
@@ -433,13 +467,14 @@ def auth_middleware(
     ingest_path: str,
     on_denied: Callable[[web.BaseRequest, Need], None] = lambda r, n: None,
     agent_reads: Collection[str] = (),
+    agent_prefix: str | None = None,
 ) -> Middleware:
     """Every request: who sent it (``request["principal"]``) and whether they may; 401 without a
     credential we know, 403 with one that may not do this."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        need = need_of(request, ingest_path, agent_reads)
+        need = need_of(request, ingest_path, agent_reads, agent_prefix)
         principal = credentials.identify(request.headers.get("Authorization", ""))
         if credentials.allows(principal, need):
             request[PRINCIPAL] = principal or Principal("anonymous", "anyone")

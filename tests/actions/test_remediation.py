@@ -115,3 +115,56 @@ async def test_a_reboot_audited_after_start_is_followed_too() -> None:
     fake.complete_reboot("gpu-1", "boot-2")
     await watch.poll()
     assert [e.kind for e in emitted] == ["node_rebooted"]
+
+
+def reset_record(t: float, node: str = "gpu-1", command: str = "gpu-reset-abc") -> AuditRecord:
+    return AuditRecord(
+        t, "xid-gpu-reset", "e", node, "gpu_reset", "enforce", "reset",
+        result={"requested_at": t - 12.5, "command": command, "gpus": ["0000:3b:00.0"]},
+    )  # fmt: skip
+
+
+async def test_a_gpu_reset_done_is_announced_once_at_once_and_rebuilt_at_start() -> None:
+    """The executor's feedback of a ``reset`` announces it at once (no poll waited for); a restart reads the
+    reset from the trail and announces what was not validated since; a follower announces nothing."""
+    trail = Trail([])
+    emitted: list[Event] = []
+    leading = [True]
+
+    async def emit(event: Event) -> None:
+        emitted.append(event)
+
+    config = RemediationConfig()
+    watch = Remediation(FakeScheduler(), trail, config, FakeClock(1000.0), emit, lambda: leading[0])
+    await watch.start()
+    trail.records.append(reset_record(1001.0))
+    feedback = Event(
+        "f1", "gpu-1", "watchd", "watchd_action", 1001.0,
+        {"action": "gpu_reset", "outcome": "reset", "rule": "xid-gpu-reset", "mode": "enforce"},
+    )  # fmt: skip
+    watch.observe(feedback)
+    await asyncio.gather(*watch._background)
+    [done] = emitted
+    assert (done.kind, done.node, done.source) == ("node_gpu_reset", "gpu-1", "watchd:reboots")
+    assert done.attrs == {
+        "requested_at": 988.5, "after_s": 12.5, "gpus": "0000:3b:00.0", "command": "gpu-reset-abc",
+    }  # fmt: skip
+    await watch.poll()
+    assert len(emitted) == 1, "announced once"
+    await watch.stop()
+
+    # a restart: the reset not validated since is announced again (validation is de-duplicated or reruns)
+    again = Remediation(FakeScheduler(), trail, config, FakeClock(1100.0), emit, lambda: leading[0])
+    leading[0] = False
+    await again.start()
+    await again.poll()
+    assert len(emitted) == 1, "a follower announces nothing"
+    leading[0] = True
+    await again.poll()
+    assert [e.id for e in emitted] == [done.id] * 2  # the same event id
+    # validated since: nothing to announce after a restart
+    trail.records.append(AuditRecord(1050, "validate", "e", "gpu-1", "validate", "enforce", "resumed"))
+    third = Remediation(FakeScheduler(), trail, config, FakeClock(1100.0), emit, lambda: True)
+    await third.start()
+    await third.poll()
+    assert len(emitted) == 2 and third.resets == {}

@@ -68,7 +68,7 @@ async def test_xid_line_becomes_an_event_at_the_engine(engine: Engine) -> None:
         assert agent.metrics.shipped._value.get() == 1
     drain = scheduler_actions(engine.audit.entries)[0]
     assert (drain.node, drain.action, drain.outcome) == ("gpu-3", "drain", "dry_run")
-    assert drain.params["reason"] == "Xid 79 GPU 0000:3b:00.0 GPU has fallen off the bus"
+    assert drain.params["reason"] == "Xid79 3b:00 GPU has fallen off the bus (GPU 0000:3b:00.0)"
 
 
 async def test_unusable_heartbeat_endpoints_are_logged_and_counted_and_the_agent_runs_on(

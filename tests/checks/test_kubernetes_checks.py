@@ -146,7 +146,7 @@ async def test_validation_of_a_cordoned_node(api: KubeApiServer, runner: Kuberne
         passed, _, done = v.passed, v.results, v.done
         assert (passed, done) == (False, "drained")
         record = json.loads(api.node("gpu-2")["metadata"]["annotations"][DRAIN_ANNOTATION])
-        assert record["reason"] == "watchd: validation failed: nccl busbw 300 GB/s < 80% of 450 GB/s"
+        assert record["reason"] == "watchd: validate nccl 300GB/s: nccl busbw 300 GB/s < 80% of 450 GB/s"
         assert api.node("gpu-2")["spec"]["unschedulable"] is True
         assert runner.created[-1]["spec"]["template"]["spec"]["tolerations"] == [{"operator": "Exists"}]
         outputs["gpu-2"] = (PASS, 0)
@@ -229,3 +229,70 @@ async def test_only_the_log_of_the_pod_the_job_controls_is_read(
     finally:
         task.cancel()
     assert events[0].attrs["evidence"] == "nccl busbw 312 GB/s < 80% of 450 GB/s"
+
+
+async def test_a_pair_runs_as_one_job_per_node_and_rank_zero_is_the_run(
+    api: KubeApiServer, runner: KubernetesCheckRunner
+) -> None:
+    from watchd.checks.runner import CheckJob
+
+    runner.host_network = True
+    job = CheckJob("fabric", "gpu-1", ("/opt/launch-nccl-pair",), 30, "fabric.gpu-1.abc123", peers=("gpu-2",))
+    handle = await runner.submit(job)
+    jobs = {name: j for (_, name), j in api.state.jobs.items()}
+    assert sorted(jobs) == [handle.job_id, f"{handle.job_id}-r1"]
+    for rank, node in enumerate(("gpu-1", "gpu-2")):
+        spec = jobs[handle.job_id if rank == 0 else f"{handle.job_id}-r1"]["spec"]["template"]["spec"]
+        env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+        assert spec["nodeName"] == node and spec["hostNetwork"] is True
+        assert env == {
+            "WATCHD_RANK": str(rank),
+            "WATCHD_WORLD_SIZE": "2",
+            "WATCHD_NODES": "gpu-1,gpu-2",
+            "WATCHD_MASTER_NODE": "gpu-1",
+        }
+    for name in jobs:
+        api.run_job("watchd", name)
+    two_nodes = (DATA / "nccl" / "h100-2node-16rank-wrong-columns.txt").read_text()
+    api.finish_job("watchd", handle.job_id, two_nodes)
+    out = await runner.wait(handle)
+    assert out.status == "completed" and "338.82" in out.output
+    assert list(api.state.jobs) == [("watchd", handle.job_id)]  # rank 1's Job ended with the run
+    await runner.cancel(handle)
+    assert api.state.jobs == {}
+
+
+async def test_a_pair_that_cannot_start_whole_does_not_start(
+    api: KubeApiServer, runner: KubernetesCheckRunner
+) -> None:
+    from watchd.checks.runner import CheckJob, RunnerError
+
+    job = CheckJob("fabric", "gpu-1", ("x",), 30, "fabric.gpu-1.def456", peers=("gpu-2",))
+    name = "watchd-check-fabric-def456"
+    api.state.jobs[("watchd", f"{name}-r1")] = {"metadata": {"name": f"{name}-r1"}, "spec": {}, "status": {}}
+    with pytest.raises(RunnerError, match="already exists"):
+        await runner.submit(job)
+    assert ("watchd", name) not in api.state.jobs  # rank 0's Job was deleted again
+
+
+async def test_a_pair_round_on_kubernetes_drains_only_the_node_slow_with_every_partner(
+    api: KubeApiServer, runner: KubernetesCheckRunner
+) -> None:
+    two_nodes = (DATA / "nccl" / "h100-2node-16rank-wrong-columns.txt").read_text()
+    slow = two_nodes.replace("338.82", "41.20").replace("337.35", "40.90")
+    # the kubelet ends each Job with its node's output: rank 0 prints the table, so gpu-3 leading is slow
+    outputs = {"gpu-1": (two_nodes, 0), "gpu-2": (two_nodes, 0), "gpu-3": (slow, 0), "gpu-4": (two_nodes, 0)}
+    events: list[Event] = []
+    task = asyncio.create_task(kubelet(api, outputs, set()))
+    try:
+        summary = await service(runner, events, type="nccl-pair", name="fabric", max_share=1.0).run_round(
+            "fabric"
+        )
+    finally:
+        task.cancel()
+    assert summary["failed"] == ["gpu-3"] and summary["runs"] == 4, summary
+    results = {e.node: e.attrs for e in events}
+    assert results["gpu-3"]["evidence"].startswith(
+        "nccl 2-node busbw 41 GB/s with gpu-4 and busbw 41 GB/s with gpu-1"
+    )
+    assert sum(len(j["spec"]["template"]["spec"]["containers"][0]["env"]) == 4 for j in runner.created) == 8

@@ -87,7 +87,8 @@ async def test_a_bad_node_is_drained_alone_and_a_bad_link_only_pages(
         await wait_for(lambda: "gpu-3" in sinfo_reasons(cluster))
         reason = sinfo_reasons(cluster)["gpu-3"]
         assert reason == (
-            "watchd: nccl 2-node busbw 41 GB/s with gpu-1 and busbw 41 GB/s with gpu-2 < 80% of 400 GB/s; "
+            "watchd: fabric 41GB/s: "
+            "nccl 2-node busbw 41 GB/s with gpu-1 and busbw 41 GB/s with gpu-2 < 80% of 400 GB/s; "
             "gpu-1, gpu-2 fine with others"
         ), reason
         assert set(sinfo_reasons(cluster)) == {"gpu-3"}
@@ -127,7 +128,7 @@ async def test_validation_runs_the_pair_check_with_a_known_good_node(
         rc = await asyncio.to_thread(run_validate, "gpu-3", connect(url, token, by="alice"), 120, False, out)
         assert rc == 1, out.getvalue()
         reason = sinfo_reasons(cluster)["gpu-3"]
-        assert reason.startswith("watchd: validation failed: nccl 2-node with gpu-"), reason
+        assert reason.startswith("watchd: validate ") and ": nccl 2-node with gpu-" in reason, reason
         assert "which passed with others: nccl busbw 41 GB/s < 80% of 400 GB/s" in reason, reason
         lent = [a for a in runner_of(engine).submissions if "--reservation=watchd-validate-gpu-3" in a]
         assert len(lent) == 1 and lent[0][lent[0].index("-N") + 1] == "2"

@@ -146,7 +146,7 @@ async def test_a_round_checks_only_idle_nodes_and_drains_the_slow_one(
         assert {"--exclusive", "--no-requeue", "--partition=gpu", "--time=1", "-N", "--parsable"} <= set(a)
         assert "--job-name=watchd-check-nccl" in a
     await wait_for(lambda: "gpu-2" in sinfo_reasons(cluster))
-    assert sinfo_reasons(cluster)["gpu-2"] == "watchd: nccl busbw 312 GB/s < 80% of 450 GB/s"
+    assert sinfo_reasons(cluster)["gpu-2"] == "watchd: nccl 312GB/s: nccl busbw 312 GB/s < 80% of 450 GB/s"
     assert "gpu-1" not in sinfo_reasons(cluster)
     history = engine.checks.history("gpu-2")
     assert history[0]["outcome"] == "failed" and history[0]["job"].isdigit()
@@ -166,9 +166,10 @@ async def test_wrong_crash_and_hang_and_never_a_drained_node(
     assert overlap(standins / "timeline") <= 2
     await wait_for(lambda: {"gpu-1", "gpu-3"} <= set(sinfo_reasons(cluster)))
     reasons = sinfo_reasons(cluster)
-    assert reasons["gpu-1"] == "watchd: nccl Out of bounds values : 3 FAILED"
+    assert reasons["gpu-1"] == "watchd: nccl #wrong 3: nccl Out of bounds values : 3 FAILED"
     assert (
-        reasons["gpu-3"] == "watchd: nccl test: Test CUDA failure common.cu:941 'system not yet initialized'"
+        reasons["gpu-3"]
+        == "watchd: nccl failed: nccl test: Test CUDA failure common.cu:941 'system not yet initialized'"
     )
     assert reasons["gpu-2"] == "admin: replacing a DIMM"  # never touched
     assert "gpu-4" not in reasons  # a hang past the time limit pages, does not drain
@@ -200,8 +201,8 @@ async def test_validate_resumes_only_after_every_check_passes(
     rc = await asyncio.to_thread(run_validate, "gpu-1", connect(url, token, by="alice"), 120, False, out)
     assert rc == 1, out.getvalue()
     assert sinfo_reasons(cluster)["gpu-1"].startswith(
-        "watchd: validation failed: dcgm diag -r 2 failed: pcie"
-    )
+        "watchd: validate dcgm pcie: dcgm diag -r 2 failed: pcie"
+    ), sinfo_reasons(cluster)["gpu-1"]
     assert cluster.run("scontrol", "show", "res", "-o", check=False).stdout.find("watchd-validate-gpu-1") < 0
     # repaired: every check passes, the node returns to service
     (standins / "behaviour" / "gpu-1").write_text("pass")

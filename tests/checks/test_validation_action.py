@@ -139,7 +139,7 @@ async def test_a_leader_deposed_mid_check_leaves_it_to_the_next_leader() -> None
         await executor2.drain_in_flight(5)
     assert runner.changes == ["end passed=False"]
     assert scheduler.nodes[NODE].drained and not runner.nodes[NODE].reserved
-    assert "validation interrupted by an engine restart" in str(scheduler.nodes[NODE].reason)
+    assert "validate interrupted: an engine restart" in str(scheduler.nodes[NODE].reason)
     assert store.intents.unfinished() == []
     [record] = audit2.entries
     assert (record.action, record.outcome) == ("validate", "drained")

@@ -189,7 +189,7 @@ def test_kill9_at_each_step_of_a_validation_never_leaves_a_node_in_service_witho
                 assert reason == EVIDENCE  # the evidence as it was
             else:
                 assert (
-                    reason == "watchd: validation interrupted by an engine restart before every check passed"
+                    reason == "watchd: validate interrupted: an engine restart came before every check passed"
                 )
         if step == "while_the_checks_run":  # its check's job was cancelled, not left on the node
             wait(lambda: not check_job_running(cluster), 30, "the check's job cancelled")

@@ -17,7 +17,7 @@ from tests.support import scheduler_actions, wait_for
 pytestmark = pytest.mark.slurm
 
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
-REASON = "watchd: Xid 79 GPU 0000:3b:00.0 GPU has fallen off the bus"
+REASON = "watchd: Xid79 3b:00 GPU has fallen off the bus (GPU 0000:3b:00.0)"
 
 
 def syslog_line(text: str) -> str:

@@ -121,6 +121,7 @@ async def test_status_document_has_the_same_shape(tmp_path: Path) -> None:
         "fleet",
         "drains",  # issue 17: nodes out of service by owner class, spares
         "remediation",  # the reboots awaited
+        "agent_commands",  # the commands waiting for their agents (GPU resets)
     }
     assert doc["scheduler"] == "fake" and doc["mode"] == "dry-run" and doc["alerts"] == []
     assert doc["breaker"] == [{"pool": "all", "size": 0, "taken_out": [], "taken_out_count": 0, "limit": 1}]

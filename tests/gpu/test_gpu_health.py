@@ -393,7 +393,7 @@ def test_rule_pack_drains_on_a_derived_ecc_dbe() -> None:
     engine = rule_pack().engine()
     [decision] = engine.evaluate(run(HealthDeriver(), samples)[0])
     assert decision.actions[0].params["reason"] == (
-        "GPU 0 0000:3b:00.0 uncorrectable ECC (DBE): volatile uncorrectable ECC count 2, 2 new"
+        "GPU0 ECC DBE: volatile uncorrectable ECC count 2, 2 new (GPU 0000:3b:00.0)"
     )
 
 

@@ -94,7 +94,7 @@ def test_collector_exposes_latest_samples_and_passes_promtool(promtool: str) -> 
     text = generate_latest(registry).decode()
     gpu = backend.gpus[0]
     assert (
-        f'watchd_gpu_power_watts{{gpu="0",job="",model="{gpu.model}",pci_bus_id="{gpu.pci_bus_id}",'
+        f'watchd_gpu_power_watts{{gpu="0",model="{gpu.model}",pci_bus_id="{gpu.pci_bus_id}",'
         f'uuid="{gpu.uuid}"}}' in text
     )
     assert "watchd_gpu_ecc_volatile_uncorrected_errors_total" in text

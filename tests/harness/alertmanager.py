@@ -10,6 +10,10 @@ Usage::
         ...  # POST to am.url + "/api/v2/alerts"
         am.alerts(filter=['alertname="X"'])
 
+Behind TLS and basic auth (Alertmanager's own ``--web.config.file``: ``tls_server_config``,
+``basic_auth_users``), ``web_config`` is that file's text and ``client`` how the harness itself connects
+(the TLS context trusting the server, presenting a client certificate if it asks; the Authorization header).
+
 Facts checked against 0.25 (and relied on by the tests):
 
 - ``GET /api/v2/alerts`` lists the alerts that are not resolved; ``active``/``silenced``/``inhibited``/
@@ -32,6 +36,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -100,16 +105,31 @@ class AlertmanagerProcess:
     """One Alertmanager on ``127.0.0.1:port`` (``port`` picked free unless given: give one to start it
     later than the code under test is pointed at it)."""
 
-    def __init__(self, port: int | None = None, *, start_timeout: float = 15.0) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        start_timeout: float = 15.0,
+        web_config: str | None = None,
+        client: tuple[ssl.SSLContext | None, str | None] = (None, None),
+    ) -> None:
         self.port = port if port is not None else free_port()
         self.start_timeout = start_timeout
+        self.web_config = web_config
+        self._tls, self._authorization = client
         self.dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: Any = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self._tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    def _open(self, path: str, timeout: float) -> Any:
+        headers = {"Authorization": self._authorization} if self._authorization else {}
+        request = urllib.request.Request(self.url + path, headers=headers)
+        return urllib.request.urlopen(request, timeout=timeout, context=self._tls)
 
     @property
     def running(self) -> bool:
@@ -137,6 +157,10 @@ class AlertmanagerProcess:
         conf = self.dir / "alertmanager.yml"
         conf.write_text(CONFIG)
         (self.dir / "data").mkdir()
+        web: list[str] = []
+        if self.web_config is not None:
+            (self.dir / "web.yml").write_text(self.web_config)
+            web = [f"--web.config.file={self.dir / 'web.yml'}"]
         self._log_file = (self.dir / "alertmanager.log").open("wb")
         self._proc = subprocess.Popen(
             [
@@ -146,6 +170,7 @@ class AlertmanagerProcess:
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--cluster.listen-address=",
                 "--log.level=debug",
+                *web,
             ],
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
@@ -186,7 +211,7 @@ class AlertmanagerProcess:
 
     def _ready(self) -> bool:
         try:
-            with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as resp:
+            with self._open("/-/ready", 1) as resp:
                 return bool(resp.status == 200)
         except (OSError, urllib.error.URLError):
             return False
@@ -204,7 +229,7 @@ class AlertmanagerProcess:
     # ---------------------------------------------------------------- API
     def _get(self, path: str) -> bytes:
         try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as resp:
+            with self._open(path, 5) as resp:
                 return bytes(resp.read())
         except urllib.error.HTTPError as exc:
             raise AlertmanagerHarnessError(f"GET {path}: HTTP {exc.code}: {exc.read()[:300]!r}") from exc

@@ -62,6 +62,7 @@ from types import TracebackType
 from typing import Any
 
 from tests.harness import accounting as _accounting
+from tests.harness import slurm_root as _slurm_root
 from tests.harness.process import pid_alive, reap_stale_dirs
 
 BINARIES = (
@@ -256,8 +257,16 @@ class SlurmHarnessError(RuntimeError):
     """The test cluster could not be started or did not behave."""
 
 
-def available() -> tuple[bool, str]:
-    """Whether a cluster can be started here; the reason when not."""
+#: the Slurm of the host's packages, and the second version the harness can run (trixie's, in a root)
+HOST_VERSION = "22.05"
+ROOT_VERSION = "24.11"
+VERSIONS = (HOST_VERSION, ROOT_VERSION)
+
+
+def available(version: str = HOST_VERSION) -> tuple[bool, str]:
+    """Whether a cluster of that Slurm version can be started here; the reason when not."""
+    if version == ROOT_VERSION:
+        return _slurm_root.available()
     missing = [b for b in BINARIES if shutil.which(b) is None]
     if missing:
         return (
@@ -285,14 +294,16 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _munge_works(sock: str | None, timeout: float = 5.0) -> bool:
+def _munge_works(sock: str | None, timeout: float = 5.0, env: Mapping[str, str] | None = None) -> bool:
     extra = ["--socket", sock] if sock else []
     try:
-        cred = subprocess.run(["munge", "-n", *extra], capture_output=True, timeout=timeout, check=False)
+        cred = subprocess.run(
+            ["munge", "-n", *extra], capture_output=True, timeout=timeout, check=False, env=env
+        )
         if cred.returncode != 0:
             return False
         res = subprocess.run(
-            ["unmunge", *extra], input=cred.stdout, capture_output=True, timeout=timeout, check=False
+            ["unmunge", *extra], input=cred.stdout, capture_output=True, timeout=timeout, check=False, env=env
         )
         return res.returncode == 0
     except (OSError, subprocess.TimeoutExpired):
@@ -371,6 +382,7 @@ class SlurmCluster:
         gpus_per_node: int = 0,
         reboot_timeout: int = 60,
         return_to_service: int = 2,
+        version: str = HOST_VERSION,
     ) -> None:
         if real_nodes < 1:
             raise ValueError("real_nodes must be >= 1")
@@ -396,6 +408,12 @@ class SlurmCluster:
         self.reboot_timeout = reboot_timeout
         #: ``ReturnToService``: 2 (any registering slurmd brings its DOWN node back) unless a test needs 0/1
         self.return_to_service = return_to_service
+        #: which Slurm: :data:`HOST_VERSION` (the host's packages) or :data:`ROOT_VERSION` (Debian trixie's
+        #: Slurm in a debootstrapped root, tests/harness/slurm_root.py: its commands are on ``env``'s PATH)
+        if version not in VERSIONS:
+            raise ValueError(f"unknown Slurm version {version!r}: use one of {VERSIONS}")
+        self.version = version
+        self._namespace: _slurm_root.RootNamespace | None = None
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> SlurmCluster:
@@ -419,7 +437,7 @@ class SlurmCluster:
         return self.real_node_names + self.sim_node_names
 
     def start(self) -> None:
-        ok, why = available()
+        ok, why = available(self.version)
         if not ok:
             raise SlurmHarnessError(why)
         t0 = time.monotonic()
@@ -442,9 +460,15 @@ class SlurmCluster:
         env[MARKER_ENV] = str(d)
         self.conf_path = d / "slurm.conf"
         env["SLURM_CONF"] = str(self.conf_path)
+        python = sys.executable
+        if self.version == ROOT_VERSION:
+            self._namespace = _slurm_root.RootNamespace(_slurm_root.slurm_root())
+            self._namespace.write_wrappers(d / "bin")
+            env["PATH"] = f"{d / 'bin'}:{env.get('PATH', os.defpath)}"
+            python = "/usr/bin/python3"  # the RebootProgram runs inside the root
         self._env = env
 
-        if not _munge_works(None):
+        if self.version == ROOT_VERSION or not _munge_works(None):
             self._start_munged(d)
 
         ctld_port, slurmd_port, db_port, dbd_port, *node_ports = _free_ports(4 + len(self.real_node_names))
@@ -462,7 +486,7 @@ class SlurmCluster:
                 f"File={d / 'dev'}/gpu[0-{self.gpus_per_node - 1}]\n"
             )
         program = d / "run" / "reboot-program"
-        program.write_text(f"#!{sys.executable}\n{_REBOOT_PROGRAM}")
+        program.write_text(f"#!{python}\n{_REBOOT_PROGRAM}")
         program.chmod(0o755)
         self.configure_reboots()
         self.conf_path.write_text(self._config(d, ctld_port, slurmd_port, sim_port, node_ports))
@@ -498,7 +522,7 @@ class SlurmCluster:
             d / "log" / "munged.out",
         )
         self._munge_socket = sock
-        self._wait(lambda: _munge_works(sock), "private munged did not come up")
+        self._wait(lambda: _munge_works(sock, env=self._env), "private munged did not come up")
 
     def _start_sim_sink(self, d: Path) -> int:
         """The address of every simulated node: a listener that resets each connection at once.
@@ -669,6 +693,9 @@ class SlurmCluster:
         # slurmstepd and job processes are not our children: find them by the marker
         _kill_pids(_cluster_pids(str(self.dir)))
         self._procs.clear()
+        if self._namespace is not None:
+            self._namespace.close()
+            self._namespace = None
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
         self._env = {}

@@ -70,6 +70,7 @@ def test_the_registry_names_every_kind_and_its_fields() -> None:
         "node_rebooted",  # a reboot watchd asked for is over
         "node_reboot_overdue",
         "ib_port_health",
+        "node_gpu_reset",  # a GPU reset watchd asked for is done
     }
     assert set(KINDS) | {"node_repaired"} == ALL_KINDS
     for kind, cls in KINDS.items():

@@ -35,6 +35,7 @@ ENGINE_MADE = {
     "node_unavailable",
     "node_rebooted",  # the engine's watch over the reboots it asked for
     "node_reboot_overdue",
+    "node_gpu_reset",  # ... and over the GPU resets (the agent reports its result, not an event)
 }
 
 

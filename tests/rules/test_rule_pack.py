@@ -39,10 +39,14 @@ def test_every_rule_is_exercised_by_a_test() -> None:
 
 
 def test_bucketless_fallback_lists_follow_the_catalog() -> None:
-    """xid-fatal-hardware judges events without a bucket by Xid number: the list must be the catalog's."""
+    """xid-gpu-reset and xid-fatal-hardware judge events without a bucket by Xid number: each list must be
+    the catalog's for the rule's buckets."""
     import yaml
 
     rules = {r["name"]: r for r in yaml.safe_load((RULES / "xid.yaml").read_text())["rules"]}
+    reset = rules["xid-gpu-reset"]["match"]["any"]
+    assert reset[0]["bucket"] == "RESET_GPU"
+    assert set(reset[1]["xid"]["in"]) == {x for x in known_xids() if lookup(x).bucket == "RESET_GPU"}
     buckets = set(rules["xid-fatal-hardware"]["match"]["any"][0]["bucket"]["in"])
     fallback = set(rules["xid-fatal-hardware"]["match"]["any"][1]["xid"]["in"])
     assert fallback == {x for x in known_xids() if lookup(x).bucket in buckets}
@@ -50,4 +54,4 @@ def test_bucketless_fallback_lists_follow_the_catalog() -> None:
     assert mechanicals[0]["bucket"] == "CHECK_MECHANICALS"
     assert {mechanicals[1]["xid"]} == {x for x in known_xids() if lookup(x).bucket == "CHECK_MECHANICALS"}
     alert_buckets = set(rules["xid-fatal-hardware-alert"]["match"]["bucket"]["in"])
-    assert alert_buckets == buckets | {"CHECK_MECHANICALS"}  # paged too: a person must look
+    assert alert_buckets == buckets | {"RESET_GPU", "CHECK_MECHANICALS"}  # paged too: a person must look

@@ -22,13 +22,17 @@ def problems_of(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("code", [48, 64, 74, 79, 95, 119, 140])
-def test_default_rules_drain_requeue_and_reboot_fatal_xids(code: int) -> None:
+def test_default_rules_drain_requeue_and_reboot_or_reset_fatal_xids(code: int) -> None:
     decisions = load_rules([]).engine().evaluate(xid(code))
-    assert [d.rule for d in decisions] == ["xid-fatal-hardware"]
-    assert [a.kind for a in decisions[0].actions] == ["drain", "requeue", "reboot"]
+    reset = code in (64, 95, 119, 140)  # the catalog's RESET_GPU bucket: the GPU is reset, not the node
+    assert [d.rule for d in decisions] == ["xid-gpu-reset" if reset else "xid-fatal-hardware"]
+    remedy = "gpu_reset" if reset else "reboot"
+    assert [a.kind for a in decisions[0].actions] == ["drain", "requeue", remedy]
     assert (
         decisions[0].actions[0].params["reason"] == f"Xid {code} GPU 0000:3b:00.0 GPU has fallen off the bus"
     )
+    if reset:
+        assert decisions[0].actions[2].params["gpu"] == "0000:3b:00.0"
 
 
 @pytest.mark.parametrize("code", [13, 31, 43])

@@ -4,8 +4,9 @@ process. A row is a configuration and a request; a column is who calls: no token
 shared token, an operator's, a viewer's. Each cell is the status the engine must answer: the request's own
 answer where the caller may (200; 404 for an operator's call on a held action that does not exist and for a
 job the engine has no advice for: the request went through), 401 for a token the engine does not know, 403
-for one it knows that may not do this. A viewer (or an operator) never ingests: ingest is the agents'
-alone, and an engine with operators or viewers but no agents' token is refused at start."""
+for one it knows that may not do this. A viewer (or an operator) never ingests nor asks for an agent's
+commands: those are the agents' alone, and an engine with operators or viewers but no agents' token is
+refused at start."""
 
 from __future__ import annotations
 
@@ -59,28 +60,33 @@ open                ingest       200  200   200   200      200
 open                read         200  200   200   200      200
 open                operate      404  404   404   404      404
 open                agent_read   404  404   404   404      404
+open                agent        200  200   200   200      200
 open                metrics      200  200   200   200      200
 open                health       200  200   200   200      200
 shared              ingest       401  401   200   401      401
 shared              read         401  401   200   401      401
 shared              operate      401  401   404   401      401
 shared              agent_read   401  401   404   401      401
+shared              agent        401  401   200   401      401
 shared              metrics      200  200   200   200      200
 shared              health       200  200   200   200      200
 roles               ingest       401  401   200   403      403
 roles               read         401  401   403   200      200
 roles               operate      401  401   403   404      403
 roles               agent_read   401  401   404   404      404
+roles               agent        401  401   200   403      403
 roles               metrics      200  200   200   200      200
 roles               health       200  200   200   200      200
 shared+viewers      ingest       401  401   200   401      403
 shared+viewers      read         401  401   403   401      200
 shared+viewers      operate      401  401   403   401      403
 shared+viewers      agent_read   401  401   404   401      404
+shared+viewers      agent        401  401   200   401      403
 shared+operators    ingest       401  401   200   403      401
 shared+operators    read         401  401   403   200      401
 shared+operators    operate      401  401   403   404      401
 shared+operators    agent_read   401  401   404   404      401
+shared+operators    agent        401  401   200   403      401
 roles, closed       metrics      401  401   403   200      200
 roles, closed       health       401  401   403   200      200
 """
@@ -117,6 +123,7 @@ REQUESTS: dict[str, tuple[str, str]] = {
     "read": ("GET", "/api/v1/status"),
     "operate": ("POST", "/api/v1/held/987654/discard"),  # nothing held: 404 once allowed, nothing changes
     "agent_read": ("GET", "/api/v1/reliability/job?job=slurm:42"),  # no heartbeats of it: 404 once allowed
+    "agent": ("GET", "/api/v1/agent/commands?node=gpu-9"),  # an agent's own call: its node's commands
     "metrics": ("GET", "/metrics"),
     "health": ("GET", "/healthz"),
 }

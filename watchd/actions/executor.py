@@ -33,11 +33,11 @@ from watchd.actions.handler import Attempt, Mode
 from watchd.actions.handlers import handler_for
 from watchd.actions.handlers.resume import HANDLER as RESUME
 from watchd.actions.held import HeldActions, Hold
-from watchd.actions.leader_gate import GatedScheduler, LeaderGate
+from watchd.actions.leader_gate import GatedCommands, GatedScheduler, LeaderGate
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.actions.pools import Pools
 from watchd.actions.recovery import MODE, FinishIntent, Recovery, intent_params
-from watchd.actions.runtime import Runtime, SparePool, Validator
+from watchd.actions.runtime import CommandPath, Runtime, SparePool, Validator
 from watchd.actions.safety import BreakerLimits
 from watchd.actions.stages import Pipeline
 from watchd.actions.stages.dedup import Deduplicate
@@ -120,6 +120,7 @@ class ActionExecutor:
             metrics,
             generator_url,
             audit=self.store.audit,
+            intents=self.store.intents,
         )
 
         # the pipelines, assembled here once; every one starts by recording (the one place an action is
@@ -149,9 +150,13 @@ class ActionExecutor:
         spares: SparePool | None = None,
         validation: Validator | None = None,
         keep_spare_s: float | None = None,
+        commands: CommandPath | None = None,
     ) -> None:
-        """The engine's services that change the cluster through actions (the hot spares, validation): they
-        must be attached before the executor starts, so that recovery can re-drive their actions."""
+        """The engine's services that change the cluster through actions (the hot spares, validation, the
+        commands to the agents): they must be attached before the executor starts, so that recovery can
+        re-drive their actions."""
+        if commands is not None:
+            self.runtime.commands = GatedCommands(commands, self.leader_gate)
         if spares is not None:
             self.runtime.spares = spares
         if validation is not None:

@@ -24,7 +24,7 @@ IncidentState = Literal["open", "returned", "left_for_a_person"]
 _OUT = {("drain", "drained")}
 _BACK = {("resume", "resumed"), ("validate", "resumed")}
 #: the actions that count as automatic remediations of a node, with the outcome that means one was done
-REMEDIATIONS = {"reboot": "rebooting"}
+REMEDIATIONS = {"reboot": "rebooting", "gpu_reset": "reset"}
 #: outcomes of a remediation that mean no more automatic steps: a person takes over
 LEFT_FOR_A_PERSON = "left_for_a_person"
 

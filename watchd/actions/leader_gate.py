@@ -1,4 +1,5 @@
-"""Leadership as one gate: asked before every side effect (scheduler calls, alerts, webhooks).
+"""Leadership as one gate: asked before every side effect (scheduler calls, commands to the agents, alerts,
+webhooks).
 
 :meth:`LeaderGate.refusal` waits (bounded) for leadership, then confirms it with the authority (for the
 database lease: the fencing token is still current), so a leader deposed while it waited, or paused past its
@@ -9,6 +10,7 @@ after the drain batcher's round and the breaker's count."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from watchd.integrations.base import (
     DrainResult,
@@ -20,6 +22,10 @@ from watchd.integrations.base import (
     Scheduler,
 )
 from watchd.integrations.leadership import AlwaysLeader, Leadership
+from watchd.model.commands import Command, CommandResult
+
+#: the outcome of a command a deposed leader did not queue
+NOT_LEADER = "not_leader"
 
 
 class LeaderGate:
@@ -88,3 +94,27 @@ class GatedScheduler:
         if refusal is not None:
             return RebootResult(node, "failed", refusal)
         return await self.inner.reboot(node, reason)
+
+
+class CommandPathLike(Protocol):
+    async def run(self, command: Command, timeout_s: float) -> CommandResult: ...
+
+    def last_poll_s(self, node: str) -> float | None: ...
+
+
+class GatedCommands:
+    """The commands to the agents with each one asked through the gate right before it is queued: a deposed
+    leader queues nothing (and hands nothing out: the command routes answer only while leading)."""
+
+    def __init__(self, commands: CommandPathLike, gate: LeaderGate) -> None:
+        self.inner = commands
+        self._gate = gate
+
+    async def run(self, command: Command, timeout_s: float) -> CommandResult:
+        refusal = await self._gate.now(f"{command.kind} on {command.node}")
+        if refusal is not None:
+            return CommandResult(command.id, NOT_LEADER, refusal)
+        return await self.inner.run(command, timeout_s)
+
+    def last_poll_s(self, node: str) -> float | None:
+        return self.inner.last_poll_s(node)

@@ -35,6 +35,9 @@ class Outcome(StrEnum):
     NO_SPARE = "no_spare"  # none was held in the node's partition
     NO_CHECKS = "no_checks"  # validation asked of an engine without checks
     REBOOTING = "rebooting"  # a reboot was asked for: the node comes back out of service, then is validated
+    RESET = "reset"  # the node's agent reset its GPU: the node is still out of service, validated next
+    # the node's agent could not reset its GPU (refused, failed, no answer): still out; the rules decide
+    NOT_RESET = "not_reset"
     # too many automatic remediations of the node in the window: none more, a person takes over
     LEFT_FOR_A_PERSON = "left_for_a_person"
     # it began changing the cluster and could not finish (leadership lost, the scheduler refused its last

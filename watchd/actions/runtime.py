@@ -15,7 +15,9 @@ from watchd.clock import Clock
 from watchd.engine.metrics import EngineMetrics
 from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.integrations.webhook.sender import WebhookSender
+from watchd.model.commands import Command, CommandResult
 from watchd.model.validation import Validation
+from watchd.store.intents import Intent
 
 SchedulerCall = Callable[[Scheduler, DrainBatcher], Awaitable[ActionResult]]
 
@@ -65,6 +67,25 @@ class AuditReader(Protocol):
         ...
 
 
+class CommandPath(Protocol):
+    """The engine's commands to the agents (:class:`~watchd.actions.agent_commands.AgentCommands`)."""
+
+    async def run(self, command: Command, timeout_s: float) -> CommandResult:
+        """Queue ``command`` for its node's agent; its result, or the engine's own outcome when none came in
+        ``timeout_s`` (``expired``, ``unanswered``) or it could not be queued (``not_queued``)."""
+        ...
+
+    def last_poll_s(self, node: str) -> float | None:
+        """Seconds since the agent of ``node`` last asked for its commands (None: never, since the start)."""
+        ...
+
+
+class IntentReader(Protocol):
+    def under(self, key: str, limit: int = 100) -> list[Intent]:
+        """The last ``limit`` intents under ``key``, finished or not, oldest first."""
+        ...
+
+
 @dataclass(slots=True)
 class Runtime:
     scheduler: Scheduler | None
@@ -81,6 +102,10 @@ class Runtime:
     keep_spare_s: float = 600.0
     #: the audit trail, for the limits that count what was done before (automatic remediations per node)
     audit: AuditReader | None = None
+    #: the intents, for what an action must find again when it is driven again (a command's stable id)
+    intents: IntentReader | None = None
+    #: the commands to the agents (a GPU reset), attached by the engine
+    commands: CommandPath | None = None
 
     async def scheduled(self, kind: str, call: SchedulerCall) -> ActionResult:
         """One call to the scheduler, timed (``watchd_action_duration_seconds``); a SchedulerError is the

@@ -1,5 +1,6 @@
 """The action pipeline's config sections: the cooldown and concurrency of actions (``actions:``), the
-blast-radius breaker (``safety:``) and the watch over the reboots watchd asked for (``remediation:``)."""
+blast-radius breaker (``safety:``) and the watch over the reboots and GPU resets watchd asked for
+(``remediation:``)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,5 @@ class RemediationConfig(Strict):
 
     poll_s: Seconds = 15.0
     return_timeout_s: Seconds = 1800.0
+    #: commands waiting for their agents (a GPU reset each) across the fleet; more are not queued
+    max_commands: Annotated[int, Field(ge=1)] = 10_000

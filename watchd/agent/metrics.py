@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from watchd.httputil import standard_metrics
 from watchd.ib.metrics import IbPortCollector
 
 
@@ -11,6 +12,7 @@ class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        standard_metrics(r, "agent")  # process_*, python_info, watchd_build_info; no *_created
         self.lines = Counter("watchd_agent_log_lines", "Log lines read, by source.", ["source"], registry=r)
         self.events = Counter(
             "watchd_agent_events",
@@ -25,6 +27,8 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
+        for reason in ("queue_full", "rejected", "invalid", "shutdown", "trainlog_rate"):  # 0 from the start
+            self.dropped.labels(reason)
         self.requests = Counter(
             "watchd_agent_ship_requests",
             "Requests to the engine, by outcome.",
@@ -114,6 +118,27 @@ class AgentMetrics:
         self.ib_unreadable = Counter(
             "watchd_agent_ib_files_unreadable",
             "Port files that exist but could not be read (EIO, EACCES, a driver error), each time.",
+            registry=r,
+        )
+
+        # the engine's commands (a GPU reset; docs/remediation.md)
+        self.commands = Counter(
+            "watchd_agent_commands_run",
+            "Commands the engine asked of this agent, by command and how each ended (done, refused, failed).",
+            ["command", "outcome"],
+            registry=r,
+        )
+        self.command_polls = Counter(
+            "watchd_agent_command_polls",
+            "Polls for the node's commands, by result (ok, unreachable, refused, unsupported, invalid).",
+            ["result"],
+            registry=r,
+        )
+        self.command_seconds = Histogram(
+            "watchd_agent_command_duration_seconds",
+            "How long a command took to run on the node (a GPU reset: seconds).",
+            ["command"],
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
             registry=r,
         )
 

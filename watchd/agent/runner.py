@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from functools import partial
@@ -12,6 +13,8 @@ from types import TracebackType
 from aiohttp import web
 
 from watchd.agent.advice import EngineAdvice
+from watchd.agent.commands import CommandMemory, CommandRunner
+from watchd.agent.gpu_reset import gpu_reset_executor
 from watchd.agent.heartbeat_server import HeartbeatServer
 from watchd.agent.metrics import AgentMetrics
 from watchd.agent.settings import AgentConfig
@@ -20,10 +23,11 @@ from watchd.agent.xid_dedup import XidDeduplicator
 from watchd.clock import SystemClock
 from watchd.gpu.jobs import JobResolver
 from watchd.gpu.metrics import GpuCollector
-from watchd.gpu.registry import backend_from_config
+from watchd.gpu.registry import backend_from_config, resetter_from_config
 from watchd.gpu.sampler import GpuSampler
 from watchd.httputil import metrics_handler, serve
 from watchd.logs import get_logger
+from watchd.model.commands import GPU_RESET
 from watchd.model.events import Event, stable_id
 from watchd.security import engine_client_tls, listener_tls
 from watchd.sources.base import LogLine, LogSource
@@ -59,7 +63,7 @@ def gpu_sampler_from_config(
     backend = backend_from_config(gpu, kernel_log)
     if backend is None:
         return None
-    collector = GpuCollector()
+    collector = GpuCollector(job_label=gpu.job_label)
     metrics.registry.register(collector)
     up = metrics.source_up.labels(backend.name)
     return GpuSampler(
@@ -142,6 +146,7 @@ class Agent:
             e.timeout_s,
             engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
         )
+        self.commands = self._command_runner(config)
         self.heartbeat = (
             HeartbeatServer(
                 config.heartbeat, config.node, SystemClock(), self.metrics, self._emit, advice=self.advice
@@ -153,10 +158,31 @@ class Agent:
         self._tasks: list[asyncio.Task[None]] = []
         self._stack = AsyncExitStack()
 
+    def _command_runner(self, config: AgentConfig) -> CommandRunner | None:
+        """What the engine may ask of this node (a GPU reset), polled with the agents' token."""
+        commands, e = config.commands, config.engine
+        if not commands.enabled:
+            return None
+        backend = self.gpu.backend if self.gpu is not None else None
+        resetter = resetter_from_config(commands.gpu_reset, backend, config.sources.gpu.proc_root)
+        return CommandRunner(
+            config.node,
+            e.url,
+            e.auth.resolve("engine.auth"),
+            self.metrics,
+            {GPU_RESET: gpu_reset_executor(resetter, self.gpu)},
+            poll_s=commands.poll_s,
+            timeout_s=e.timeout_s,
+            memory=CommandMemory(commands.state_file, time.time()),
+            tls=engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
+        )
+
     async def __aenter__(self) -> Agent:
         await self._stack.__aenter__()
         try:
             self._spawn(self.shipper.run(), "shipper")
+            if self.commands is not None:
+                self._spawn(self.commands.run(), "commands")
             for source in self.sources:
                 self._spawn(self._watch(source), f"source-{source.name}")
             for event_source in self.event_sources:

@@ -1,5 +1,6 @@
 """The agent's own config sections: the engine it ships to (``engine:``), the shipper's batching and
-back-off (``shipper:``), and the local heartbeat endpoint (``heartbeat:``; docs/heartbeats.md). Pydantic
+back-off (``shipper:``), the local heartbeat endpoint (``heartbeat:``; docs/heartbeats.md), and what the
+engine may ask of it (``commands:``; docs/remediation.md). Pydantic
 and watchd's vocabulary only: aiohttp is not imported to load a config."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from watchd.credentials import TokenSource
+from watchd.gpu.settings import GpuResetConfig
 from watchd.http_settings import HttpConfig, Listen, Port
 from watchd.logs import LogConfig
 from watchd.model.durations import Seconds
@@ -92,6 +94,19 @@ class HeartbeatConfig(Strict):
         return self
 
 
+class CommandsConfig(Strict):
+    """What the engine may ask the agent to do on its node (a GPU reset; docs/remediation.md): the agent
+    asks for its node's commands every ``poll_s``, runs each at most once (the ids it ran are kept in
+    ``state_file``, so a restart does not run one again) and reports the result."""
+
+    enabled: bool = True
+    poll_s: Seconds = 10.0
+    # the ids run and their results (at most MAX_REMEMBERED); null: in memory only (a restarted agent
+    # refuses a command it may have run before: docs/remediation.md)
+    state_file: Path | None = Path("/var/lib/watchd-agent/commands.json")
+    gpu_reset: GpuResetConfig = GpuResetConfig()
+
+
 class AgentConfig(Strict):
     # NODE_NAME: the Kubernetes node name from the downward API (the DaemonSet sets it)
     node: str = Field(
@@ -102,4 +117,5 @@ class AgentConfig(Strict):
     sources: SourcesConfig = SourcesConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     shipper: ShipperConfig = ShipperConfig()
+    commands: CommandsConfig = CommandsConfig()
     log: LogConfig = LogConfig()

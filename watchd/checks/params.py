@@ -170,12 +170,14 @@ class SlurmCheckRunner(Strict):
 
 
 class KubernetesCheckRunner(Strict):
-    namespace: str = "watchd"
+    namespace: str = "watchd-checks"  # the shipped manifests' (Pod Security baseline)
     image: str = "nvcr.io/nvidia/pytorch:24.04-py3"
     gpu_resource: str = "nvidia.com/gpu"
     gpus: Annotated[int, Field(ge=0)] = 8  # requested by the check's pod (every GPU of the node)
     poll_interval_s: Annotated[float, Field(gt=0)] = 2.0
     grace: Duration = 30.0  # past the time limit the Job is deleted and counted as timed out
+    #: multi-node checks (nccl-pair): the pods use their nodes' network (rank 0 reached at its node's address)
+    host_network: bool = False
 
 
 class ChecksConfig(Strict):
@@ -192,7 +194,7 @@ class ChecksConfig(Strict):
     kubernetes: KubernetesCheckRunner = KubernetesCheckRunner()
     #: event kinds that start `watchd node validate` on their node by themselves (a reboot watchd asked for
     #: is over; a repair system's ``node_repaired``): only nodes watchd drained are validated, as by hand
-    auto_validate: list[str] = Field(default_factory=lambda: ["node_rebooted"])
+    auto_validate: list[str] = Field(default_factory=lambda: ["node_rebooted", "node_gpu_reset"])
     risk: RiskWeights = RiskWeights()  # the risk planner's weights and the switch topology
 
     @model_validator(mode="after")

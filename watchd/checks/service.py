@@ -41,6 +41,7 @@ from watchd.checks.runner import (
     RunOutput,
 )
 from watchd.checks.schedule import trigger_for
+from watchd.checks.verdict import tag
 from watchd.checks.views import CheckViews
 from watchd.clock import Clock
 from watchd.logs import get_logger
@@ -498,6 +499,7 @@ class CheckService(CheckViews):
         self._validating.add(node)
         results: list[RunResult] = []
         evidence: list[str] = []
+        tags: list[str] = []  # what sinfo -R shows of the reason: the failed checks and their figures
         try:
             try:
                 await self.runner.begin_validation(node, sum(s.time_limit for s in specs))
@@ -527,12 +529,13 @@ class CheckService(CheckViews):
                     results.append(run_result(event))
                     if not verdict.passed:
                         evidence.append(verdict.evidence)
+                        tags.append(tag(spec.name, verdict.figures))
             except BaseException:
                 with contextlib.suppress(Exception):
-                    await self.runner.end_validation(node, False, "validation interrupted")
+                    await self.runner.end_validation(node, False, "validate interrupted")
                 raise
             passed = not evidence
-            reason = "validation failed: " + "; ".join(evidence) if evidence else ""
+            reason = f"validate {', '.join(tags)}: {'; '.join(evidence)}" if evidence else ""
             try:
                 done = await self.runner.end_validation(node, passed, reason)
             except RunnerError as exc:

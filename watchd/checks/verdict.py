@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from watchd.model.events import Scalar
 
-__all__ = ["Verdict", "gbps", "last_line", "one_line"]
+__all__ = ["Verdict", "gbps", "last_line", "one_line", "tag"]
 
 _MAX_EVIDENCE = 300
 
@@ -27,6 +27,20 @@ class Verdict:
     def busbw(self) -> float | None:
         v = self.figures.get("busbw_gbps")
         return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def tag(check: str, figures: Mapping[str, Scalar]) -> str:
+    """A failed check in a few characters, as a drain reason for it starts (``sinfo -R`` shows 12 characters
+    after ``watchd: ``): ``nccl #wrong 3``, ``nccl 312GB/s``, ``dcgm pcie,memory``, ``NAME failed``. The
+    default pack's check-failed rule writes the same from the event's figures."""
+    wrong, busbw, failed = figures.get("wrong"), figures.get("busbw_gbps"), figures.get("failed_tests")
+    if isinstance(wrong, int | float) and not isinstance(wrong, bool) and wrong:
+        return f"{check} #wrong {wrong:g}"
+    if isinstance(busbw, int | float) and not isinstance(busbw, bool):
+        return f"{check} {round(busbw)}GB/s"
+    if isinstance(failed, str) and failed:
+        return f"{check} {failed}"
+    return f"{check} failed"
 
 
 def gbps(x: float) -> str:

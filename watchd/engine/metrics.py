@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from watchd.httputil import standard_metrics
+
+#: the actions timed in the scheduler (``ActionRuntime.scheduled``): their histogram series exist from start
+SCHEDULER_ACTIONS = ("drain", "requeue", "resume", "reboot", "gpu_reset")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -11,6 +15,7 @@ class EngineMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        standard_metrics(r, "engine")  # process_*, python_info, watchd_build_info; no *_created
         self.events_received = Counter(
             "watchd_events_received",
             "Events accepted by ingest, by source and kind.",
@@ -86,6 +91,10 @@ class EngineMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # every action that calls the scheduler, at 0 from the start: a series born at its first observation
+        # has no rate() in Prometheus until the second
+        for action in SCHEDULER_ACTIONS:
+            self.action_duration.labels(action)
         self.event_age = Histogram(
             "watchd_event_age_seconds",
             "From an event's observation on the node until its arrival at ingest.",

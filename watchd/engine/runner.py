@@ -16,6 +16,7 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
 
+from watchd.actions.agent_commands import AgentCommands
 from watchd.actions.audit import MemoryAudit
 from watchd.actions.executor import ActionExecutor, Pools
 from watchd.actions.handler import Mode
@@ -31,6 +32,7 @@ from watchd.config import EngineConfig
 from watchd.detect.correlator import Correlator
 from watchd.detect.service import Detectors
 from watchd.engine.dedup import SeenIds
+from watchd.engine.housekeeping import prune
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.privileges import privileges
 from watchd.engine.rule_keeper import RuleKeeper
@@ -38,10 +40,10 @@ from watchd.engine.server import Accepted, make_app
 from watchd.engine.status import EngineStatus
 from watchd.fleetview.watch import FleetWatch
 from watchd.httputil import HttpLimits, serve
-from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier
+from watchd.integrations.alertmanager.notifier import AlertmanagerNotifier, notifier_from_settings
 from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.integrations.leadership import AlwaysLeader, Leadership
-from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler
+from watchd.integrations.registry import ElectedLeadership, build_leadership, build_scheduler, collectors
 from watchd.integrations.webhook.sender import WebhookSender
 from watchd.jobs.model import JobProvider, job_providers_of
 from watchd.logs import get_logger
@@ -76,6 +78,7 @@ class Engine:
     token: str | None
     reliability: Reliability
     fleet: FleetWatch
+    commands: AgentCommands
 
     def __init__(
         self,
@@ -335,10 +338,9 @@ class Engine:
             await privileges(self.scheduler, self.metrics.scheduler_privileged)
         self._build_executor()
         self.subsystems = self._build_subsystems()
-        for subsystem in self.subsystems:
-            for collector in subsystem.collectors():
-                self.metrics.registry.register(collector)
-                stack.callback(self.metrics.registry.unregister, collector)
+        for collector in [*(c for s in self.subsystems for c in s.collectors()), *collectors(self.config)]:
+            self.metrics.registry.register(collector)
+            stack.callback(self.metrics.registry.unregister, collector)
         self._observers = [  # those that observe anything
             s.observe
             for s in self.subsystems
@@ -407,13 +409,8 @@ class Engine:
     def _build_executor(self) -> None:
         config = self.config
         self.alerts = (
-            AlertmanagerNotifier(
-                config.alertmanager.urls,
-                registry=self.metrics.registry,
-                clock=self.clock,
-                resend_interval=config.alertmanager.resend_interval_s,
-                timeout=config.alertmanager.timeout_s,
-                periodic=self.periodic,
+            notifier_from_settings(
+                config.alertmanager, registry=self.metrics.registry, clock=self.clock, periodic=self.periodic
             )
             if config.alertmanager.urls
             else None
@@ -488,14 +485,19 @@ class Engine:
             self.checks = service
             subsystems.append(Checks(service, self.validate, frozenset(config.checks.auto_validate)))
         audit, remediation = self.store.audit, config.remediation
+        self.commands = AgentCommands(
+            self.clock, self.metrics.registry, max_pending=remediation.max_commands, leading=leading
+        )
         subsystems += [
             self.usage,
             Remediation(self.scheduler, audit, remediation, self.clock, self.emit, leading),
+            self.commands,  # the agents' commands (a GPU reset): in memory, their actions' intents durable
         ]
         self.executor.attach(
             spares=self.fleet,
             validation=self.checks,
             keep_spare_s=config.spares.keep_for_requeued_s,
+            commands=self.commands,
         )
         return subsystems
 
@@ -541,19 +543,8 @@ class Engine:
             _log.warning("pools_unavailable", error=str(exc))
 
     async def _prune(self) -> None:
-        if self.following() is not None:
-            return  # the leader prunes the shared store
-        now = self.clock.now()
-        retention = now - self.config.state.audit_retention_days * 86400
-        self.store.audit.prune(retention)
-        self.store.breaker.prune(now - max(self.config.safety.window_s, 86400.0))
-        self.store.intents.prune_cooldowns(now)
-        # resolved held actions and finished intents past the audit's retention (held ones and unfinished
-        # intents are never pruned): the tables stay bounded by the rate of actions, not by uptime
-        self.store.held.prune(retention)
-        self.store.intents.prune(retention)
-        self.store.checks.prune(retention)
-        self.reliability.prune(now)
+        if self.following() is None:  # the leader prunes a shared store
+            prune(self.store, self.config, self.reliability, self.clock.now())
 
     # ---------------------------------------------------------------------------------------- the stream
 

@@ -29,6 +29,7 @@ from watchd.httputil import (
     read_body,
 )
 from watchd.logs import get_logger
+from watchd.model.commands import AGENT_PREFIX
 from watchd.model.events import INGEST_PATH, Event, WireError, batch_from_wire
 from watchd.model.registry import ALL_KINDS
 from watchd.model.reliability import JOB_ADVICE_PATH
@@ -307,7 +308,9 @@ def make_app(
 
     middlewares = [
         errors_as_json("request_failed"),
-        auth_middleware(credentials, INGEST_PATH, denied, agent_reads=(JOB_ADVICE_PATH,)),
+        auth_middleware(
+            credentials, INGEST_PATH, denied, agent_reads=(JOB_ADVICE_PATH,), agent_prefix=AGENT_PREFIX
+        ),
         leader_only,
     ]
     app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)

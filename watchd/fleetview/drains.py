@@ -79,12 +79,20 @@ AGE_BUCKETS: tuple[tuple[str, float], ...] = (
 )
 
 _WATCHD_CLASSES = (
-    (re.compile(r"\bxid\b", re.I), "xid"),
+    (
+        re.compile(r"^\w+: hang\b", re.I),
+        "hang",
+    ),  # the pack's hang reasons start so, whatever evidence follows
+    (re.compile(r"\bxid ?\d*\b", re.I), "xid"),  # "Xid79 3b:00 ..." (the pack's), "Xid 79 ..." (before)
     (re.compile(r"\b(hang|stall|stalled|nccl)\b", re.I), "hang"),
     (re.compile(r"\bstraggl", re.I), "straggler"),
     (re.compile(r"\blemon\b", re.I), "lemon"),
     (
-        re.compile(r"\b(ecc|row.?remap|pcie|nvlink|thermal|power.?brake|slowdown|gpu lost|fallen off)", re.I),
+        re.compile(
+            r"\b(ecc|row.?remap|pcie|nvlink|thermal|power.?brake|slowdown|gpu ?\d* lost|fallen off"
+            r"|reset needed)",
+            re.I,
+        ),
         "gpu_health",
     ),
 )

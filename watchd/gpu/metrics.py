@@ -3,6 +3,13 @@
 A custom collector rather than gauges set per sample: the work happens once per scrape, a GPU that
 disappears disappears from the output, and the driver's own monotonic counters (energy, ECC, PCIe replays,
 NVLink errors) are exposed as counters. Names and their dcgm-exporter equivalents: docs/gpu-metrics.md.
+
+Every per-GPU series is keyed by the GPU alone (``gpu``, ``uuid``, ``pci_bus_id``, ``model``): a job that
+starts or ends changes no series, so ``rate()`` and ``increase()`` over a lifetime counter see one series
+per GPU. Which job holds a GPU is one more series, ``watchd_gpu_job_info{gpu,uuid,job_id} 1``, present
+while a job holds it, which queries join on ``uuid`` (docs/gpu-metrics.md). The label is not ``job``:
+Prometheus sets ``job`` on every target and would rename ours ``exported_job``. ``job_label=True`` (the
+agent's ``sources.gpu.job_label``) puts the old ``job`` label back on the gauges, never on the counters.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from prometheus_client.registry import Collector
 
 from watchd.gpu.model import GpuSample
 
-LABELS = ["gpu", "uuid", "pci_bus_id", "model", "job"]
+LABELS = ["gpu", "uuid", "pci_bus_id", "model"]
+JOB_INFO = "watchd_gpu_job_info"
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,8 +275,9 @@ SPECS: tuple[_Spec, ...] = (
 class GpuCollector(Collector):
     """Exposes the latest sample of every GPU; ``update`` is called by the sampler."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, job_label: bool = False) -> None:
         self._latest: dict[str, tuple[GpuSample, str]] = {}
+        self.job_label = job_label  # the gauges carry the job too (off by default: docs/gpu-metrics.md)
 
     def update(self, sample: GpuSample, job: str | None) -> None:
         self._latest[sample.gpu.uuid] = (sample, job or "")
@@ -283,19 +292,35 @@ class GpuCollector(Collector):
         rows = sorted(self._latest.values(), key=lambda r: r[0].gpu.index)
         for spec in SPECS:
             family: GaugeMetricFamily | CounterMetricFamily
+            with_job = self.job_label and not spec.counter
+            labels = [*LABELS, "job"] if with_job else LABELS
             if spec.counter:
-                family = CounterMetricFamily(spec.name, spec.help, labels=LABELS)
+                family = CounterMetricFamily(spec.name, spec.help, labels=labels)
             else:
-                family = GaugeMetricFamily(spec.name, spec.help, labels=LABELS)
+                family = GaugeMetricFamily(spec.name, spec.help, labels=labels)
             for sample, job in rows:
                 value = None if sample.lost and spec.name != "watchd_gpu_lost" else spec.value(sample)
                 if value is None and spec.name in ("watchd_gpu_lost",):
                     value = False
                 if value is None:
                     continue
-                gpu = sample.gpu
-                family.add_metric([str(gpu.index), gpu.uuid, gpu.pci_bus_id, gpu.model, job], float(value))
+                values = _gpu_labels(sample)
+                family.add_metric([*values, job] if with_job else values, float(value))
             yield family
+        info = GaugeMetricFamily(
+            JOB_INFO,
+            "1 while a job holds the GPU (from its processes: slurm:<id>, k8s:<pod-uid>); join on uuid.",
+            labels=["gpu", "uuid", "job_id"],
+        )
+        for sample, job in rows:
+            if job:
+                info.add_metric([str(sample.gpu.index), sample.gpu.uuid, job], 1.0)
+        yield info
+
+
+def _gpu_labels(sample: GpuSample) -> list[str]:
+    gpu = sample.gpu
+    return [str(gpu.index), gpu.uuid, gpu.pci_bus_id, gpu.model]
 
 
 def dcgm_mapping_markdown() -> str:

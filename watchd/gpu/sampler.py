@@ -4,7 +4,8 @@ and window summaries, keep the metrics current, and turn NVML's Xid events into 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 from watchd.clock import Clock, SystemClock
 from watchd.gpu.backend import GpuBackend
@@ -52,6 +53,10 @@ class GpuSampler:
         self.summaries = WindowSummarizer(window_s=summary_window_s, source=backend.name)
         self.gpus: list[GpuIdentity] = []
         self.samples_taken = 0
+        # held around each blocking call of the backend: a pause (a GPU reset) takes both
+        self._sampling = asyncio.Lock()
+        self._waiting = asyncio.Lock()
+        self._open = False
 
     async def run(self) -> None:
         try:
@@ -61,12 +66,14 @@ class GpuSampler:
             self._on_up(False)
             return
         self._on_up(True)
+        self._open = True
         _log.info("gpu_backend_open", backend=self.backend.name, gpus=len(self.gpus))
         xids = asyncio.create_task(self._watch_xids(), name="gpu-xids")
         try:
             while True:
                 started = self._clock.monotonic()
-                samples = await asyncio.to_thread(self._sample_all, self._clock.now())
+                async with self._sampling:
+                    samples = await asyncio.to_thread(self._sample_all, self._clock.now())
                 self.observe(samples)
                 await asyncio.sleep(max(0.0, self.interval_s - (self._clock.monotonic() - started)))
         finally:
@@ -74,7 +81,29 @@ class GpuSampler:
             await asyncio.gather(xids, return_exceptions=True)
             for event in self.summaries.flush(self.node):
                 self._emit(event)
+            async with self._sampling, self._waiting:
+                self._open = False
+                await asyncio.to_thread(self.backend.close)
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """No backend call while inside (a GPU reset: NVML open in the agent would make nvidia-smi refuse
+        it); the backend is closed on entry and opened again on exit, which enumerates the GPUs again."""
+        async with self._sampling, self._waiting:
+            if not self._open:
+                yield
+                return
             await asyncio.to_thread(self.backend.close)
+            _log.info("gpu_sampling_paused", backend=self.backend.name)
+            try:
+                yield
+            finally:
+                try:
+                    self.gpus = await asyncio.to_thread(self.backend.open)
+                    _log.info("gpu_backend_open", backend=self.backend.name, gpus=len(self.gpus))
+                except BackendUnavailable as exc:
+                    self.gpus = []
+                    _log.error("gpu_backend_unavailable", backend=self.backend.name, reason=str(exc))
 
     def _sample_all(self, now: float) -> list[GpuSample]:
         out = []
@@ -103,7 +132,8 @@ class GpuSampler:
     async def _watch_xids(self) -> None:
         while True:
             try:
-                found = await asyncio.to_thread(self.backend.wait_xids, 1.0)
+                async with self._waiting:
+                    found = await asyncio.to_thread(self.backend.wait_xids, 1.0)
             except Exception as exc:  # events unsupported or the library broke: the kernel log still has them
                 _log.warning("gpu_xid_events_unavailable", backend=self.backend.name, error=str(exc))
                 return

@@ -1,5 +1,6 @@
-"""The agent's ``sources.gpu`` section: which GPU backend is read, how often, and the NVML cadences.
-Pydantic and watchd's vocabulary only: pynvml is not imported to load a config."""
+"""The agent's ``sources.gpu`` section: which GPU backend is read, how often, and the NVML cadences; and
+``commands.gpu_reset``: how the agent resets a GPU when the engine asks. Pydantic and watchd's vocabulary
+only: pynvml is not imported to load a config."""
 
 from __future__ import annotations
 
@@ -25,9 +26,24 @@ class GpuSourceConfig(Strict):
     # (4 ms CPU a read on an H200; the power integral in between)
     nvml_slow_interval_s: Seconds = 10.0
     nvml_energy_interval_s: Annotated[float, Field(ge=1.0, le=300.0)] = 30.0
+    # the per-GPU gauges also carry the job holding the GPU (as before watchd_gpu_job_info): every job change
+    # starts new series. Counters never carry it (increase() would break). docs/gpu-metrics.md
+    job_label: bool = False
 
     @model_validator(mode="after")
     def _scenario_for_fake(self) -> GpuSourceConfig:
         if self.backend == "fake" and self.scenario is None:
             raise ValueError("backend fake needs a scenario file")
         return self
+
+
+class GpuResetConfig(Strict):
+    """How the agent resets a GPU (the engine's ``gpu_reset`` command; docs/remediation.md)."""
+
+    # auto: the fake over the simulated GPUs when sources.gpu.backend is fake, else nvidia-smi
+    backend: Literal["auto", "nvidia-smi", "fake"] = "auto"
+    nvidia_smi: str = "nvidia-smi"  # the NVIDIA driver's utility (a path, or a name on PATH)
+    timeout_s: Seconds = 120.0  # for one nvidia-smi --gpu-reset
+    # the fake: how long a reset takes (seconds on real hardware), and a file it appends each reset to
+    fake_delay_s: Annotated[float, Field(ge=0)] = 3.0
+    fake_log: Path | None = None

@@ -17,6 +17,8 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Protocol, cast
 
+from prometheus_client.registry import Collector
+
 from watchd.errors import ConfigError
 from watchd.integrations.base import Scheduler
 from watchd.integrations.kubernetes.settings import KubernetesConfig
@@ -63,6 +65,17 @@ def builder(name: str) -> Callable[[SchedulerSettings], Scheduler]:
         raise ConfigError(f"unknown scheduler {name!r} (known: {', '.join(sorted(SCHEDULERS))})")
     module, _, function = target.partition(":")
     return cast(Callable[[SchedulerSettings], Scheduler], getattr(importlib.import_module(module), function))
+
+
+def collectors(config: IntegrationsConfig) -> list[Collector]:
+    """The integrations' own metrics for the engine's registry: ``watchd_slurm_calls_total`` (how often
+    watchd asks Slurm) when Slurm is enabled."""
+    slurm = config.scheduler_settings().get("slurm")
+    if slurm is None or not slurm.enabled:
+        return []
+    from watchd.integrations.slurm.calls import SlurmCallsCollector
+
+    return [SlurmCallsCollector()]
 
 
 def build_scheduler(config: IntegrationsConfig) -> Scheduler | None:

@@ -1,5 +1,5 @@
 """What a job provider reports: running jobs and where they run. One interface, several providers
-(Slurm ``squeue --json``, Kubernetes pods, a fake for tests)."""
+(Slurm ``squeue --states=RUNNING``, Kubernetes pods, a fake for tests)."""
 
 from __future__ import annotations
 

@@ -43,6 +43,7 @@ KINDS: Mapping[str, type[Attrs]] = MappingProxyType(
         reboot.REBOOTED_KIND: reboot.NodeRebooted,  # a reboot watchd asked for is over
         reboot.OVERDUE_KIND: reboot.NodeRebootOverdue,
         ib.KIND: ib.IbPortHealth,  # InfiniBand/RoCE ports, from the agent's sysfs reader
+        reboot.GPU_RESET_KIND: reboot.NodeGpuReset,  # the node's agent reset its GPUs as watchd asked
         # issue 19: what the training stack says (PyTorch watchdog, NCCL, Flight Recorder)
         **{cls.KIND: cls for cls in trainlog.KINDS},
     }

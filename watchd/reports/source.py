@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from watchd.errors import UsageError
+from watchd.integrations.slurm.calls import count_call
 from watchd.model.hostlist import expand_hostlist
 from watchd.reports.model import Accounting, JobRecord, PendingJob, ShareRecord
 from watchd.reports.parse import (
@@ -84,6 +85,7 @@ class SlurmAccounting:
         self.squeue, self.sacct, self.sshare = squeue, _beside(squeue, "sacct"), _beside(squeue, "sshare")
 
     def _run(self, argv: list[str]) -> tuple[bool, str]:
+        count_call(argv[0])
         try:
             res = subprocess.run(
                 argv, env=self.env, capture_output=True, text=True, timeout=self.timeout_s, check=False

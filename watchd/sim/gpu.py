@@ -113,6 +113,7 @@ class FakeGpuBackend:
         self._closed = False
         self._cond = threading.Condition()
         self.gpus: tuple[GpuIdentity, ...] = tuple(self._identity(i) for i in range(scenario.gpus.count))
+        self._reset_at: dict[int, float] = {}  # GPU index -> scenario time of its last reset
         #: every kernel line emitted so far, in order (also given to on_kernel_log)
         self.kernel_log: list[str] = []
 
@@ -182,7 +183,28 @@ class FakeGpuBackend:
 
     def _faults_of(self, index: int) -> list[Fault]:
         count = self.scenario.gpus.count
-        return [f for f in list(self._faults) if index in f.gpu_indices(count)]
+        reset = self._reset_at.get(index)
+        return [
+            f for f in list(self._faults) if index in f.gpu_indices(count) and (reset is None or f.at > reset)
+        ]
+
+    # ------------------------------------------------------------------------------------------ a GPU reset
+
+    def processes(self, index: int) -> tuple[int, ...]:
+        """The compute processes holding GPU ``index`` (the scenario's training job holds every GPU)."""
+        return self._pids(index) if self.scenario.load == "training" else ()
+
+    def lost(self, index: int, now: float) -> bool:
+        """Whether GPU ``index`` has fallen off the bus at ``now`` (no reset brings it back)."""
+        t = now - self.start_time
+        return any(isinstance(f, FallOffBus) and f.active(t) for f in self._faults_of(index) if f.started(t))
+
+    def reset(self, indices: Iterable[int], now: float) -> None:
+        """A GPU reset of ``indices`` at ``now``: the faults that had started on them are over (their kernel
+        lines and Xids stay emitted); faults due later still come."""
+        with self._cond:
+            for index in indices:
+                self._reset_at[index] = now - self.start_time
 
     def _observe(self, now: float) -> None:
         """Emit the kernel lines and Xids of every fault that has started by ``now`` (once each)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["normalize_pci"]
+__all__ = ["normalize_pci", "short_pci"]
 
 # [domain:]bus:device[.function]; the domain is 4 to 8 hex digits (Linux prints at least 4, NVML 8, VMD
 # domains have 5), bus and device are 2 hex digits, the function one octal digit.
@@ -43,3 +43,21 @@ def normalize_pci(text: str) -> str | None:
     if dev > _MAX_DEVICE:
         return None
     return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
+def short_pci(text: object) -> str:
+    """A GPU's PCI address in as few characters as tell it from the node's other GPUs, for a drain reason
+    that ``sinfo -R`` shows 20 characters of: ``bb:dd`` (``0000:3b:00.0`` -> ``3b:00``); a non-zero domain
+    stays, without its leading zeros (``0009:01:00.0`` -> ``9:01:00``: GPUs of one node may differ by domain
+    alone), and so does a function other than 0. Anything that is not a PCI address is returned as it is.
+
+    >>> short_pci("0000:3b:00.0"), short_pci("0009:01:00.0"), short_pci("?")
+    ('3b:00', '9:01:00', '?')
+    """
+    norm = normalize_pci(str(text))
+    if norm is None:
+        return str(text)
+    domain, bus, rest = norm.split(":")
+    dev, fn = rest.split(".")
+    short = f"{bus}:{dev}" if fn == "0" else f"{bus}:{dev}.{fn}"
+    return short if int(domain, 16) == 0 else f"{int(domain, 16):x}:{short}"

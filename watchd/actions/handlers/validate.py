@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from watchd.rules.decision import PlannedAction
 
 #: the drain reason when a restart interrupted a validation after the drain was lifted
-INTERRUPTED = "validation interrupted by an engine restart before every check passed"
+INTERRUPTED = "validate interrupted: an engine restart came before every check passed"
 
 _OUTCOMES = {
     "resumed": Outcome.RESUMED,

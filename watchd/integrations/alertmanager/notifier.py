@@ -33,7 +33,9 @@ manager does *not* resolve the firing alerts (a restart must not flap them).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import base64
+import ssl
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
@@ -42,6 +44,9 @@ from typing import TypedDict
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from watchd.clock import Clock, SystemClock
+from watchd.errors import ConfigError
+from watchd.httputil import client_tls
+from watchd.integrations.alertmanager.settings import AlertmanagerConfig
 from watchd.integrations.alerts import Alert
 from watchd.integrations.webhook.sender import WebhookResult, WebhookSender, redact_url
 from watchd.logs import get_logger
@@ -135,7 +140,11 @@ class AlertmanagerNotifier:
     ``urls`` are Alertmanager base URLs (``http://am-1:9093``, with the route prefix if one is set); every
     one is notified. ``fire``/``resolve`` send at once and return when each Alertmanager has answered or
     its attempts are spent: at most ``max_attempts`` x ``timeout`` plus backoff (one ``timeout`` for an
-    Alertmanager already marked down)."""
+    Alertmanager already marked down).
+
+    ``external_labels`` are added to every alert sent (not to its identity here: ``state()`` shows the
+    alert's own labels); ``headers`` carry the credentials (``Authorization``) and ``tls`` the context for
+    https:// Alertmanagers (a private CA, a client certificate)."""
 
     def __init__(
         self,
@@ -150,6 +159,8 @@ class AlertmanagerNotifier:
         max_backoff: float = 5.0,
         headers: dict[str, str] | None = None,
         periodic: Periodic | None = None,
+        external_labels: Mapping[str, str] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not urls:
             raise ValueError("at least one Alertmanager URL is needed")
@@ -166,7 +177,9 @@ class AlertmanagerNotifier:
             max_backoff=max_backoff,
             headers=headers,
             log_failures=False,
+            tls=tls,
         )
+        self.external_labels = dict(external_labels or {})
         self._receivers: list[_Receiver] = []
         for url in dict.fromkeys(u.rstrip("/") for u in urls):  # de-duplicated, order kept
             rcv = _Receiver(base=url, endpoint=url + ALERTS_PATH, label=redact_url(url))
@@ -281,7 +294,8 @@ class AlertmanagerNotifier:
     # ------------------------------------------------------------- delivery
     def _payload(self, f: _Firing, ends_at: float) -> dict[str, object]:
         return {
-            "labels": dict(f.alert.labels),
+            # the external labels (cluster=...) under the alert's own: an alert's label of that name wins
+            "labels": {**self.external_labels, **f.alert.labels},
             "annotations": dict(f.alert.annotations),
             "startsAt": rfc3339(f.starts_at),
             # Alertmanager refuses endsAt < startsAt (a clock step back, a fake clock): clamp
@@ -336,3 +350,52 @@ class AlertmanagerNotifier:
             alertnames=names,
             marked_down=was_up,
         )
+
+
+def notifier_from_settings(
+    config: AlertmanagerConfig,
+    *,
+    registry: CollectorRegistry,
+    clock: Clock | None = None,
+    periodic: Periodic | None = None,
+) -> AlertmanagerNotifier:
+    """The notifier of the engine's ``alertmanager:`` section: its credentials read (ConfigError naming the
+    key when a secret cannot be), its TLS context loaded (the same for a bad CA or certificate)."""
+    return AlertmanagerNotifier(
+        config.urls,
+        registry=registry,
+        clock=clock,
+        resend_interval=config.resend_interval_s,
+        timeout=config.timeout_s,
+        periodic=periodic,
+        headers=auth_headers(config),
+        external_labels=config.external_labels,
+        tls=alertmanager_tls(config),
+    )
+
+
+def auth_headers(config: AlertmanagerConfig) -> dict[str, str]:
+    """``Authorization`` for the configured credentials (none: no header)."""
+    if config.basic_auth is not None:
+        password = config.basic_auth.resolve("alertmanager.basic_auth")
+        pair = f"{config.basic_auth.username}:{password}".encode()
+        header = "Basic " + base64.b64encode(pair).decode("ascii")
+    elif config.bearer_token is not None:
+        header = "Bearer " + (config.bearer_token.resolve("alertmanager.bearer_token") or "")
+    else:
+        return {}
+    plain = [redact_url(u) for u in config.urls if u.startswith("http://")]
+    if plain:
+        _log.warning("alertmanager_credentials_in_clear", urls=plain, hint="use https:// urls")
+    return {"Authorization": header}
+
+
+def alertmanager_tls(config: AlertmanagerConfig) -> ssl.SSLContext | None:
+    """The client TLS context for https:// Alertmanagers when a CA or a client certificate is configured
+    (else None: aiohttp's default, the system's CAs)."""
+    if config.ca_file is None and config.client_cert is None:
+        return None
+    try:
+        return client_tls(config.ca_file, config.client_cert, config.client_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"alertmanager.ca_file/client_cert/client_key: cannot load: {exc}") from None

@@ -7,6 +7,13 @@ is pending or running asks for GPUs (``checks.kubernetes.gpu_resource``): a runn
 Validation of a node watchd cordoned: the Job tolerates every taint and names the node, so it runs there while
 the node stays cordoned; passed: the scheduler adapter's resume (only what watchd did is undone); failed: the
 node stays cordoned and watchd's drain record carries the new evidence.
+
+A multi-node run (``nccl-pair``): one Job per node, each pinned to its node, started together. Each pod is
+told its place in the environment — ``WATCHD_RANK``, ``WATCHD_WORLD_SIZE``, ``WATCHD_NODES`` (the nodes in
+rank order), ``WATCHD_MASTER_NODE`` — for the site's launcher (an ``mpirun``/``torchrun`` wrapper) to meet;
+with ``checks.kubernetes.host_network`` the pods use their nodes' network, so rank 0 is reached at its node's
+address (and NCCL sees the node's NICs, as nccl-tests across nodes usually needs). Rank 0's Job is the run:
+its log is the output, its end the run's end; the others are deleted with it.
 """
 
 from __future__ import annotations
@@ -51,6 +58,11 @@ def _job_name(job: CheckJob) -> str:
     return f"{base}-{job.run_id.rsplit('.', 1)[-1][:10]}".strip("-")
 
 
+def _rank_name(name: str, rank: int) -> str:
+    """Rank 0's Job is the run's (its name is the handle's); rank ``r``'s is ``<name>-r<r>``."""
+    return name if rank == 0 else f"{name}-r{rank}"
+
+
 class KubernetesCheckRunner:
     name = "kubernetes"
 
@@ -65,8 +77,10 @@ class KubernetesCheckRunner:
         poll_interval_s: float = 2.0,
         grace_s: float = 30.0,
         max_output_bytes: int = 1024 * 1024,
+        host_network: bool = False,
     ) -> None:
         self.scheduler = scheduler
+        self.host_network = host_network
         self.client = scheduler.client
         self.namespace = namespace
         self.image = image
@@ -125,8 +139,16 @@ class KubernetesCheckRunner:
             out[name] = Availability(not why, why, tuple(parts.get(name, ())))
         return out
 
-    def _manifest(self, job: CheckJob, name: str) -> dict[str, Any]:
+    def _manifest(self, job: CheckJob, name: str, rank: int = 0) -> dict[str, Any]:
         container: dict[str, Any] = {"name": "check", "image": self.image, "command": list(job.argv)}
+        if job.peers:
+            nodes = job.nodes
+            container["env"] = [
+                {"name": "WATCHD_RANK", "value": str(rank)},
+                {"name": "WATCHD_WORLD_SIZE", "value": str(len(nodes))},
+                {"name": "WATCHD_NODES", "value": ",".join(nodes)},
+                {"name": "WATCHD_MASTER_NODE", "value": nodes[0]},
+            ]
         if self.gpus:
             container["resources"] = {"limits": {self.gpu_resource: str(self.gpus)}}
         return {
@@ -136,7 +158,11 @@ class KubernetesCheckRunner:
                 "name": name,
                 "namespace": self.namespace,
                 "labels": {"app.kubernetes.io/managed-by": "watchd", "watchd.io/check": job.check},
-                "annotations": {"watchd.io/run": job.run_id, "watchd.io/node": job.node},
+                "annotations": {
+                    "watchd.io/run": job.run_id,
+                    "watchd.io/node": job.nodes[rank],
+                    "watchd.io/ranks": str(len(job.nodes)),
+                },
             },
             "spec": {
                 "backoffLimit": 0,
@@ -147,10 +173,11 @@ class KubernetesCheckRunner:
                         "labels": {"app.kubernetes.io/managed-by": "watchd", "watchd.io/check": job.check}
                     },
                     "spec": {
-                        "nodeName": job.node,
+                        "nodeName": job.nodes[rank],
                         "restartPolicy": "Never",
                         "tolerations": [{"operator": "Exists"}],
                         "containers": [container],
+                        **({"hostNetwork": True} if self.host_network and job.peers else {}),
                     },
                 },
             },
@@ -158,13 +185,19 @@ class KubernetesCheckRunner:
 
     async def submit(self, job: CheckJob) -> JobHandle:
         name = _job_name(job)
-        manifest = self._manifest(job, name)
-        self.created.append(manifest)
-        try:
-            obj = cast(Job, Job.from_dict(manifest))
-            await self.client.create(obj)
-        except _ERRORS as exc:
-            raise RunnerError(describe_error(f"POST jobs {name}", exc)) from exc
+        created: list[str] = []
+        for rank in range(len(job.nodes)):
+            rank_name = _rank_name(name, rank)
+            manifest = self._manifest(job, rank_name, rank)
+            self.created.append(manifest)
+            try:
+                obj = cast(Job, Job.from_dict(manifest))
+                await self.client.create(obj)
+            except _ERRORS as exc:
+                for done in created:  # a group that cannot start whole does not start
+                    await self._delete(done)
+                raise RunnerError(describe_error(f"POST jobs {rank_name}", exc)) from exc
+            created.append(rank_name)
         return JobHandle(
             job.run_id, job.node, name, f"{self.namespace}/{name}", time.time(), job.time_limit_s
         )
@@ -224,6 +257,10 @@ class KubernetesCheckRunner:
                 if failed is not None:
                     kind = "timeout" if failed.reason == "DeadlineExceeded" else "failed"
                 detail = f"{failed.reason}: {failed.message}" if failed is not None else "Complete"
+                annotations = (job.metadata.annotations if job.metadata is not None else None) or {}
+                ranks = annotations.get("watchd.io/ranks", "1")
+                for rank in range(1, min(int(ranks), 64) if ranks.isdigit() else 1):
+                    await self._delete(_rank_name(name, rank))  # the run is rank 0's: the others end with it
                 return RunOutput(
                     kind, output, exit_code if "Complete" not in conditions else 0, detail, None, name
                 )
@@ -241,10 +278,19 @@ class KubernetesCheckRunner:
             await asyncio.sleep(self.poll_interval_s)
 
     async def cancel(self, handle: JobHandle) -> None:
+        ranks = 1
         try:
-            await self.client.delete(
-                Job, handle.job_id, namespace=self.namespace, cascade=CascadeType.BACKGROUND
-            )
+            job = await self.client.get(Job, handle.job_id, namespace=self.namespace)
+            annotations = (job.metadata.annotations if job.metadata is not None else None) or {}
+            ranks = int(annotations.get("watchd.io/ranks", "1"))
+        except (*_ERRORS, ValueError):
+            pass
+        for rank in range(max(1, min(ranks, 64))):
+            await self._delete(_rank_name(handle.job_id, rank))
+
+    async def _delete(self, name: str) -> None:
+        try:
+            await self.client.delete(Job, name, namespace=self.namespace, cascade=CascadeType.BACKGROUND)
         except _ERRORS:
             return
 
@@ -255,8 +301,7 @@ class KubernetesCheckRunner:
         return None  # nothing was set up: the node stayed cordoned
 
     async def lend(self, node: str, partners: Sequence[str]) -> None:
-        if partners:
-            raise RunnerError("pair checks run on Slurm only: a Kubernetes check Job takes one node")
+        return None  # nothing to set up: each Job names its node (the partners are in service, idle)
 
     async def end_validation(self, node: str, passed: bool, reason: str) -> str:
         if passed:
@@ -293,4 +338,5 @@ def runner_from_config(config: Any) -> KubernetesCheckRunner:
         poll_interval_s=c.poll_interval_s,
         grace_s=c.grace,
         max_output_bytes=config.checks.max_output_bytes,
+        host_network=c.host_network,
     )

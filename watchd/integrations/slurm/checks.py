@@ -38,6 +38,7 @@ from typing import Any
 from watchd.checks.params import ChecksConfig
 from watchd.checks.runner import Availability, CheckJob, JobHandle, JobStatus, RunnerError, RunOutput
 from watchd.integrations.base import SchedulerError
+from watchd.integrations.slurm.calls import count_call
 from watchd.integrations.slurm.check_output import REFUSED, UNREADABLE, header, read_output, script
 from watchd.integrations.slurm.output_dir import check_output_dir
 from watchd.integrations.slurm.scheduler import SlurmScheduler
@@ -159,6 +160,7 @@ class SlurmCheckRunner:
         env = {**os.environ, **self.slurm.env_extra}
         if private:
             env["SLURM_UMASK"] = "0077"
+        count_call(argv[0])
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -72,6 +73,7 @@ class WebhookSender:
         headers: Mapping[str, str] | None = None,
         user_agent: str = "watchd",
         log_failures: bool = True,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
@@ -82,6 +84,7 @@ class WebhookSender:
         self._headers = {"Content-Type": "application/json", "User-Agent": user_agent, **(headers or {})}
         self._session: aiohttp.ClientSession | None = None
         self._log_failures = log_failures  # False: the caller logs the outcome itself (with its context)
+        self._tls = tls  # https: this context (a private CA, a client certificate); None: the defaults
 
     async def __aenter__(self) -> WebhookSender:
         self._ensure_session()
@@ -100,7 +103,9 @@ class WebhookSender:
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout), headers=self._headers
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(ssl=self._tls) if self._tls is not None else None,
             )
         return self._session
 

@@ -1,0 +1,280 @@
+"""The break-fix loop through a GPU reset, on the real Slurm cluster, with a real ``watchd engine`` and a real
+``watchd agent`` started from the CLI: an Xid 95 (the catalog's RESET_GPU bucket) in the node's kernel log ->
+the engine on the shipped default rules drains the node and requeues its job, waits until Slurm says the node
+runs no job, and queues a ``gpu_reset`` command for the node's agent; the agent (its GPUs the simulated
+backend, its resets the fake: nvidia-smi's errors, a realistic delay) fetches it with its token, checks that
+no process holds the GPU, resets it and reports; the engine announces ``node_gpu_reset``, validation runs by
+itself (stand-in checks printing real nccl-tests and dcgmi outputs) and only a pass resumes the node.
+
+A GPU held by a process is refused: the node stays drained and left for a person (the shipped rules page).
+``kill -9`` of the engine after the command is queued, or while the agent runs it: the restarted engine asks
+again with the same command id, the agent answers from memory, the GPU is reset once, and the node is never
+in service without a pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.checks.conftest import behave
+from tests.checks.conftest import standins as standins  # the stand-in checks fixture
+from tests.checks.test_validation_kill9 import TOKEN
+from tests.daemons import Daemon, agent_config, watchd_command
+from tests.e2e.test_break_fix_loop import REAL_SCONTROL
+from tests.e2e.test_break_fix_loop import _engine as start_engine
+from tests.harness.slurm import SlurmCluster
+from tests.support import wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.real]
+
+NODE = "gpu-3"
+#: the simulated board's second GPU (bus 0x2a), as the kernel prints it
+XID95 = "NVRM: Xid (PCI:0000:2a:00): 95, pid=<unknown>, name=<unknown>, Uncontained ECC error."
+GPU = "0000:2a:00.0"
+RESET_DELAY_S = 2.0
+
+
+@pytest.fixture
+def cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    slurm_cluster.reset_nodes([NODE])
+    yield slurm_cluster
+    jobs = slurm_cluster.run("squeue", "-h", "-w", NODE, "-o", "%i", check=False).stdout.split()
+    slurm_cluster.cancel(*jobs)
+    for r in slurm_cluster.run("scontrol", "show", "res", "-o", check=False).stdout.splitlines():
+        if r.startswith("ReservationName=") and NODE in r:
+            slurm_cluster.run("scontrol", "delete", r.split()[0], check=False)
+    slurm_cluster.reset_nodes([NODE])
+
+
+def _agent(engine: Daemon, tmp_path: Path, load: str = "idle") -> tuple[Daemon, Path]:
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("")
+    scenario = tmp_path / f"gpus-{load}.yaml"
+    scenario.write_text(yaml.safe_dump({"seed": 3, "gpus": {"model": "H100-SXM", "count": 8}, "load": load}))
+    config = agent_config(NODE, engine.port, tmp_path / "token", kernel_log)
+    config["sources"]["gpu"] = {"backend": "fake", "scenario": str(scenario), "interval_s": 1.0}
+    config["commands"].update(
+        poll_s=0.5, gpu_reset={"fake_delay_s": RESET_DELAY_S, "fake_log": str(tmp_path / "resets.jsonl")}
+    )
+    agent = Daemon("agent", config, tmp_path)
+    agent.wait_ready()
+    return agent, kernel_log
+
+
+def _again(engine: Daemon, tmp_path: Path, env: dict[str, str]) -> Daemon:
+    """The engine started again on its config (its port: the agent's engine URL, its state database)."""
+    again = Daemon("engine", yaml.safe_load(engine.config_path.read_text()), tmp_path, env)
+    again.wait_ready()
+    return again
+
+
+def _history_cli(engine: Daemon) -> str:
+    return subprocess.run(
+        [*watchd_command(), "node", "history", NODE, "--url", engine.url],
+        capture_output=True,
+        text=True,
+        env={"WATCHD_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
+        check=True,
+    ).stdout
+
+
+def _resets(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "resets.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _actions(engine: Daemon) -> list[dict[str, Any]]:
+    return [a for a in engine.get_json("/api/v1/actions?limit=500")["actions"] if a["node"] == NODE]
+
+
+def _steps(engine: Daemon) -> list[tuple[str, str]]:
+    return [(a["action"], a["outcome"]) for a in _actions(engine) if a["action"] != "alert"]
+
+
+def _wait(cond: Any, timeout: float, what: str, engine: Daemon, agent: Daemon, cluster: SlurmCluster) -> None:
+    try:
+        wait_for(cond, timeout=timeout, what=what)
+    except AssertionError as exc:
+        state = cluster.run("scontrol", "show", "node", NODE, "-o", check=False).stdout
+        raise AssertionError(
+            f"{exc}\n{[(a['action'], a['outcome'], a['detail']) for a in _actions(engine)]}\n{state}\n"
+            f"engine:\n{engine.log()}\nagent:\n{agent.log()}"
+        ) from None
+
+
+def _back_in_service(cluster: SlurmCluster, engine: Daemon) -> bool:
+    validated = ("validate", "resumed") in _steps(engine)
+    return validated and cluster.node_state(NODE) == "IDLE" and cluster.reason(NODE) is None
+
+
+def test_xid_to_gpu_reset_to_validated_return_without_a_person(
+    cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    behave(standins, gpu_3="pass")
+    job = cluster.submit("sleep 600", nodes=1, extra_args=["-w", NODE])
+    cluster.wait_job_running(job)
+    engine = start_engine(cluster, standins, tmp_path)
+    agent, kernel_log = _agent(engine, tmp_path)
+    try:
+        started = time.time()
+        with open(kernel_log, "a") as f:
+            f.write(XID95 + "\n")
+        _wait(
+            lambda: _back_in_service(cluster, engine),
+            120,
+            "validated and back in service",
+            engine,
+            agent,
+            cluster,
+        )
+        back = time.time()
+        steps = _steps(engine)
+        assert steps[:3] == [("drain", "drained"), ("requeue", "requeued"), ("gpu_reset", "reset")], steps
+        assert ("validate", "resumed") in steps and ("reboot", "rebooting") not in steps, steps
+        [reset] = _resets(tmp_path)
+        assert reset["gpus"] == [GPU], "the GPU of the Xid, once"
+        by_action = {a["action"]: a for a in _actions(engine)}
+        done = by_action["gpu_reset"]
+        assert done["params"]["gpu"] == GPU and done["result"]["gpus"] == [GPU]
+        assert done["result"]["seconds"] >= RESET_DELAY_S and len(done["result"]["after"]) == 8
+        assert by_action["validate"]["detail"].startswith("auto: node_gpu_reset"), by_action["validate"]
+        history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
+        assert history[0]["state"] == "returned" and history[0]["evidence"].startswith("watchd: Xid 95")
+        assert [s["action"] for s in history[0]["steps"]][:3] == ["drain", "requeue", "gpu_reset"]
+        out = _history_cli(engine)
+        assert f"{NODE}: returned" in out and "gpu_reset" in out and "validate" in out, out
+        metrics = engine.get("/metrics")
+        assert 'watchd_agent_commands_total{command="gpu_reset",outcome="done"} 1.0' in metrics
+        assert 'watchd_agent_commands_run_total{command="gpu_reset",outcome="done"} 1.0' in agent.get(
+            "/metrics"
+        )
+        times = {a["action"]: a["time"] for a in _actions(engine)}
+        print(
+            json.dumps(
+                {
+                    "xid_to_back_in_service_s": round(back - started, 1),
+                    "xid_to_drain_s": round(times["drain"] - started, 2),
+                    "drain_to_reset_reported_s": round(times["gpu_reset"] - times["drain"], 1),
+                    "reset_s (the fake's)": done["result"]["seconds"],
+                    "reset_to_validated_s": round(times["validate"] - times["gpu_reset"], 1),
+                }
+            )
+        )
+    finally:
+        agent.stop()
+        engine.stop()
+
+
+def test_a_gpu_held_by_a_process_is_not_reset_and_the_node_is_rebooted_instead(
+    cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    """The scheduler says the node runs no job, yet a process holds the GPU (the simulated board's load is a
+    training run): the agent refuses, the node stays drained, and the shipped rules ask for a reboot instead
+    and tell the on-call (this shared cluster runs ReturnToService=2, where watchd refuses to reboot: the node
+    then stays drained, never in service without a pass)."""
+    behave(standins, gpu_3="pass")
+    engine = start_engine(cluster, standins, tmp_path)
+    agent, kernel_log = _agent(engine, tmp_path, load="training")
+    try:
+        with open(kernel_log, "a") as f:
+            f.write(XID95 + "\n")
+        _wait(
+            lambda: any(a["action"] == "gpu_reset" for a in _actions(engine)),
+            60,
+            "the reset",
+            engine,
+            agent,
+            cluster,
+        )
+        [reset] = [a for a in _actions(engine) if a["action"] == "gpu_reset"]
+        assert reset["outcome"] == "not_reset", reset
+        assert "the agent refused the reset of 0000:2a:00.0: in use: pid" in reset["detail"], reset
+        _wait(
+            lambda: (
+                {("reboot", "gpu-reset-not-done"), ("alert", "gpu-reset-not-done")}
+                <= {(a["action"], a["rule"]) for a in _actions(engine)}
+            ),
+            30,
+            "the reboot asked instead, and the word to the on-call",
+            engine,
+            agent,
+            cluster,
+        )
+        time.sleep(2)
+        [reboot] = [a for a in _actions(engine) if a["action"] == "reboot"]
+        assert reboot["outcome"] in ("rebooting", "refused"), reboot
+        assert _resets(tmp_path) == [] and "DRAIN" in cluster.node_state(NODE)
+        assert not any(a["action"] == "validate" for a in _actions(engine))
+        assert not any(a["rule"] == "remediation-limit" for a in _actions(engine))
+        out = _history_cli(engine)
+        assert "gpu_reset     not_reset" in out and "reboot" in out, out
+        print(out)
+    finally:
+        agent.stop()
+        engine.stop()
+
+
+@pytest.mark.parametrize("step", ["after_the_command_is_queued", "while_the_agent_resets"])
+def test_kill9_never_resets_twice_nor_returns_an_unvalidated_node(
+    step: str, cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    behave(standins, gpu_3="pass")
+    job = cluster.submit("sleep 600", nodes=1, extra_args=["-w", NODE])  # the reset waits for it to end
+    cluster.wait_job_running(job)
+    engine = start_engine(cluster, standins, tmp_path, {"WATCHD_REAL_SCONTROL": REAL_SCONTROL})
+    agent, kernel_log = _agent(engine, tmp_path)
+    second: Daemon | None = None
+    stopped = False
+    try:
+        with open(kernel_log, "a") as f:
+            f.write(XID95 + "\n")
+        if step == "after_the_command_is_queued":
+            # the agent frozen once the Xid reached the engine, before the command exists: it never fetches it
+            _wait(lambda: ("drain", "drained") in _steps(engine), 30, "the drain", engine, agent, cluster)
+            os.kill(agent.proc.pid, signal.SIGSTOP)
+            stopped = True
+            wait_for(lambda: "agent_command_queued" in engine.log_path.read_text(), 30, "the command queued")
+        else:
+            wait_for(
+                lambda: "command_running" in agent.log_path.read_text(), 30, "the agent running the reset"
+            )
+        os.kill(engine.proc.pid, signal.SIGKILL)
+        engine.proc.wait()
+        engine.stop()
+        assert cluster.reason(NODE) is not None, "out of service while the engine is gone"
+        second = _again(engine, tmp_path, {"WATCHD_REAL_SCONTROL": REAL_SCONTROL})
+        if stopped:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+            stopped = False
+        _wait(
+            lambda: _back_in_service(cluster, second),
+            120,
+            "validated and back in service",
+            second,
+            agent,
+            cluster,
+        )
+        assert len(_resets(tmp_path)) == 1, "reset exactly once"
+        steps = _steps(second)
+        assert ("gpu_reset", "reset") in steps and ("validate", "resumed") in steps, steps
+        [reset] = [a for a in _actions(second) if a["action"] == "gpu_reset"]
+        assert "re-driven after a restart" in reset["detail"], reset
+        log = agent.log_path.read_text()
+        assert log.count('"command_running"') == 1, "run once; the second ask answered from memory"
+        assert "command_reported" in log
+    finally:
+        if stopped:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+        agent.stop()
+        engine.stop()
+        if second is not None:
+            second.stop()

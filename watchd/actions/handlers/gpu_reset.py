@@ -1,0 +1,191 @@
+"""gpu_reset: reset a GPU of a node watchd drained, once the node runs no job, through the node's own agent
+(``nvidia-smi --gpu-reset``: the agent refuses while any process holds the GPU). The node stays out of
+service; once the agent reports the reset done the engine announces ``node_gpu_reset`` and, with
+``checks.auto_validate`` naming it (the default), validation returns the node to service only on a pass.
+
+Like ``reboot``: only a node watchd drained (never someone else's drain), at most ``max_per_node``
+automatic remediations of a node in ``window`` (reboots and resets together), never a node whose reason the
+lemon rule replaced, nothing without checks to validate it after. A node that still runs a job after
+``wait_idle`` (one that could not be requeued): the node stays drained, left for a person
+(``left_for_a_person``; the shipped rules page). An agent that refuses or fails the reset, or one that does
+not answer within ``timeout``: ``not_reset``, the node stays drained and the rules say what next (the shipped
+pack reboots it).
+
+The command the engine queues for the agent has an id derived from the action's intent, so a re-drive after
+a ``kill -9`` of the engine asks with the same id, and the agent, which runs an id at most once, answers what
+it remembers: a GPU is never reset twice for one decision."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from watchd.actions.handler import ActionParams, Handler
+from watchd.actions.handlers.reboot import reason_replaced, remediations
+from watchd.actions.outcome import ActionResult, Outcome
+from watchd.model.commands import DONE, FAILED, GPU_RESET, REFUSED, Command, CommandResult
+from watchd.model.durations import Duration
+from watchd.model.events import stable_id
+from watchd.model.nodes import NodeState, describe, refuse_reboot
+from watchd.store import keys
+from watchd.xid.pci import normalize_pci
+
+if TYPE_CHECKING:
+    from watchd.actions.drain_batcher import DrainBatcher
+    from watchd.actions.handler import Attempt
+    from watchd.actions.runtime import Runtime
+    from watchd.integrations.base import Scheduler
+    from watchd.rules.decision import PlannedAction
+
+#: seconds between two reads of the node's state while its jobs end
+IDLE_POLL_S = 2.0
+#: job states of a node (Slurm's): it runs a job, or one is ending there
+_BUSY_STATES = frozenset({"allocated", "mixed", "completing"})
+_REFUSALS = {"not_drained": Outcome.NOT_DRAINED, "refused": Outcome.REFUSED, "failed": Outcome.FAILED}
+
+
+class GpuResetParams(ActionParams):
+    """Reset the node's GPU through its agent once the node runs no job; then it is validated."""
+
+    gpu: str = Field(
+        "",
+        description="template: the PCI bus id of the GPU to reset, e.g. {{ pci_bus_id }}; empty: every GPU "
+        "of the node",
+    )
+    max_per_node: int = Field(
+        3, ge=1, description="automatic remediations of one node in the window; beyond, left for a person"
+    )
+    window: Duration = Field(7 * 86400.0, description="the window max_per_node counts in, e.g. 7d")
+    wait_idle: Duration = Field(
+        600.0,
+        description="how long the node's jobs may take to end (after the requeue); then left for a person",
+    )
+    timeout: Duration = Field(
+        600.0, description="how long the agent may take to fetch the command and report the reset"
+    )
+
+
+def runs_a_job(st: NodeState) -> bool:
+    """Whether the scheduler says a job runs (or is ending) on the node (Slurm: ALLOCATED, MIXED,
+    COMPLETING). A scheduler whose node states do not say (Kubernetes: ready/notready) reads as False: the
+    agent's own check (no process holds the GPU) is then what guards the job."""
+    return st.state in _BUSY_STATES or "COMPLETING" in st.flags
+
+
+class GpuResetHandler(Handler):
+    kind = GPU_RESET
+    params = GpuResetParams
+    disruptive = True
+    follows_drain = True  # only a node its decision's drain took out (or watchd had taken out)
+    cooldown_s = 0.0  # one reset of a node in flight; the window's limit does the counting
+
+    def key(self, action: PlannedAction) -> str:
+        return keys.action(self.kind, action.node)
+
+    def describe(self, action: PlannedAction) -> str:
+        gpu = str(action.params.get("gpu") or "") or "every GPU"
+        return f"would reset {gpu} of {action.node} through its agent once idle"
+
+    async def run(self, attempt: Attempt, runtime: Runtime) -> ActionResult:
+        node, params = attempt.action.node, attempt.action.params
+        if runtime.validation is None:
+            return ActionResult(
+                Outcome.NO_CHECKS, "no checks to validate the node after a GPU reset: not reset"
+            )
+        if runtime.commands is None:
+            return ActionResult(Outcome.FAILED, "this engine has no command path to its agents")
+        gpu_text = str(params.get("gpu") or "").strip()
+        gpu = normalize_pci(gpu_text) if gpu_text else ""
+        if gpu is None:
+            return ActionResult(Outcome.FAILED, f"gpu: {gpu_text!r} is not a PCI bus id (e.g. 0000:3b:00.0)")
+        limit, window = int(params.get("max_per_node", 3)), float(params.get("window", 7 * 86400.0))
+        records = runtime.audit.recent(1000, node=node) if runtime.audit is not None else []
+        done = remediations(records, attempt.now - window)
+        if not attempt.redrive and (replaced := reason_replaced(records)) is not None:
+            return ActionResult(
+                Outcome.LEFT_FOR_A_PERSON,
+                f"taken out again by rule {replaced.rule} ({replaced.detail}): a GPU reset does not answer "
+                "it",
+            )
+        if done >= limit and not attempt.redrive:
+            return ActionResult(
+                Outcome.LEFT_FOR_A_PERSON,
+                f"{done} automatic remediations in {window / 86400:g} d (at most {limit}): left for a person",
+                {"remediations": done},
+            )
+        command_id, requested_at = self._command_id(attempt, runtime)
+        command = Command(command_id, node, GPU_RESET, {"gpu": gpu}, issued_at=requested_at)
+        commands = runtime.commands
+        wait_idle = float(params.get("wait_idle", 600.0))
+        timeout = float(params.get("timeout", 600.0))
+
+        async def call(scheduler: Scheduler, _: DrainBatcher) -> ActionResult:
+            refusal = await _wait_until_idle(scheduler, node, wait_idle, runtime)
+            if refusal is not None:
+                return refusal
+            answer = await commands.run(command, timeout)
+            return _result(answer, command, requested_at)
+
+        return await runtime.scheduled(self.kind, call)
+
+    def _command_id(self, attempt: Attempt, runtime: Runtime) -> tuple[str, float]:
+        """The command's id and when the reset was decided, from the action's open intent: the same for
+        every re-drive of it (the agent then recognises the id it ran)."""
+        key = self.key(attempt.action)
+        found = runtime.intents.under(key, limit=1) if runtime.intents is not None else []
+        if found and found[-1].finished_at is None:
+            intent = found[-1]
+            return f"gpu-reset-{stable_id(intent.key, intent.id, repr(intent.decided_at))}", intent.decided_at
+        return f"gpu-reset-{stable_id(key, attempt.event_id, repr(attempt.now))}", attempt.now
+
+
+async def _wait_until_idle(
+    scheduler: Scheduler, node: str, wait_s: float, runtime: Runtime
+) -> ActionResult | None:
+    """None once the scheduler says the node (drained by watchd) runs no job; else the outcome: refused as a
+    reboot would be (not drained, someone else's drain), or left for a person after ``wait_s``."""
+    clock = runtime.clock
+    start, polls = clock.monotonic(), 0
+    while True:
+        st = (await scheduler.node_states([node])).get(node)
+        refusal = refuse_reboot(st, node)
+        if refusal is not None:
+            return ActionResult(_REFUSALS[refusal.outcome], refusal.detail)
+        assert st is not None
+        if st.reboot_pending or st.down:
+            return ActionResult(Outcome.REFUSED, f"the node is {describe(st)}: not reset")
+        if not runs_a_job(st):
+            return None
+        # a fake clock in tests does not move: the polls count the time too
+        waited = max(clock.monotonic() - start, polls * IDLE_POLL_S)
+        if waited >= wait_s:
+            return ActionResult(
+                Outcome.LEFT_FOR_A_PERSON,
+                f"still runs a job after {waited:.0f} s ({describe(st)}; one that could not be requeued?): "
+                "not reset, left for a person",
+            )
+        polls += 1
+        await asyncio.sleep(IDLE_POLL_S)
+
+
+def _result(answer: CommandResult, command: Command, requested_at: float) -> ActionResult:
+    data: dict[str, Any] = {"command": command.id, "requested_at": requested_at, **answer.data}
+    gpus = command.args.get("gpu") or "every GPU"
+    if answer.outcome == DONE:
+        reset = ", ".join(str(g) for g in answer.data.get("gpus", [])) or gpus
+        return ActionResult(
+            Outcome.RESET, f"{reset} of {command.node} reset by its agent: {answer.detail}", data
+        )
+    if answer.outcome in (REFUSED, FAILED):
+        verb = "refused" if answer.outcome == REFUSED else "failed"
+        detail = f"the agent {verb} the reset of {gpus}: {answer.detail}"
+        return ActionResult(Outcome.NOT_RESET, detail, {**data, "agent": answer.outcome})
+    if answer.outcome in ("expired", "unanswered"):
+        detail = f"no GPU reset: {answer.detail}"
+        return ActionResult(Outcome.NOT_RESET, detail, {**data, "agent": answer.outcome})
+    return ActionResult(Outcome.FAILED, answer.detail, data)  # not queued, not the leader: tried again later
+
+
+HANDLER = GpuResetHandler()
