@@ -55,14 +55,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--url", help=f"the engine's URL (${ENV_URL}; default {DEFAULT_URL})")
     group.add_argument(
-        "--token-file", type=Path, help=f"a file holding your token (${ENV_TOKEN}, ${ENV_TOKEN_FILE})"
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help=f"a file holding your token (${ENV_TOKEN}, ${ENV_TOKEN_FILE})",
     )
     group.add_argument(
-        "-c", "--config", type=Path, help="the engine's YAML config: its address, and a token it accepts"
+        "-c",
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the engine's YAML config: its address, and a token it accepts",
     )
-    group.add_argument("--ca-file", type=Path, help=f"the CA of the engine's certificate (${ENV_CA_FILE})")
-    group.add_argument("--client-cert", type=Path, help=f"mutual TLS: your certificate (${ENV_CLIENT_CERT})")
-    group.add_argument("--client-key", type=Path, help=f"mutual TLS: its key (${ENV_CLIENT_KEY})")
+    group.add_argument(
+        "--ca-file", type=Path, metavar="FILE", help=f"the CA of the engine's certificate (${ENV_CA_FILE})"
+    )
+    group.add_argument(
+        "--client-cert", type=Path, metavar="FILE", help=f"mutual TLS: your certificate (${ENV_CLIENT_CERT})"
+    )
+    group.add_argument(
+        "--client-key", type=Path, metavar="FILE", help=f"mutual TLS: its key (${ENV_CLIENT_KEY})"
+    )
     group.add_argument(
         "--insecure",
         action="store_true",
