@@ -3,76 +3,34 @@ running engine's API, printed for people (``--json`` for the documents)."""
 
 from __future__ import annotations
 
-import getpass
-import json
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 from urllib.parse import quote
 
 from watchd.errors import UsageError
-from watchd.operator_cli import DEFAULT_URL, _call, _token, engine_address
+from watchd.operator_cli import exit_for, print_json
+from watchd.reach import CHECKS, EngineClient
 
 __all__ = ["run_checks", "run_validate"]
-
-
-def _post_json(url: str, path: str, body: Any, token: str | None, by: str, timeout: float) -> Any:
-    request = urllib.request.Request(
-        f"{url.rstrip('/')}{path}",
-        method="POST",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    request.add_header("X-Watchd-Operator", by)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            answer = json.loads(exc.read())
-        except ValueError:
-            answer = {}
-        if "outcome" in answer:
-            return answer
-        raise UsageError(f"{url}{path}: HTTP {exc.code}: {answer.get('error', exc.reason)}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise UsageError(f"cannot reach the engine at {url}: {getattr(exc, 'reason', exc)}") from None
 
 
 def _when(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def _address(url: str | None, token_file: Path | None, config: Path | None) -> tuple[str, str | None]:
-    token = _token(token_file)
-    if config is not None:
-        from_config, config_token = engine_address(config)
-        url = url or from_config
-        token = token if token_file is not None else (config_token or token)
-    return url or DEFAULT_URL, token
-
-
 def run_checks(
     verb: str,
     nodes: list[str],
     names: list[str],
-    url: str | None,
-    token_file: Path | None,
-    config: Path | None,
-    by: str | None,
+    client: EngineClient,
     as_json: bool,
     timeout: float,
     out: TextIO,
 ) -> int:
-    url, token = _address(url, token_file, config)
     if verb == "list":
-        doc = _call(url, "/api/v1/checks", token=token)
+        doc = client.get("/api/v1/checks", feature=CHECKS)
         if as_json:
-            print(json.dumps(doc, indent=2), file=out)
+            print_json(doc, out)
             return 0
         for c in doc["checks"]:
             sched = c["schedule"] or {}
@@ -88,15 +46,15 @@ def run_checks(
             print(f"  {' '.join(c['command'])}", file=out)
         return 0
     if verb == "plan":
-        return _plan(url, token, names, as_json, out)
+        return _plan(client, names, as_json, out)
     if not nodes:
         raise UsageError(f"checks {verb}: name the node(s)")
     if verb == "history":
         rc = 0
         for node in nodes:
-            doc = _call(url, f"/api/v1/checks/history/{quote(node, safe='')}", token=token)
+            doc = client.get(f"/api/v1/checks/history/{quote(node, safe='')}", feature=CHECKS)
             if as_json:
-                print(json.dumps(doc, indent=2), file=out)
+                print_json(doc, out)
                 continue
             print(f"{node}:", file=out)
             for r in doc["runs"]:
@@ -106,22 +64,28 @@ def run_checks(
                     file=out,
                 )
         return rc
-    doc = _post_json(
-        url, "/api/v1/checks/run", {"nodes": nodes, "checks": names}, token, by or getpass.getuser(), timeout
+    waiting = f"checks run on {', '.join(nodes[:3])}{' ...' if len(nodes) > 3 else ''}"
+    answer = client.post(
+        "/api/v1/checks/run",
+        {"nodes": nodes, "checks": names},
+        feature=CHECKS,
+        timeout_s=timeout,
+        waiting=waiting,
     )
+    doc = answer.doc
     if as_json:
-        print(json.dumps(doc, indent=2), file=out)
+        print_json(doc, out)
     else:
         for r in doc["results"]:
             print(f"{r['node']:<16} {r.get('check') or '-':<14} {r['outcome']:<8} {r['evidence']}", file=out)
     return 0 if all(r["passed"] for r in doc["results"]) else 1
 
 
-def _plan(url: str, token: str | None, names: list[str], as_json: bool, out: TextIO) -> int:
+def _plan(client: EngineClient, names: list[str], as_json: bool, out: TextIO) -> int:
     query = f"?check={quote(names[0], safe='')}" if names else ""
-    doc = _call(url, f"/api/v1/checks/plan{query}", token=token)
+    doc = client.get(f"/api/v1/checks/plan{query}", feature=CHECKS)
     if as_json:
-        print(json.dumps(doc, indent=2), file=out)
+        print_json(doc, out)
         return 0
     for p in doc["plans"]:
         budget = p["budget"]
@@ -141,20 +105,21 @@ def _plan(url: str, token: str | None, names: list[str], as_json: bool, out: Tex
     return 0
 
 
-def run_validate(
-    node: str,
-    url: str | None,
-    token_file: Path | None,
-    config: Path | None,
-    by: str | None,
-    timeout: float,
-    out: TextIO,
-) -> int:
-    url, token = _address(url, token_file, config)
-    doc = _post_json(
-        url, f"/api/v1/nodes/{quote(node, safe='')}/validate", {}, token, by or getpass.getuser(), timeout
+def run_validate(node: str, client: EngineClient, timeout: float, as_json: bool, out: TextIO) -> int:
+    """``watchd node validate NODE``: the check suite on a node watchd drained, and its return to service if
+    every check passes. Exit 0 when it is back, 4 when the engine refused (not watchd's drain, a validation
+    already running), else 1."""
+    answer = client.post(
+        f"/api/v1/nodes/{quote(node, safe='')}/validate",
+        feature=CHECKS,
+        timeout_s=timeout,
+        waiting=f"validating {node} (the check suite, then its return to service)",
     )
+    doc = answer.doc
+    if as_json:
+        print_json({"node": node, **doc}, out)
+        return exit_for(answer, ("resumed",))
     for r in doc.get("results", []):
         print(f"  {r.get('check') or '-':<14} {r['outcome']:<8} {r['evidence']}", file=out)
     print(f"{node}: {doc['outcome']}" + (f" ({doc['detail']})" if doc.get("detail") else ""), file=out)
-    return 0 if doc["outcome"] == "resumed" else 1
+    return exit_for(answer, ("resumed",))

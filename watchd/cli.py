@@ -1,4 +1,5 @@
-"""The ``watchd`` command line. User mistakes are one line on stderr and exit code 2, never a traceback."""
+"""The ``watchd`` command line (its grammar: :mod:`watchd.cli_parser`). An error is one line on stderr,
+never a traceback, and an exit status that says what kind it was (:mod:`watchd.errors`, docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -13,170 +14,12 @@ from pathlib import Path
 from typing import TextIO
 
 from watchd import __version__
+from watchd.cli_parser import parser
 from watchd.config import AgentConfig, EngineConfig, load_config
 from watchd.errors import ConfigError, UsageError
 from watchd.logs import configure_logging, writes_to_journal
-from watchd.operator_cli import DEFAULT_URL
-from watchd.reports.formats import REPORT_FORMATS
+from watchd.reach import Settings, client_for, resolve
 from watchd.systemd import notify, watchdog_pinger
-
-LOG_LEVELS = ["debug", "info", "warning", "error"]
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="watchd", description="Keeps GPU clusters healthy.")
-    p.add_argument("--version", action="version", version=f"watchd {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    e = sub.add_parser("engine", help="run the central engine (ingest, rules, actions)")
-    e.add_argument("-c", "--config", type=Path, help="engine YAML config (default: embedded defaults)")
-    e.add_argument("--check", action="store_true", help="validate the config and rules, then exit")
-    e.add_argument(
-        "--log-level", choices=LOG_LEVELS, help="log this level and above (default: the config's log.level)"
-    )
-
-    a = sub.add_parser("agent", help="run the node agent (kernel log -> events -> engine)")
-    a.add_argument("-c", "--config", type=Path, help="agent YAML config (default: embedded defaults)")
-    a.add_argument("--check", action="store_true", help="validate the config, then exit")
-    a.add_argument(
-        "--log-level", choices=LOG_LEVELS, help="log this level and above (default: the config's log.level)"
-    )
-
-    # issue 22: the per-job heartbeat token a Slurm prolog or a pod spec hands to a job (docs/security.md)
-    ht = sub.add_parser("heartbeat-token", help="print a job's heartbeat token (WATCHD_HEARTBEAT_TOKEN)")
-    ht.add_argument("job", help="the job as its ranks name it (SLURM_JOB_ID, WATCHD_JOB_ID)")
-    ht.add_argument("-c", "--config", type=Path, help="agent YAML config (its heartbeat.token_secret)")
-
-    x = sub.add_parser("xid", help="decode NVIDIA Xid errors from kernel log text (dmesg | watchd xid)")
-    x.add_argument("files", nargs="*", help="files to read ('-' or none: standard input)")
-    x.add_argument("--json", action="store_true", help="one JSON object per Xid")
-
-    d = sub.add_parser("demo", help="an engine and simulated nodes on loopback; an Xid 79 is injected")
-    d.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
-
-    sm = sub.add_parser("sim", help="simulate a fleet of GPU nodes (agents in one process) against an engine")
-    sm.add_argument("fleet", type=Path, help="fleet scenario YAML (nodes, GPUs, jobs, faults)")
-    sm.add_argument("--url", default=DEFAULT_URL, help=f"the engine (default {DEFAULT_URL})")
-    sm.add_argument("--token-file", type=Path, help="the engine's token (default: $WATCHD_TOKEN)")
-    sm.add_argument(
-        "--duration", type=float, help="seconds to run (default: the fleet's, else until stopped)"
-    )
-    sm.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines (0: none)")
-    sm.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
-    sm.add_argument("--check", action="store_true", help="validate the fleet file, then exit")
-
-    n = sub.add_parser("node", help="act on one node through the running engine (audited)")
-    nsub = n.add_subparsers(dest="node_command", metavar="ACTION", required=True)
-    r = nsub.add_parser("resume", help="return a node watchd drained to service (never an admin's drain)")
-    r.add_argument("name")
-    r.add_argument("--url", help=f"the engine (default: from --config, else {DEFAULT_URL})")
-    r.add_argument(
-        "--token-file", type=Path, help="the engine's token (default: from --config, $WATCHD_TOKEN)"
-    )
-    r.add_argument("--by", help="who decides (default: your user name), recorded in the audit")
-    r.add_argument("-c", "--config", type=Path, help="engine YAML config: the engine's address and token")
-
-    # issue 21: active checks and the validated return to service
-    v = nsub.add_parser("validate", help="run the check suite; resume the node only if every check passes")
-    v.add_argument("name")
-    hi = nsub.add_parser("history", help="the node's incidents: evidence, every step, the return to service")
-    hi.add_argument("name")
-    hi.add_argument("--url", help=f"the engine (default: from --config, else {DEFAULT_URL})")
-    hi.add_argument("--token-file", type=Path, help="the engine's token (default: $WATCHD_TOKEN)")
-    hi.add_argument("-c", "--config", type=Path, help="engine YAML config: the engine's address and token")
-    hi.add_argument("--limit", type=int, default=20, help="incidents to show, newest first")
-    hi.add_argument("--json", action="store_true", help="the raw document")
-    ck = sub.add_parser(
-        "checks", help="active checks: list them, run them on nodes, a node's history, the next round's order"
-    )
-    ck.add_argument("verb", choices=["list", "run", "history", "plan"])
-    ck.add_argument("nodes", nargs="*", help="nodes (run, history)")
-    ck.add_argument("--check", action="append", default=[], help="run only this check (repeatable)")
-    ck.add_argument("--json", action="store_true", help="the raw documents")
-    for parser in (v, ck):
-        parser.add_argument("--url", help=f"the engine (default: from --config, else {DEFAULT_URL})")
-        parser.add_argument("--token-file", type=Path, help="the engine's token (default: $WATCHD_TOKEN)")
-        parser.add_argument("--by", help="who decides (default: your user name), recorded in the audit")
-        parser.add_argument(
-            "-c", "--config", type=Path, help="engine YAML config: the engine's address and token"
-        )
-        parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the checks")
-
-    rl = sub.add_parser("rules", help="check, test and describe rule files")
-    rsub = rl.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
-    rc = rsub.add_parser("check", help="report every problem with file:line:column; exit 1 on any")
-    rli = rsub.add_parser("list", help="the rules the engine would run, and where each one came from")
-    for parser in (rc, rli):
-        parser.add_argument(
-            "paths", nargs="*", type=Path, help="site rule files or folders (none: the embedded defaults)"
-        )
-        parser.add_argument(
-            "-c",
-            "--config",
-            type=Path,
-            help="engine YAML config: its rules and default_rules (not with PATHS)",
-        )
-        parser.add_argument(
-            "--no-defaults",
-            action="store_true",
-            help="without the embedded default rules (default_rules: false)",
-        )
-    rli.add_argument("--json", action="store_true", help="one JSON document")
-    rt = rsub.add_parser("test", help="run rule unit tests (timelines of events and expected actions)")
-    rt.add_argument("files", nargs="+", type=Path, help="test files")
-    rsub.add_parser("schema", help="print the JSON Schema of rule files (for editors)")
-
-    st = sub.add_parser("status", help="what the engine sees and did: incidents, held actions, breaker")
-    st.add_argument("--url", default=DEFAULT_URL, help=f"the engine (default {DEFAULT_URL})")
-    st.add_argument("--json", action="store_true", help="the raw status document")
-    st.add_argument("--limit", type=int, help="nodes shown (troubled first; the engine's default: 500)")
-    st.add_argument("--node", help="only this node, or the nodes with a prefix ending in '*'")
-
-    ac = sub.add_parser("actions", help="list, release or discard actions the safety breaker held")
-    ac.add_argument("verb", choices=["list", "release", "discard"])
-    ac.add_argument("ids", nargs="*", type=int, help="held action ids (release, discard)")
-    ac.add_argument("--url", default=DEFAULT_URL, help=f"the engine (default {DEFAULT_URL})")
-    ac.add_argument("--token-file", type=Path, help="the engine's token (default: $WATCHD_TOKEN)")
-    ac.add_argument("--by", help="who decides (default: your user name), recorded in the audit")
-
-    # issue 17: reliability accounting and checkpoint advice
-    rb = sub.add_parser("reliability", help="failures, MTBF with its interval, lemons, checkpoint advice")
-    rb.add_argument("--url", default=DEFAULT_URL, help=f"the engine (default {DEFAULT_URL})")
-    rb.add_argument("--partition", help="only this partition's nodes")
-    rb.add_argument("--since", help="window start: epoch seconds or a duration back (30d, 12h; default 90d)")
-    rb.add_argument("--job", help="the checkpoint advice for one running job")
-    rb.add_argument("--json", action="store_true", help="the raw document")
-    dr = sub.add_parser("drains", help="every node out of service in the fleet, who took it out and why")
-    dr.add_argument("--url", default=DEFAULT_URL, help=f"engine URL (default {DEFAULT_URL})")
-    dr.add_argument("--json", action="store_true", help="the engine's document as JSON")
-    dr.add_argument("--refresh", action="store_true", help="list the fleet now, not the last poll")
-    dr.add_argument("--owner", choices=("watchd", "nhc", "scheduler", "admin", "other"), help="only these")
-    # issue 18: per-team usage, queue waits, energy, lost GPU-hours (docs/reports.md)
-    rp = sub.add_parser("report", help="reports from accounting and what watchd observed")
-    rpsub = rp.add_subparsers(dest="report_command", metavar="REPORT", required=True)
-    ru = rpsub.add_parser("usage", help="GPU-hours, shares, waits, energy, lost and idle GPU-hours per team")
-    ru.add_argument("--since", default="7d", help="window start, this long ago (default 7d)")
-    ru.add_argument("--until", help="window end, this long ago (default: now)")
-    ru.add_argument(
-        "--by", default="account", help="comma list of account, user, partition (default account)"
-    )
-    ru.add_argument(
-        "--format",
-        choices=list(REPORT_FORMATS),
-        default="table",
-        help="; ".join(f"{name}: {row.description}" for name, row in REPORT_FORMATS.items()),
-    )
-    ru.add_argument(
-        "--source", choices=["slurm", "none", "fake"], help="accounting (default: config, else slurm)"
-    )
-    ru.add_argument("--fixture", type=Path, help="source fake: a JSON file of records")
-    ru.add_argument("--state", type=Path, help="the engine's state database (default: from --config)")
-    ru.add_argument("-c", "--config", type=Path, help="engine YAML config (reports section, state path)")
-    ru.add_argument("--idle-threshold", type=float, help="GPU utilization %% under which a window is idle")
-    ru.add_argument("-o", "--output", type=Path, help="write here instead of standard output")
-
-    sub.add_parser("version", help="print the version")
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -208,14 +51,14 @@ def _reader_gone(stream: TextIO) -> bool:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         return _dispatch(args)
     except UsageError as exc:
         # under systemd, an error the journal files as one (journalctl -p err), as the daemons' log lines
         priority = "<3>" if writes_to_journal(sys.stderr) else ""
         print(f"{priority}watchd {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
 
@@ -251,97 +94,103 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "sim":
         from watchd.sim.command import run_sim
 
+        target = resolve(Settings(url=args.url, token_file=args.token_file))
         return run_sim(
             args.fleet,
-            args.url,
-            args.token_file,
+            target.url,
+            target.token,
             args.duration,
             args.progress,
             args.check,
             args.log_level,
             sys.stdout,
         )
+    if args.command == "completion":
+        from watchd.completion import script
+
+        sys.stdout.write(script(args.shell, parser()))
+        return 0
+    if args.command == "rules":
+        return _rules(args)
+    return _operate(args)
+
+
+def _operate(args: argparse.Namespace) -> int:
+    """The commands that talk to a running engine."""
+    if args.command == "report":
+        return _report(args)
+    client = client_for(args, sys.stderr)
+    out = sys.stdout
     if args.command == "node" and args.node_command == "validate":
         from watchd.checks_cli import run_validate
 
-        return run_validate(
-            args.name, args.url, args.token_file, args.config, args.by, args.timeout, sys.stdout
-        )
+        return run_validate(args.name, client, args.timeout, args.json, out)
     if args.command == "checks":
         from watchd.checks_cli import run_checks
 
-        return run_checks(
-            args.verb,
-            args.nodes,
-            args.check,
-            args.url,
-            args.token_file,
-            args.config,
-            args.by,
-            args.json,
-            args.timeout,
-            sys.stdout,
-        )
+        return run_checks(args.verb, args.nodes, args.check, client, args.json, args.timeout, out)
     if args.command == "node" and args.node_command == "history":
         from watchd.operator_cli import run_history
 
-        return run_history(
-            args.name, args.url, args.token_file, args.config, args.limit, args.json, sys.stdout
-        )
+        return run_history(args.name, client, args.limit, args.json, out)
     if args.command == "node":
         from watchd.operator_cli import run_resume
 
-        return run_resume(args.name, args.url, args.token_file, args.by, args.config, sys.stdout)
-    if args.command == "rules":
-        from watchd.rules import commands
-
-        if args.rules_command in ("check", "list"):
-            paths, defaults = _rule_paths(args.paths, args.config, args.no_defaults)
-            if args.rules_command == "check":
-                return commands.run_check(paths, sys.stdout, defaults=defaults)
-            return commands.run_list(paths, sys.stdout, defaults=defaults, as_json=args.json)
-        if args.rules_command == "test":
-            return commands.run_test(args.files, sys.stdout)
-        return commands.run_schema(sys.stdout)
+        return run_resume(args.name, client, args.json, out)
     if args.command == "status":
         from watchd.operator_cli import run_status
 
-        return run_status(args.url, args.json, sys.stdout, limit=args.limit, node=args.node)
+        return run_status(client, args.json, out, limit=args.limit, node=args.node)
     if args.command == "drains":
         from watchd.drains_cli import run_drains
 
-        return run_drains(args.url, args.json, args.refresh, args.owner, sys.stdout)
+        return run_drains(client, args.json, args.refresh, args.owner, out)
     if args.command == "actions":
         from watchd.operator_cli import run_actions
 
-        return run_actions(args.verb, args.ids, args.url, args.token_file, args.by, sys.stdout)
+        return run_actions(args.verb, args.ids, client, args.json, out)
     if args.command == "reliability":
         from watchd.reliability_cli import run_reliability
 
         return run_reliability(
-            args.url, args.json, sys.stdout, partition=args.partition, since=args.since, job=args.job
-        )
-    if args.command == "report":
-        from watchd.reports.command import run_usage
-
-        engine = load_config(EngineConfig, args.config) if args.config is not None else None
-        return run_usage(
-            since=args.since,
-            until=args.until,
-            by=args.by,
-            fmt=args.format,
-            source=args.source,
-            fixture=args.fixture,
-            state=args.state or (engine.state.path if engine is not None else None),
-            cfg=engine.reports if engine is not None else None,
-            idle_util_pct=args.idle_threshold,
-            output=args.output,
-            out=sys.stdout,
-            err=sys.stderr,
-            slurm_conf=engine.slurm.slurm_conf if engine is not None else None,
-            squeue=engine.slurm.squeue if engine is not None else "squeue",
+            client, args.json, out, partition=args.partition, since=args.since, job=args.job
         )
     raise AssertionError(args.command)
+
+
+def _rules(args: argparse.Namespace) -> int:
+    from watchd.rules import commands
+
+    if args.rules_command in ("check", "list"):
+        paths, defaults = _rule_paths(args.paths, args.config, args.no_defaults)
+        if args.rules_command == "check":
+            return commands.run_check(paths, sys.stdout, defaults=defaults, as_json=args.json)
+        return commands.run_list(paths, sys.stdout, defaults=defaults, as_json=args.json)
+    if args.rules_command == "test":
+        return commands.run_test(args.paths, sys.stdout, as_json=args.json, junit=args.junit)
+    return commands.run_schema(sys.stdout)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from watchd.reports.command import run_usage
+
+    engine = load_config(EngineConfig, args.config) if args.config is not None else None
+    return run_usage(
+        since=args.since,
+        until=args.until,
+        by=args.by,
+        fmt=args.format,
+        source=args.source,
+        fixture=args.fixture,
+        state=args.state or (engine.state.path if engine is not None else None),
+        cfg=engine.reports if engine is not None else None,
+        idle_util_pct=args.idle_threshold,
+        output=args.output,
+        out=sys.stdout,
+        err=sys.stderr,
+        slurm_conf=engine.slurm.slurm_conf if engine is not None else None,
+        squeue=engine.slurm.squeue if engine is not None else "squeue",
+    )
 
 
 def _rule_paths(paths: list[Path], config: Path | None, no_defaults: bool) -> tuple[list[Path], bool]:

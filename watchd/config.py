@@ -1,7 +1,8 @@
 """Daemon configuration: one YAML file per daemon, validated strictly at load.
 
-Unknown keys and bad values are rejected with the file, the key path and the reason. Secrets (the ingest
-token) come from the environment or a file, so the YAML itself can be world-readable.
+Unknown keys (with the closest known one), bad values and keys given twice are rejected with the file, the
+line and column, the key path and the reason. Secrets (the ingest token) come from the environment or a
+file, so the YAML itself can be world-readable.
 
 This module composes :class:`EngineConfig` and :class:`AgentConfig` from the sections their owners define
 (each package's ``settings.py`` or ``params.py``, importing only pydantic and watchd's vocabulary, so that
@@ -46,6 +47,7 @@ from watchd.sources.settings import (
 )
 from watchd.store.settings import DatabaseLeaseConfig, PostgresConfig, StateConfig
 from watchd.strict import Strict as _Strict
+from watchd.yamlfile import DuplicateKeyError, YamlPositions, keys_at, safe_load, suggestion
 
 __all__ = [
     "ActionsConfig",
@@ -213,26 +215,42 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def format_validation_error(
-    source: str, exc: ValidationError, loc_filter: Callable[[list[Any]], list[Any]] | None = None
+    source: str,
+    exc: ValidationError,
+    loc_filter: Callable[[list[Any]], list[Any]] | None = None,
+    positions: YamlPositions | None = None,
+    model: type[BaseModel] | None = None,
 ) -> str:
-    """One line per problem: ``source: key.path: reason``. ``loc_filter`` may tidy a path (e.g. drop the
-    tag pydantic puts in the path of a discriminated union)."""
-    problems = []
+    """One line per problem: ``source:line:column: key.path: reason`` (``source: key.path: reason`` without
+    ``positions``), an unknown key with the known key closest to it. ``loc_filter`` may tidy a path (e.g.
+    drop the tag pydantic puts in the path of a discriminated union); ``model``: the model validated, whose
+    keys the suggestions come from."""
+    problems: list[tuple[tuple[int, int], str]] = []
     for err in exc.errors():
-        loc = list(err["loc"])
-        if loc_filter is not None:
-            loc = loc_filter(loc)
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        raw = list(err["loc"])
+        loc = loc_filter(raw) if loc_filter is not None else raw
+        unknown = err["type"] == "extra_forbidden"
+        msg = "unknown key" if unknown else err["msg"].removeprefix("Value error, ")
+        if unknown and model is not None and raw:
+            msg += suggestion(str(raw[-1]), keys_at(model, raw[:-1]))
         if not loc and err["type"] == "value_error":
-            problems.append(f"{source}: {msg}")  # a model-level check names its own path
+            problems.append(((0, 0), f"{source}: {msg}"))  # a model-level check names its own path
             continue
+        where, at = source, (0, 0)
+        if positions is not None:
+            at = positions.of(tuple(loc), key=unknown)
+            where = f"{source}:{at[0]}:{at[1]}"
         path = ".".join(str(p) for p in loc) or "(top level)"
-        problems.append(f"{source}: {path}: {msg}")
-    return "\n".join(problems)
+        problems.append((at, f"{where}: {path}: {msg}"))
+    return "\n".join(text for _, text in sorted(problems, key=lambda p: p[0]))  # in the file's order
 
 
 def parse_config(
-    model: type[M], data: Any, source: str, loc_filter: Callable[[list[Any]], list[Any]] | None = None
+    model: type[M],
+    data: Any,
+    source: str,
+    loc_filter: Callable[[list[Any]], list[Any]] | None = None,
+    positions: YamlPositions | None = None,
 ) -> M:
     if data is None:
         data = {}
@@ -241,25 +259,38 @@ def parse_config(
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc, loc_filter)) from None
+        raise ConfigError(format_validation_error(source, exc, loc_filter, positions, model)) from None
 
 
-def load_yaml(path: Path) -> Any:
+def _read(path: Path) -> str:
     try:
-        text = path.read_text()
+        return path.read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+
+
+def _parse_yaml(text: str, source: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from None
+        kind = "" if isinstance(exc, DuplicateKeyError) else "invalid YAML: "
+        raise ConfigError(f"{source}{where}: {kind}{problem}") from None
+
+
+def load_yaml(path: Path) -> Any:
+    """The YAML document in ``path``; a ConfigError with file:line:column for invalid YAML or a key given
+    twice in one mapping."""
+    return _parse_yaml(_read(path), str(path))
 
 
 def load_config(model: type[M], path: Path | None) -> M:
     """Load ``path`` into ``model``; with no path, the embedded defaults."""
     if path is None:
         return model()
-    return parse_config(model, load_yaml(path), str(path))
+    text = _read(path)
+    return parse_config(model, _parse_yaml(text, str(path)), str(path), positions=YamlPositions(text))

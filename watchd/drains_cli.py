@@ -5,12 +5,12 @@ its hot spares (issue 17)."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, TextIO
 from urllib.parse import urlencode
 
-from watchd.operator_cli import _call
+from watchd.operator_cli import print_json
+from watchd.reach import EngineClient
 
 
 def _age(seconds: float | None) -> str:
@@ -70,13 +70,13 @@ def render(doc: dict[str, Any], out: TextIO, owner: str | None = None) -> None:
         print(f"\nwarning: {name}: the last listing failed: {error}", file=out)
 
 
-def run_drains(url: str, as_json: bool, refresh: bool, owner: str | None, out: TextIO) -> int:
+def run_drains(client: EngineClient, as_json: bool, refresh: bool, owner: str | None, out: TextIO) -> int:
     path = "/api/v1/drains" + (f"?{urlencode({'refresh': '1'})}" if refresh else "")
-    doc = _call(url, path)
+    doc = client.get(path)
     if as_json:
         if owner is not None:
             doc["unavailable"] = [r for r in doc["unavailable"] if r["owner"] == owner]
-        print(json.dumps(doc, indent=2), file=out)
+        print_json(doc, out)
         return 0
     render(doc, out, owner)
     return 0

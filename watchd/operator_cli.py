@@ -1,82 +1,33 @@
-"""The operator's commands, ``watchd status``, ``watchd actions ...`` and ``watchd node resume``: calls to a
-running engine's HTTP API, printed for people. (Not to be confused with :mod:`watchd.client`, the heartbeat
-client that training jobs import.)"""
+"""The operator's commands, ``watchd status``, ``watchd actions ...``, ``watchd node resume|history``: calls
+to a running engine's HTTP API (reached through :mod:`watchd.reach`), printed for people or as JSON. (Not to
+be confused with :mod:`watchd.client`, the heartbeat client that training jobs import.)"""
 
 from __future__ import annotations
 
-import getpass
 import json
-import os
-import ssl
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
+from collections.abc import Collection
 from typing import Any, TextIO
 from urllib.parse import quote, urlencode
 
-from watchd.errors import UsageError
-
-DEFAULT_URL = "http://127.0.0.1:9120"
-
-
-def _token(token_file: Path | None) -> str | None:
-    if token_file is not None:
-        try:
-            return token_file.read_text().strip()
-        except OSError as exc:
-            raise UsageError(f"--token-file {token_file}: {exc.strerror}") from None
-    return os.environ.get("WATCHD_TOKEN") or None
+from watchd.errors import EXIT_FAILED, EXIT_REFUSED, UsageError
+from watchd.reach import Answer, EngineClient
 
 
-def _tls() -> ssl.SSLContext | None:
-    """TLS for an https:// engine from the environment: ``WATCHD_CA_FILE`` (the engine's CA; default the
-    system's), ``WATCHD_CLIENT_CERT``/``WATCHD_CLIENT_KEY`` (mutual TLS). docs/security.md."""
-    ca = os.environ.get("WATCHD_CA_FILE") or None
-    cert = os.environ.get("WATCHD_CLIENT_CERT") or None
-    key = os.environ.get("WATCHD_CLIENT_KEY") or None
-    if ca is None and cert is None:
-        return None
-    if (cert is None) != (key is None):
-        raise UsageError("set WATCHD_CLIENT_CERT and WATCHD_CLIENT_KEY together")
-    try:
-        context = ssl.create_default_context(cafile=ca)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        if cert is not None:
-            context.load_cert_chain(cert, key)
-        return context
-    except (OSError, ssl.SSLError) as exc:
-        raise UsageError(f"WATCHD_CA_FILE/WATCHD_CLIENT_CERT/WATCHD_CLIENT_KEY: cannot load: {exc}") from None
+def print_json(doc: Any, out: TextIO) -> None:
+    """A command's ``--json``: the engine's document, as it sent it."""
+    print(json.dumps(doc, indent=2), file=out)
 
 
-def _call(url: str, path: str, method: str = "GET", token: str | None = None, by: str = "") -> Any:
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--url {url}: expected http:// or https://")
-    if token is None:
-        token = _token(None)  # reads need a credential too where the engine has any (a viewer's token)
-    request = urllib.request.Request(
-        f"{url.rstrip('/')}{path}", method=method, data=b"" if method == "POST" else None
-    )
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    if by:
-        request.add_header("X-Watchd-Operator", by)
-    try:
-        with urllib.request.urlopen(request, timeout=10, context=_tls()) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            body = json.loads(exc.read())
-        except ValueError:
-            body = {}
-        if "outcome" in body:  # the engine did what was asked and says how it went (not_held, refused, ...)
-            return body
-        raise UsageError(f"{url}{path}: HTTP {exc.code}: {body.get('error', exc.reason)}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise UsageError(
-            f"cannot reach the engine at {url}: {reason} (is `watchd engine` running?)"
-        ) from None
+def exit_for(answer: Answer, ok: Collection[str] | None = None, failed: Collection[str] = ()) -> int:
+    """The exit status of an action: 4 when the engine refused it (HTTP 409 or the outcome ``refused``: a
+    node someone else drained, a validation already running); else 0 when its outcome is one of ``ok`` (or,
+    without ``ok``, not one of ``failed``); else 1."""
+    outcome = answer.doc.get("outcome")
+    if answer.status == 409 or outcome == "refused":
+        return EXIT_REFUSED
+    good = outcome in ok if ok is not None else outcome not in failed
+    return 0 if good else EXIT_FAILED
 
 
 def _when(t: float) -> str:
@@ -84,16 +35,16 @@ def _when(t: float) -> str:
 
 
 def run_status(
-    url: str, as_json: bool, out: TextIO, limit: int | None = None, node: str | None = None
+    client: EngineClient, as_json: bool, out: TextIO, limit: int | None = None, node: str | None = None
 ) -> int:
     query = {k: str(v) for k, v in (("limit", limit), ("node", node)) if v is not None}
     path = "/api/v1/status" + (f"?{urlencode(query)}" if query else "")
-    status = _call(url, path)
+    status = client.get(path)
     if as_json:
-        print(json.dumps(status, indent=2), file=out)
+        print_json(status, out)
         return 0
     print(
-        f"engine {url}: mode {status['mode']}, scheduler {status['scheduler']}, "
+        f"engine {client.url}: mode {status['mode']}, scheduler {status['scheduler']}, "
         f"{len(status['rules'])} rules, queue {status['queue_depth']}",
         file=out,
     )
@@ -173,79 +124,51 @@ def _evidence(event: dict[str, Any]) -> str:
 _EVIDENCE_FIELDS = ("xid", "pci_bus_id", "gpu", "condition", "value", "meaning", "evidence", "job")
 
 
-def run_actions(
-    verb: str, ids: list[int], url: str, token_file: Path | None, by: str | None, out: TextIO
-) -> int:
+def run_actions(verb: str, ids: list[int], client: EngineClient, as_json: bool, out: TextIO) -> int:
+    """``watchd actions list|release ID...|discard ID...``: exit 0 when every id was released (discarded),
+    4 when the engine refused one, else 1."""
     if verb == "list":
-        _print_held(_call(url, "/api/v1/held")["held"], out)
+        doc = client.get("/api/v1/held")
+        if as_json:
+            print_json(doc, out)
+        else:
+            _print_held(doc["held"], out)
         return 0
     if not ids:
         raise UsageError(f"actions {verb}: name the held action ids (see `watchd actions list`)")
-    token = _token(token_file)
-    operator = by or getpass.getuser()
-    failed = 0
+    results: list[dict[str, Any]] = []
+    worst = 0
     for held_id in ids:
-        result = _call(url, f"/api/v1/held/{held_id}/{verb}", "POST", token, operator)
-        print(f"#{held_id}: {result['outcome']}: {result['detail']}", file=out)
-        failed += result["outcome"] in ("not_held", "failed")
-    return 1 if failed else 0
+        answer = client.post(f"/api/v1/held/{held_id}/{verb}")
+        results.append({"id": held_id, **answer.doc})
+        if not as_json:
+            print(f"#{held_id}: {answer.doc['outcome']}: {answer.doc.get('detail', '')}", file=out)
+        code = exit_for(answer, failed=("not_held", "failed"))
+        worst = code if worst == 0 or code == EXIT_REFUSED else worst
+    if as_json:
+        print_json({"results": results}, out)
+    return worst
 
 
-def engine_address(config_path: Path | None) -> tuple[str, str | None]:
-    """The URL and token of the engine that ``config_path`` configures (its listen address and auth)."""
-    from watchd.config import EngineConfig, load_config
-
-    config = load_config(EngineConfig, config_path)
-    host = config.listen.host
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    elif ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{config.listen.port}", config.auth.resolve()
-
-
-def run_resume(
-    node: str,
-    url: str | None,
-    token_file: Path | None,
-    by: str | None,
-    config_path: Path | None,
-    out: TextIO,
-) -> int:
+def run_resume(node: str, client: EngineClient, as_json: bool, out: TextIO) -> int:
     """Ask the running engine to resume ``node``: the executor carries it out and audits it; the scheduler
-    refuses a node watchd did not drain. Exit 0 when the node is in service afterwards."""
-    token = _token(token_file)
-    if config_path is not None:
-        from_config, config_token = engine_address(config_path)
-        url = url or from_config
-        token = token if token_file is not None else (config_token or token)
-    url = url or DEFAULT_URL
-    operator = by or getpass.getuser()
-    result = _call(url, f"/api/v1/nodes/{quote(node, safe='')}/resume", "POST", token, operator)
-    print(f"{node}: {result['outcome']}" + (f" ({result['detail']})" if result["detail"] else ""), file=out)
-    return 0 if result["outcome"] in ("resumed", "not_drained") else 1
+    refuses a node watchd did not drain (exit 4). Exit 0 when the node is in service afterwards."""
+    answer = client.post(f"/api/v1/nodes/{quote(node, safe='')}/resume")
+    result = answer.doc
+    if as_json:
+        print_json({"node": node, **result}, out)
+    else:
+        detail = f" ({result['detail']})" if result.get("detail") else ""
+        print(f"{node}: {result['outcome']}{detail}", file=out)
+    return exit_for(answer, ("resumed", "not_drained"))
 
 
-def run_history(
-    node: str,
-    url: str | None,
-    token_file: Path | None,
-    config_path: Path | None,
-    limit: int,
-    as_json: bool,
-    out: TextIO,
-) -> int:
+def run_history(node: str, client: EngineClient, limit: int, as_json: bool, out: TextIO) -> int:
     """``watchd node history NODE``: the node's incidents, newest first, each from the evidence that took it
     out to its return to service, with every step between."""
-    token = _token(token_file)
-    if config_path is not None:
-        from_config, config_token = engine_address(config_path)
-        url = url or from_config
-        token = token if token_file is not None else (config_token or token)
-    path = f"/api/v1/nodes/{quote(node, safe='')}/history?limit={limit}"
-    doc = _call(url or DEFAULT_URL, path, token=token)
+    doc = client.get(f"/api/v1/nodes/{quote(node, safe='')}/history?limit={limit}")
     if as_json:
-        print(json.dumps(doc, indent=2), file=out)
+        print_json(doc, out)
         return 0
     found = doc.get("incidents", [])
     if not found:

@@ -8,7 +8,7 @@ import time
 from typing import Any, TextIO
 from urllib.parse import urlencode
 
-from watchd.operator_cli import _call
+from watchd.reach import EngineClient
 
 FEW_FAILURES = 5  # fewer: the interval is wide, and the output says so
 
@@ -114,7 +114,7 @@ def _advice(a: dict[str, Any], out: TextIO) -> None:
 
 
 def run_reliability(
-    url: str,
+    client: EngineClient,
     as_json: bool,
     out: TextIO,
     *,
@@ -123,7 +123,7 @@ def run_reliability(
     job: str | None = None,
 ) -> int:
     query = {k: v for k, v in (("partition", partition), ("since", since), ("job", job)) if v}
-    doc = _call(url, "/api/v1/reliability" + (f"?{urlencode(query)}" if query else ""))
+    doc = client.get("/api/v1/reliability" + (f"?{urlencode(query)}" if query else ""))
     if as_json:
         json.dump(doc, out, indent=2, sort_keys=True)
         out.write("\n")

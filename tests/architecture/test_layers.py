@@ -21,6 +21,8 @@ ORDER: tuple[str, ...] = (
     "logs",
     "untrusted",  # opening and reading files the cluster's users control
     "extras",  # names the optional extra an import needs
+    "progress",  # a command's progress line on a terminal
+    "yamlfile",  # YAML read strictly (no key twice), with positions and "did you mean"
     # the vocabulary: one typed class per event kind, the wire format, the Xid catalog, settings types; the
     # shipped rule pack (data)
     "data",
@@ -56,12 +58,15 @@ ORDER: tuple[str, ...] = (
     "security",
     "agent",
     "config",
+    "reach",  # how a command reaches a running engine: address, token, TLS; the HTTP client
     "operator_cli",
     "checks_cli",
     "drains_cli",
     "reliability_cli",
     "engine",
     "sim",
+    "cli_parser",  # the command line's grammar
+    "completion",  # shell completion generated from it
     "cli",
     "__main__",
 )

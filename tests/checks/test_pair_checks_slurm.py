@@ -18,6 +18,7 @@ from tests.checks.test_slurm_checks import engine_config, runner_of, sinfo_reaso
 from tests.harness.slurm import SlurmCluster
 from watchd.checks_cli import run_validate
 from watchd.engine.runner import Engine
+from watchd.reach import connect
 
 pytestmark = pytest.mark.slurm
 
@@ -124,7 +125,7 @@ async def test_validation_runs_the_pair_check_with_a_known_good_node(
         token = tmp_path / "token"
         token.write_text("t0ken")
         out = io.StringIO()
-        rc = await asyncio.to_thread(run_validate, "gpu-3", url, token, None, "alice", 120, out)
+        rc = await asyncio.to_thread(run_validate, "gpu-3", connect(url, token, by="alice"), 120, False, out)
         assert rc == 1, out.getvalue()
         reason = sinfo_reasons(cluster)["gpu-3"]
         assert reason.startswith("watchd: validate ") and ": nccl 2-node with gpu-" in reason, reason
@@ -139,7 +140,7 @@ async def test_validation_runs_the_pair_check_with_a_known_good_node(
         # repaired: the node runs well with a known-good node and returns
         (pair_standin / "bad_nodes").write_text("")
         out = io.StringIO()
-        rc = await asyncio.to_thread(run_validate, "gpu-3", url, token, None, "alice", 120, out)
+        rc = await asyncio.to_thread(run_validate, "gpu-3", connect(url, token, by="alice"), 120, False, out)
         assert rc == 0 and "gpu-3: resumed" in out.getvalue(), out.getvalue()
         assert "gpu-3" not in sinfo_reasons(cluster)
 

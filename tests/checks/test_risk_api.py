@@ -19,6 +19,7 @@ from watchd.engine.runner import Engine
 from watchd.errors import UsageError
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.model.events import Event
+from watchd.reach import connect
 
 TOKEN = "t0ken"
 NODES = ["gpu-1", "gpu-2", "gpu-3"]
@@ -111,7 +112,7 @@ async def test_cli_prints_the_plan(engine: Engine) -> None:
 
     def cli(*names: str, as_json: bool = False) -> str:
         out = io.StringIO()
-        rc = run_checks("plan", [], list(names), url, None, None, None, as_json, 10.0, out)
+        rc = run_checks("plan", [], list(names), connect(url), as_json, 10.0, out)
         assert rc == 0
         return out.getvalue()
 

@@ -26,6 +26,7 @@ from watchd.checks_cli import run_checks, run_validate
 from watchd.config import EngineConfig
 from watchd.engine.runner import Engine
 from watchd.integrations.slurm.checks import SlurmCheckRunner
+from watchd.reach import connect
 
 pytestmark = pytest.mark.slurm
 
@@ -190,14 +191,14 @@ async def test_validate_resumes_only_after_every_check_passes(
     token = Path(str(engine.config.state.path)).parent / "token"
     token.write_text("t0ken")
     # an admin's drain is refused, nothing runs
-    rc = await asyncio.to_thread(run_validate, "gpu-2", url, token, None, "alice", 60, out)
-    assert rc == 1 and "gpu-2: refused" in out.getvalue()
+    rc = await asyncio.to_thread(run_validate, "gpu-2", connect(url, token, by="alice"), 60, False, out)
+    assert rc == 4 and "gpu-2: refused" in out.getvalue()  # not watchd's drain: the engine refuses
     # a failing check keeps it drained with the new evidence
     (standins / "behaviour" / "gpu-1").write_text("fail")  # dcgmi prints the recorded pcie failure
     (standins / "out" / "all_reduce_perf-fail").write_text(
         (standins / "out" / "all_reduce_perf-pass").read_text()
     )
-    rc = await asyncio.to_thread(run_validate, "gpu-1", url, token, None, "alice", 120, out)
+    rc = await asyncio.to_thread(run_validate, "gpu-1", connect(url, token, by="alice"), 120, False, out)
     assert rc == 1, out.getvalue()
     assert sinfo_reasons(cluster)["gpu-1"].startswith(
         "watchd: validate dcgm pcie: dcgm diag -r 2 failed: pcie"
@@ -205,7 +206,7 @@ async def test_validate_resumes_only_after_every_check_passes(
     assert cluster.run("scontrol", "show", "res", "-o", check=False).stdout.find("watchd-validate-gpu-1") < 0
     # repaired: every check passes, the node returns to service
     (standins / "behaviour" / "gpu-1").write_text("pass")
-    rc = await asyncio.to_thread(run_validate, "gpu-1", url, token, None, "alice", 120, out)
+    rc = await asyncio.to_thread(run_validate, "gpu-1", connect(url, token, by="alice"), 120, False, out)
     assert rc == 0, out.getvalue()
     assert "gpu-1: resumed" in out.getvalue()
     assert "gpu-1" not in sinfo_reasons(cluster)
@@ -218,17 +219,17 @@ async def test_validate_resumes_only_after_every_check_passes(
     assert len(validation_jobs) == 4  # nccl + dcgm, twice
     # the CLI's list, history and run
     out = io.StringIO()
-    assert await asyncio.to_thread(run_checks, "list", [], [], url, token, None, None, False, 30, out) == 0
+    assert await asyncio.to_thread(run_checks, "list", [], [], connect(url, token), False, 30, out) == 0
     assert out.getvalue().startswith("nccl ") and "dcgm " in out.getvalue()
     out = io.StringIO()
     assert (
-        await asyncio.to_thread(run_checks, "history", ["gpu-1"], [], url, token, None, None, False, 30, out)
+        await asyncio.to_thread(run_checks, "history", ["gpu-1"], [], connect(url, token), False, 30, out)
         == 0
     )
     assert "validate:" in out.getvalue()
     out = io.StringIO()
     rc = await asyncio.to_thread(
-        run_checks, "run", ["gpu-3"], ["dcgm"], url, token, None, "bob", False, 60, out
+        run_checks, "run", ["gpu-3"], ["dcgm"], connect(url, token, by="bob"), False, 60, out
     )
     assert rc == 0 and "gpu-3" in out.getvalue() and "passed" in out.getvalue()
 

@@ -24,6 +24,7 @@ from watchd.http_settings import Listen
 from watchd.integrations.fake.fleet import FakeFleet, fleet_of
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.model.unavailable import NodeUnavailable
+from watchd.reach import connect
 from watchd.store.held import HeldAction
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
@@ -107,7 +108,7 @@ async def test_drains_api_and_cli_show_every_owner_class_with_watchd_evidence(
     engine.store.held.hold(held)
     url = f"http://127.0.0.1:{engine.port}"
     out = io.StringIO()
-    assert await asyncio.to_thread(run_drains, url, True, True, None, out) == 0
+    assert await asyncio.to_thread(run_drains, connect(url), True, True, None, out) == 0
     doc = json.loads(out.getvalue())
     rows = {r["node"]: r for r in doc["unavailable"]}
     assert {n: r["owner"] for n, r in rows.items()} == {
@@ -126,7 +127,7 @@ async def test_drains_api_and_cli_show_every_owner_class_with_watchd_evidence(
     gpu = next(p for p in doc["partitions"] if p["partition"] == "gpu")
     assert (gpu["nodes"], gpu["unavailable"]) == (6, 3)
     text = io.StringIO()
-    assert await asyncio.to_thread(run_drains, url, False, False, "watchd", text) == 0
+    assert await asyncio.to_thread(run_drains, connect(url), False, False, "watchd", text) == 0
     assert "gpu-2" in text.getvalue() and "requeued jobs: 100" in text.getvalue()
     assert "gpu-5" not in text.getvalue()
     async with aiohttp.ClientSession() as s, s.get(f"{url}/api/v1/status") as r:

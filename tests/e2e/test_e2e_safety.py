@@ -141,7 +141,7 @@ def test_burst_beyond_the_breaker_is_held_listed_and_alerted(
             text=True,
             check=False,
         )
-        assert unauthorized.returncode == 2 and "401" in unauthorized.stderr
+        assert unauthorized.returncode == 4 and "401" in unauthorized.stderr  # refused: 4
         assert len(engine.get_json("/api/v1/held")["held"]) == 8
     finally:
         assert engine.stop() == 0, engine.log()

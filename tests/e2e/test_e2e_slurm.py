@@ -108,7 +108,7 @@ def test_xid79_drains_the_node_and_requeues_its_job(clean: SlurmCluster, tmp_pat
         admin = subprocess.run(
             [*resume, "gpu-4", "--by", "alice"], capture_output=True, text=True, check=False
         )
-        assert admin.returncode == 1 and "refused" in admin.stdout
+        assert admin.returncode == 4 and "refused" in admin.stdout  # the engine refuses: 4
         assert cluster.reason("gpu-4") == "maintenance: replacing fan"
         ours = subprocess.run(
             [*resume, "gpu-2", "--by", "alice"], capture_output=True, text=True, check=False

@@ -65,7 +65,8 @@ def test_broken_config_is_one_line_per_problem_exit_2(tmp_path: Path) -> None:
     res = watchd("engine", "--config", str(config))
     assert res.returncode == 2
     assert "Traceback" not in res.stderr
-    assert f"{config}: mode:" in res.stderr and f"{config}: slurm.scontrl: unknown key" in res.stderr
+    assert f"{config}:1:7: mode:" in res.stderr
+    assert f"{config}:2:9: slurm.scontrl: unknown key (did you mean 'scontrol'?)" in res.stderr
 
 
 def test_broken_rule_file_is_reported(tmp_path: Path) -> None:
@@ -113,12 +114,12 @@ def test_systemd_units_verify(tmp_path: Path) -> None:
     assert res.returncode == 0 and not problems, res.stderr
 
 
-def test_node_resume_without_a_running_engine_is_one_line_exit_2() -> None:
+def test_node_resume_without_a_running_engine_is_one_line_exit_3() -> None:
     from tests.daemons import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     res = watchd("node", "resume", "gpu-1", "--url", url)
-    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.returncode == 3 and "Traceback" not in res.stderr  # unreachable: 3, not a usage error
     [line] = res.stderr.strip().splitlines()
     assert line.startswith(f"watchd node: cannot reach the engine at {url}: ") and "watchd engine" in line
 

@@ -23,7 +23,7 @@ def test_unknown_key_is_named_with_file_and_path(tmp_path: Path) -> None:
     path = write(tmp_path, "slurm:\n  scontrl: /usr/bin/scontrol\n")
     with pytest.raises(ConfigError) as err:
         load_config(EngineConfig, path)
-    assert str(err.value) == f"{path}: slurm.scontrl: unknown key"
+    assert str(err.value) == f"{path}:2:3: slurm.scontrl: unknown key (did you mean 'scontrol'?)"
 
 
 def test_bad_value_is_named(tmp_path: Path) -> None:
@@ -31,8 +31,58 @@ def test_bad_value_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(EngineConfig, path)
     text = str(err.value)
-    assert f"{path}: mode:" in text
-    assert f"{path}: listen.port:" in text
+    assert f"{path}:1:7: mode:" in text
+    assert f"{path}:2:16: listen.port:" in text
+
+
+def test_every_problem_with_its_line_and_column_in_the_files_order(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "lisen: {port: 1}\n"
+        "checks:\n"
+        "  items:\n"
+        "    - {name: a, type: command, command: [x], comand: 1}\n"
+        "mode: sometimes\n"
+        "alertmanager: {urls: [http://x], rsend_interval_s: 5, zzz: 1}\n",
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(EngineConfig, path)
+    assert str(err.value).splitlines() == [
+        f"{path}:1:1: lisen: unknown key (did you mean 'listen'?)",
+        f"{path}:4:46: checks.items.0.comand: unknown key (did you mean 'command'?)",
+        f"{path}:5:7: mode: Input should be 'dry-run' or 'enforce'",
+        f"{path}:6:34: alertmanager.rsend_interval_s: unknown key (did you mean 'resend_interval_s'?)",
+        f"{path}:6:55: alertmanager.zzz: unknown key",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "listen: {port: 9120, port: 9121}\n",
+        "mode: dry-run\nlisten:\n  port: 9120\n  host: 0.0.0.0\n  port: 9121\n",
+        "mode: dry-run\nmode: enforce\n",
+    ],
+)
+def test_a_key_given_twice_is_refused_where_it_is(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(
+        ConfigError, match=rf"^{path}:\d+:\d+: duplicate key '(port|mode)' \(first at line \d"
+    ):
+        load_config(EngineConfig, path)
+
+
+def test_a_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    path = write(tmp_path, "x-listen: &l {port: 9120, host: 0.0.0.0}\nlisten: {<<: *l, port: 9121}\n")
+    with pytest.raises(ConfigError, match="x-listen: unknown key"):  # the anchor's key, not a duplicate
+        load_config(EngineConfig, path)
+
+
+def test_the_agent_config_too(tmp_path: Path) -> None:
+    path = write(tmp_path, "engine:\n  url: http://e:9120\n  urll: http://f:9120\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(AgentConfig, path)
+    assert str(err.value) == f"{path}:3:3: engine.urll: unknown key (did you mean 'url'?)"
 
 
 def test_invalid_yaml_gives_line_and_column(tmp_path: Path) -> None:

@@ -270,6 +270,7 @@ async def test_status_lists_nodes_recent_actions_and_prints_them(
 
     from watchd.model.events import Event
     from watchd.operator_cli import run_status
+    from watchd.reach import connect
 
     now = time.time()
     summary = Event(
@@ -290,7 +291,7 @@ async def test_status_lists_nodes_recent_actions_and_prints_them(
     assert nodes["gpu-1"]["last_action"]["action"] in ("drain", "requeue")
     out = io.StringIO()
     monkeypatch.setenv("WATCHD_TOKEN", TOKEN)  # reads need a credential (issue 22)
-    assert await asyncio.to_thread(run_status, f"http://127.0.0.1:{engine.port}", False, out) == 0
+    assert await asyncio.to_thread(run_status, connect(f"http://127.0.0.1:{engine.port}"), False, out) == 0
     text = out.getvalue()
     assert "nodes: 2 reporting; 1 with faults (24 h), lost GPUs or held actions:" in text
     assert "gpu-1            0 GPUs, jobs -, 1 faults (last: xid 79" in text
@@ -303,6 +304,7 @@ async def test_status_cli_pages_and_filters_nodes(engine: Engine, monkeypatch: p
 
     from watchd.model.events import Event
     from watchd.operator_cli import run_status
+    from watchd.reach import connect
 
     now = time.time()
     summaries = [
@@ -314,10 +316,10 @@ async def test_status_cli_pages_and_filters_nodes(engine: Engine, monkeypatch: p
     url = f"http://127.0.0.1:{engine.port}"
     out = io.StringIO()
     monkeypatch.setenv("WATCHD_TOKEN", TOKEN)  # reads need a credential (issue 22)
-    assert await asyncio.to_thread(run_status, url, False, out, limit=2) == 0
+    assert await asyncio.to_thread(run_status, connect(url), False, out, limit=2) == 0
     assert "nodes: 5 reporting (2 shown, troubled first); 0 with faults" in out.getvalue()
     raw = io.StringIO()
-    assert await asyncio.to_thread(run_status, url, True, raw, node="gpu-6") == 0
+    assert await asyncio.to_thread(run_status, connect(url), True, raw, node="gpu-6") == 0
     doc = json.loads(raw.getvalue())
     assert [n["node"] for n in doc["nodes"]] == ["gpu-6"] and doc["nodes_total"] == 1
     async with (

@@ -21,7 +21,8 @@ from watchd.errors import UsageError
 from watchd.http_settings import Listen
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.model.nodes import WATCHD_REASON_PREFIX
-from watchd.operator_cli import engine_address, run_resume
+from watchd.operator_cli import run_resume
+from watchd.reach import Settings, connect, resolve
 
 TOKEN = "t0ken"
 
@@ -116,23 +117,26 @@ async def test_the_command_through_the_engine(engine: Engine, tmp_path: Path) ->
     token_file.write_text(TOKEN + "\n")
     url = f"http://127.0.0.1:{engine.port}"
     out = io.StringIO()
-    code = await asyncio.to_thread(run_resume, "gpu-2", url, token_file, "carol", None, out)
-    assert code == 1 and out.getvalue() == "gpu-2: refused (drained by someone else: 'bad DIMM')\n"
+    client = connect(url, token_file, by="carol")
+    code = await asyncio.to_thread(run_resume, "gpu-2", client, False, out)
+    assert code == 4 and out.getvalue() == "gpu-2: refused (drained by someone else: 'bad DIMM')\n"
     out = io.StringIO()
     # the engine's address and token from its config file, as `--config /etc/watchd/engine.yaml` gives them
     config = tmp_path / "engine.yaml"
     config.write_text(
         yaml.safe_dump({"listen": {"host": "0.0.0.0", "port": engine.port}, "auth": {"token": TOKEN}})
     )
-    assert engine_address(config) == (url, TOKEN)
-    code = await asyncio.to_thread(run_resume, "gpu-1", None, None, "carol", config, out)
+    target = resolve(Settings(config=config), env={})
+    assert (target.url, target.token) == (url, TOKEN)
+    code = await asyncio.to_thread(run_resume, "gpu-1", connect(config=config, by="carol"), False, out)
     assert code == 0 and out.getvalue().startswith("gpu-1: resumed (")
     assert [r[3] for r in resumes(engine)] == ["refused", "resumed"]
-    with pytest.raises(UsageError, match="HTTP 401"):
-        await asyncio.to_thread(run_resume, "gpu-1", url, None, "carol", None, io.StringIO())
+    with pytest.raises(UsageError, match="HTTP 401") as refused:
+        await asyncio.to_thread(run_resume, "gpu-1", connect(url, by="carol"), False, io.StringIO())
+    assert refused.value.exit_code == 4
 
 
 def test_a_clear_error_when_the_engine_is_not_running() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(UsageError, match=rf"cannot reach the engine at {url}: .*is `watchd engine` running"):
-        run_resume("gpu-1", url, None, None, None, io.StringIO())
+        run_resume("gpu-1", connect(url), False, io.StringIO())

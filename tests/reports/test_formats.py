@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from watchd.cli import _parser
+from watchd.cli_parser import parser as _parser
 from watchd.errors import UsageError
 from watchd.reports.command import render
 from watchd.reports.core import build_report

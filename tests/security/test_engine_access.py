@@ -25,6 +25,7 @@ from watchd.errors import ConfigError, UsageError
 from watchd.http_settings import Listen
 from watchd.integrations.fake.scheduler import FakeScheduler
 from watchd.operator_cli import run_status
+from watchd.reach import connect
 from watchd.security import engine_client_tls
 
 AGENT, ALICE, VIEWER = "agent-token", "alice-token", "viewer-token"
@@ -215,13 +216,15 @@ async def test_operator_cli_reads_status_over_tls(certs: Certs, monkeypatch: pyt
         monkeypatch.setenv("WATCHD_TOKEN", VIEWER)
         monkeypatch.delenv("WATCHD_CA_FILE", raising=False)
         with pytest.raises(UsageError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
-            await asyncio.to_thread(run_status, url, True, io.StringIO())  # the system's CAs do not know it
+            await asyncio.to_thread(
+                run_status, connect(url), True, io.StringIO()
+            )  # the system's CAs: unknown
         monkeypatch.setenv("WATCHD_CA_FILE", str(certs.ca))
         out = io.StringIO()
-        assert await asyncio.to_thread(run_status, url, True, out) == 0
+        assert await asyncio.to_thread(run_status, connect(url), True, out) == 0
         assert '"mode": "enforce"' in out.getvalue()
         with pytest.raises(UsageError, match="http:// or https://"):
-            await asyncio.to_thread(run_status, "ftp://x", True, io.StringIO())
+            connect("ftp://x")
 
 
 def test_a_listener_with_a_missing_key_is_a_config_error(certs: Certs, tmp_path: Path) -> None:

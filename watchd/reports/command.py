@@ -10,6 +10,7 @@ from typing import TextIO, cast
 
 from watchd.errors import UsageError
 from watchd.model.durations import parse_duration
+from watchd.progress import progress
 from watchd.reports.core import build_report
 from watchd.reports.formats import REPORT_FORMATS
 from watchd.reports.model import DIMENSIONS, Observed, UsageReport
@@ -117,9 +118,10 @@ def run_usage(  # cfg, state, slurm_conf, squeue: from the engine config, when i
         squeue=squeue,
     )
     idle = idle_util_pct if idle_util_pct is not None else (cfg.idle_util_pct if cfg else 5.0)
-    report = make_report(
-        src, observed_from(state, start, end), start=start, end=end, now=now, by=dims, idle_util_pct=idle
-    )
+    with progress("report usage: reading accounting and what watchd observed", err):
+        report = make_report(
+            src, observed_from(state, start, end), start=start, end=end, now=now, by=dims, idle_util_pct=idle
+        )
     if not report.accounting:
         print(
             f"watchd report usage: accounting unavailable ({report.accounting_note}); "

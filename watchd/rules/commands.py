@@ -18,7 +18,7 @@ from watchd.rules.unit_tests import run_test_files
 __all__ = ["run_check", "run_list", "run_schema", "run_test"]
 
 
-def run_check(paths: Sequence[Path], out: TextIO, *, defaults: bool = True) -> int:
+def run_check(paths: Sequence[Path], out: TextIO, *, defaults: bool = True, as_json: bool = False) -> int:
     """``watchd rules check [PATH...]``: every problem as ``file:line:column: message``, then one summary
     line. Files or folders (every ``*.yaml``/``*.yml`` in it), checked as the engine loads them: with the
     embedded default rules unless ``defaults`` is false (a site rule that takes a default's name without
@@ -26,17 +26,32 @@ def run_check(paths: Sequence[Path], out: TextIO, *, defaults: bool = True) -> i
     try:
         effective = effective_rules(paths, defaults=defaults)
     except ConfigError as exc:  # a file that exists but cannot be read
-        out.write(f"{exc}\n1 problem\n")
+        if as_json:
+            doc = {
+                "ok": False,
+                "problems": [{"file": None, "line": None, "column": None, "message": str(exc)}],
+            }
+            out.write(json.dumps({**doc, "summary": "1 problem"}, indent=2) + "\n")
+        else:
+            out.write(f"{exc}\n1 problem\n")
         return 1
+    where = ", ".join(str(p) for p in paths) or EMBEDDED
+    n = len(effective.problems)
+    summary = (
+        f"{n} problem{'s' if n != 1 else ''} in {where}" if n else _summary(effective, bool(paths), defaults)
+    )
+    if as_json:
+        problems = [
+            {"file": p.file, "line": p.line, "column": p.column, "message": p.message}
+            for p in effective.problems
+        ]
+        doc = {"ok": not n, "problems": problems, "rules": len(effective.rules), "summary": summary}
+        out.write(json.dumps(doc, indent=2) + "\n")
+        return 1 if n else 0
     for problem in effective.problems:
         out.write(f"{problem}\n")
-    where = ", ".join(str(p) for p in paths) or EMBEDDED
-    if effective.problems:
-        n = len(effective.problems)
-        out.write(f"{n} problem{'s' if n != 1 else ''} in {where}\n")
-        return 1
-    out.write(_summary(effective, bool(paths), defaults) + "\n")
-    return 0
+    out.write(summary + "\n")
+    return 1 if n else 0
 
 
 def _plural(n: int, word: str) -> str:
@@ -93,9 +108,10 @@ def run_list(paths: Sequence[Path], out: TextIO, *, defaults: bool = True, as_js
     return 0
 
 
-def run_test(files: Sequence[Path], out: TextIO) -> int:
-    """``watchd rules test FILE...``: run rule unit tests (see :mod:`watchd.rules.unit_tests`)."""
-    return run_test_files(files, out)
+def run_test(paths: Sequence[Path], out: TextIO, *, as_json: bool = False, junit: Path | None = None) -> int:
+    """``watchd rules test PATH...``: run rule unit tests, files or folders of them (see
+    :mod:`watchd.rules.unit_tests`); ``--json`` for one document, ``--junit FILE`` for a site's CI."""
+    return run_test_files(paths, out, as_json=as_json, junit_file=junit)
 
 
 def run_schema(out: TextIO) -> int:

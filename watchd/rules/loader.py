@@ -3,7 +3,7 @@ half-loaded. How the default pack and a site's files make the engine's set: :mod
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -12,12 +12,13 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from watchd.errors import ConfigError
-from watchd.rules.compiled.match import compile_match
+from watchd.rules.compiled.match import Predicate, compile_match
 from watchd.rules.model import ACTION_NAMES, RuleSpec
 from watchd.rules.positions import YamlPath, YamlPositions, load_with_position
 from watchd.rules.rule import Rule
 from watchd.rules.specification import MatchError, match_kinds
 from watchd.rules.template import Template, TemplateError, allowed_names
+from watchd.yamlfile import keys_at, suggestion
 
 EMBEDDED = "<embedded rules>"
 
@@ -128,68 +129,95 @@ def parse_rule_file_in_full(text: str, source: str, first_order: int = 0) -> Par
         label = f"rule {name!r}" if isinstance(name, str) else f"rules[{i}]"
         if isinstance(name, str):
             named.append((name, at))
-        try:
-            spec = RuleSpec.model_validate(item)
-        except ValidationError as exc:
-            for err in exc.errors():
-                loc = tuple(err["loc"])
-                unknown = err["type"] == "extra_forbidden"
-                where = ".".join(str(p) for p in loc) or "(rule)"
-                msg = "unknown key" if unknown else err["msg"].removeprefix("Value error, ")
-                if unknown and len(loc) == 3 and loc[0] == "actions":
-                    msg = f"unknown action {loc[2]!r}; use one of {', '.join(ACTION_NAMES)}"
-                    where = f"actions.{loc[1]}"
-                problems.append(problem((*at, *loc), f"{label}: {where}: {msg}", key=unknown))
-            continue
-        try:
-            matches = compile_match(spec.match)
-        except MatchError as exc:
-            problems.append(problem((*at, "match", *exc.path), f"{label}: match: {exc}"))
-            continue
-        unless = None
-        if spec.unless is not None:
-            try:
-                unless = compile_match(spec.unless.match)
-            except MatchError as exc:
-                problems.append(problem((*at, "unless", "match", *exc.path), f"{label}: unless: {exc}"))
-                continue
-        allowed = allowed_names(match_kinds(spec.match)) | frozenset(spec.group_by)
-        templates: list[dict[str, Any]] = []
-        bad = False
-        for j, action in enumerate(spec.actions):
-            try:
-                fields = _template_fields(action.params)
-            except TemplateError as exc:
-                problems.append(problem((*at, "actions", j), f"{label}: actions[{j}] {action.kind}: {exc}"))
-                bad = True
-                continue
-            for pname, value in fields.items():
-                for t in value.values() if isinstance(value, dict) else [value]:
-                    if isinstance(t, Template) and (unknown_names := sorted(t.names - allowed)):
-                        problems.append(
-                            problem(
-                                (*at, "actions", j, action.kind, pname),
-                                f"{label}: actions[{j}] {action.kind}.{pname}: unknown field "
-                                f"{', '.join(unknown_names)} in template",
-                            )
-                        )
-                        bad = True
-            templates.append(fields)
-        if bad:
-            continue
-        line, _ = pos.of(at)
-        rules.append(
-            Rule(
-                spec,
-                f"{source}:{line}",
-                matches,
-                unless,
-                tuple(templates),
-                order=first_order + len(rules),
+        before = len(problems)
+
+        def report(path: YamlPath, message: str, key: bool = False) -> None:
+            problems.append(problem(path, message, key))
+
+        rule = _rule(item, at, label, report)
+        if rule is not None and len(problems) == before:
+            spec, matches, unless, templates = rule
+            line, _ = pos.of(at)
+            rules.append(
+                Rule(spec, f"{source}:{line}", matches, unless, templates, order=first_order + len(rules))
             )
-        )
     problems += _duplicates_with_a_broken_rule(named, {r.source for r in rules}, source, pos)
+    problems.sort(key=lambda p: (p.line, p.column))  # in the file's order
     return ParsedFile(rules, problems, disabled)
+
+
+#: what a broken required key is replaced with, so that the rest of the rule is checked too
+_STAND_INS: dict[str, Any] = {"name": "x", "match": {}, "actions": ["requeue"]}
+Report = Callable[..., None]
+
+
+def _validate(item: Any, label: str, at: YamlPath, report: Report) -> tuple[RuleSpec | None, set[str]]:
+    """The rule's spec, or the spec of the rest of it (its broken keys left out or stood in for) with the
+    keys that are broken; every problem reported."""
+    try:
+        return RuleSpec.model_validate(item), set()
+    except ValidationError as exc:
+        broken: set[str] = set()
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            unknown = err["type"] == "extra_forbidden"
+            where = ".".join(str(p) for p in loc) or "(rule)"
+            msg = "unknown key" if unknown else err["msg"].removeprefix("Value error, ")
+            if unknown and len(loc) == 3 and loc[0] == "actions":
+                msg = f"unknown action {loc[2]!r}; use one of {', '.join(ACTION_NAMES)}"
+                where = f"actions.{loc[1]}"
+            elif unknown:
+                msg += suggestion(str(loc[-1]), keys_at(RuleSpec, loc[:-1]))
+            report((*at, *loc), f"{label}: {where}: {msg}", key=unknown)
+            broken.add(str(loc[0]) if loc else "")
+    if "" in broken or not isinstance(item, dict):
+        return None, broken  # a check of the whole rule failed: nothing more to check apart
+    rest = {k: v for k, v in item.items() if k not in broken}
+    rest |= {k: v for k, v in _STAND_INS.items() if k in broken}
+    try:
+        return RuleSpec.model_validate(rest), broken
+    except ValidationError:  # a check across keys (count needs a window, ...): reported already
+        return None, broken
+
+
+def _rule(
+    item: Any, at: YamlPath, label: str, report: Report
+) -> tuple[RuleSpec, Predicate, Predicate | None, tuple[dict[str, Any], ...]] | None:
+    """One rule compiled, or None; every problem of it reported, also those behind the first one."""
+    spec, broken = _validate(item, label, at, report)
+    matches = unless = None
+    if isinstance(item, dict) and "match" not in broken and isinstance(item.get("match"), dict):
+        try:
+            matches = compile_match(item["match"])
+        except MatchError as exc:
+            report((*at, "match", *exc.path), f"{label}: match: {exc}")
+    raw_unless = item.get("unless") if isinstance(item, dict) else None
+    if isinstance(raw_unless, dict) and isinstance(raw_unless.get("match"), dict):
+        try:
+            unless = compile_match(raw_unless["match"])
+        except MatchError as exc:
+            report((*at, "unless", "match", *exc.path), f"{label}: unless: {exc}")
+            unless = None
+    if spec is None or broken & {"actions", "group_by", "match"}:
+        return None
+    allowed = allowed_names(match_kinds(spec.match)) | frozenset(spec.group_by)
+    templates: list[dict[str, Any]] = []
+    for j, action in enumerate(spec.actions):
+        try:
+            fields = _template_fields(action.params)
+        except TemplateError as exc:
+            report((*at, "actions", j), f"{label}: actions[{j}] {action.kind}: {exc}")
+            continue
+        for pname, value in fields.items():
+            for t in value.values() if isinstance(value, dict) else [value]:
+                if isinstance(t, Template) and (unknown_names := sorted(t.names - allowed)):
+                    report(
+                        (*at, "actions", j, action.kind, pname),
+                        f"{label}: actions[{j}] {action.kind}.{pname}: unknown field "
+                        f"{', '.join(unknown_names)} in template",
+                    )
+        templates.append(fields)
+    return None if matches is None else (spec, matches, unless, tuple(templates))
 
 
 def _duplicates_with_a_broken_rule(

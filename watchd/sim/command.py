@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 from pathlib import Path
 from typing import TextIO
@@ -19,22 +18,10 @@ from watchd.sim.stats import SimStats
 __all__ = ["run_sim"]
 
 
-def _token(token_file: Path | None) -> str | None:
-    if token_file is not None:
-        try:
-            value = token_file.read_text().strip()
-        except OSError as exc:
-            raise UsageError(f"--token-file {token_file}: {exc.strerror}") from None
-        if not value:
-            raise UsageError(f"--token-file {token_file}: the file is empty")
-        return value
-    return os.environ.get("WATCHD_TOKEN") or None
-
-
 def run_sim(
     fleet_path: Path,
     url: str,
-    token_file: Path | None,
+    token: str | None,
     duration: float | None,
     progress_s: float,
     check: bool,
@@ -55,7 +42,6 @@ def run_sim(
             file=out,
         )
         return 0
-    token = _token(token_file)
     configure_logging(log_level, "auto")
     stats = asyncio.run(_run(fleet, url, token, duration or fleet.duration, progress_s, out))
     print(stats.summary(), file=out, flush=True)

@@ -23,22 +23,26 @@ actions the rules must decide for it::
 ``source=`` and ``id=`` set the event's source and id instead of an attribute.
 
 Modules: schema (the test file's keys), events (event lines), suite (loading a file), runner (running
-its tests), report (a failure's table). Evaluation is the engine's own
-(:class:`~watchd.rules.rule_engine.RuleEngine`), driven by the events' times only.
+its tests), report (a failure's table), results (files and folders run; shown as text, JSON, JUnit XML).
+Evaluation is the engine's own (:class:`~watchd.rules.rule_engine.RuleEngine`), driven by the events' times
+only.
 """
 
 from watchd.rules.unit_tests.events import parse_event_line
 from watchd.rules.unit_tests.report import format_duration
-from watchd.rules.unit_tests.runner import ActualAction, CaseOutcome, run_case, run_test_files
+from watchd.rules.unit_tests.results import Results, run_test_files, run_tests
+from watchd.rules.unit_tests.runner import ActualAction, CaseOutcome, run_case
 from watchd.rules.unit_tests.suite import Suite, load_test_file
 
 __all__ = [
     "ActualAction",
     "CaseOutcome",
+    "Results",
     "Suite",
     "format_duration",
     "load_test_file",
     "parse_event_line",
     "run_case",
     "run_test_files",
+    "run_tests",
 ]

@@ -4,17 +4,16 @@ expectations; a failure reported as a table of actions (report.py)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from watchd.rules.durations import parse_duration
 from watchd.rules.rule import Rule
 from watchd.rules.rule_engine import RuleEngine
 from watchd.rules.unit_tests.report import MAIN_PARAM, Row, pick, row, table
 from watchd.rules.unit_tests.schema import EPS, ExpectSpec
-from watchd.rules.unit_tests.suite import Case, load_test_file
+from watchd.rules.unit_tests.suite import Case
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,31 +138,3 @@ def run_case(case: Case, rules: tuple[Rule, ...], source: str) -> CaseOutcome:
         report.extend(lines[len(rows) :])
     outcome.report = report
     return outcome
-
-
-def run_test_files(files: Sequence[Path], out: TextIO) -> int:
-    """Run every test in ``files``; print failures with their diff and ``N passed, N failed``. Returns 0
-    when all pass, 1 when a test fails or a file has problems."""
-    passed = failed = broken = 0
-    for path in files:
-        loaded, problems = load_test_file(path)
-        if loaded is None:
-            broken += 1
-            for p in problems:
-                out.write(f"{p}\n")
-            continue
-        for test in loaded.tests:
-            result = run_case(test, loaded.rules, loaded.source)
-            if result.passed:
-                passed += 1
-                out.write(f"ok   {loaded.source}:{result.line}: {result.name}\n")
-            else:
-                failed += 1
-                out.write("\n".join(result.report) + "\n")
-    summary = f"{passed} passed, {failed} failed"
-    if broken:
-        summary += f", {broken} file{'s' if broken > 1 else ''} with errors"
-    if not files:
-        summary = "no test files given"
-    out.write(summary + "\n")
-    return 0 if (files and failed == 0 and broken == 0) else 1

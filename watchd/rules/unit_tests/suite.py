@@ -14,6 +14,7 @@ from watchd.rules.positions import YamlPath, YamlPositions, load_with_position
 from watchd.rules.rule import Rule
 from watchd.rules.unit_tests.events import parse_event
 from watchd.rules.unit_tests.schema import CaseSpec, SpecError, SuiteSpec
+from watchd.yamlfile import keys_at, suggestion
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,10 @@ def load_test_file(path: Path) -> tuple[Suite | None, list[Problem]]:
             loc = tuple(err["loc"])
             unknown = err["type"] == "extra_forbidden"
             msg = "unknown key" if unknown else err["msg"].removeprefix("Value error, ")
+            if unknown:
+                msg += suggestion(str(loc[-1]), keys_at(SuiteSpec, loc[:-1]))
             invalid.append(problem(loc, f"{_where(data, loc)}: {msg}", key=unknown))
-        return None, invalid
+        return None, sorted(invalid, key=lambda p: (p.line, p.column))
 
     problems: list[Problem] = []
     rule_paths: list[Path] = []
