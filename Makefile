@@ -6,6 +6,7 @@ DEBS   := slurmctld slurmd slurm-client munge prometheus-alertmanager prometheus
 DEBS   += postgresql  # the shared state store for HA (tests start a private cluster)
 DEBS   += mariadb-server slurmdbd chromium  # Slurm accounting, the HTML report in a real browser
 DEBS   += systemd-container debootstrap python3-venv  # the .deb under a real systemd (tests/systemd)
+DEBS   += zsh  # the shell completion is tested in bash and zsh
 # The Debian package's venv is built with the machine's Debian python3 (docs/packaging.md).
 DEB_PYTHON ?= /usr/bin/python3
 
