@@ -236,3 +236,17 @@ def test_nodes_that_shared_a_group_are_still_new_partners() -> None:
     runs = simulate(["gpu-1", "gpu-2", "gpu-3", "gpu-4"], 4, {"gpu-3"})
     assert [r.nodes for r in runs][-2:] == [("gpu-3", "gpu-1"), ("gpu-4", "gpu-2")]
     assert list(attribute(runs).at_fault) == ["gpu-3"] and len(runs) == 5
+
+
+async def test_nic_faults_reported_on_the_node_are_in_the_evidence() -> None:
+    def script(job: CheckJob) -> RunOutput:
+        return RunOutput("completed", SLOW if "n002" in job.nodes else TWO_NODES, 0)
+
+    runner = FakeCheckRunner(nodes(4), script)
+    h = Harness(pair_config(), runner)
+    now = h.clock.now()
+    h.service.nic_seen = {"n002": now - 7200.0, "n001": now - 30 * 86400.0}.get
+    await h.service.run_round("fabric")
+    evidence = h.by_node()["n002"].evidence
+    assert evidence.endswith("fine with others; NIC faults reported on n002 (2 h ago)"), evidence
+    assert "NIC" not in h.by_node()["n001"].evidence  # a month ago: not recent

@@ -77,6 +77,7 @@ class CheckService(CheckViews):
         self.metrics = metrics
         self.periodic = periodic
         self.order: Callable[[CheckSpec, dict[str, tuple[str, ...]]], Order | None] | None = None  # risk
+        self.nic_seen: Callable[[str], float | None] = lambda node: None  # a node's last NIC evidence
         self._running: dict[str, str] = {}  # node -> run id (any check): a node runs one check at a time
         self._tasks: set[asyncio.Task[Any]] = set()
         self._rounds: dict[str, str] = {}  # check -> its round in progress
@@ -146,6 +147,7 @@ class CheckService(CheckViews):
                 pairs = PairRound(
                     self.runner, self.store.checks, self.config, self.clock, self._running, self._run_one
                 )
+                pairs.nic_seen = self.nic_seen
                 return await pairs.run(spec, rid, scheduled_at, self._settle, self._finish_raw)
             return await self._round_body(spec, rid, scheduled_at, resumed)
         finally:

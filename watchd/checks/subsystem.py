@@ -53,6 +53,7 @@ class Checks(Component):
         self._background: set[asyncio.Task[Any]] = set()
         self.planner = RiskPlanner(service.config, service.store, service.clock)
         service.order = self.planner.order
+        service.nic_seen = lambda node: max(self.planner.evidence.of(node, "nic"), default=None)
 
     def observe(self, event: Event) -> None:
         self.planner.evidence.observe(event)

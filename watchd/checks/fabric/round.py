@@ -33,6 +33,7 @@ __all__ = ["PairRound"]
 _log = get_logger("watchd.checks.fabric")
 _MAX_WAVES = 4
 _SETTLE_S = 30.0
+_NIC_RECENT_S = 7 * 86400.0
 
 RunJob = Callable[..., Awaitable[tuple[str, str, Verdict, RunOutput]]]
 Settle = Callable[..., Awaitable[Event]]
@@ -92,6 +93,8 @@ class PairRound:
         self.clock = clock
         self.busy = busy  # nodes running a check of this engine now
         self.run_job = run_job
+        #: when the node's NIC was last reported faulty (its IB ports, NCCL's NET/IB errors), if ever
+        self.nic_seen: Callable[[str], float | None] = lambda node: None
 
     async def run(
         self, spec: CheckSpec, rid: str, scheduled_at: float, settle: Settle, finish_raw: FinishRaw
@@ -129,7 +132,10 @@ class PairRound:
         for node, bad in att.at_fault.items():
             fine = sorted({n for r in bad for n in r.others(node)} & set(att.passed))
             with_whom = " and ".join(f"{_speed(r)} with {r.partner(node)}" for r in bad)
-            evidence = f"nccl {_size(bad)}-node {with_whom}{threshold}; {', '.join(fine)} fine with others"
+            evidence = (
+                f"nccl {_size(bad)}-node {with_whom}{threshold}; {', '.join(fine)} fine with others"
+                + self._nic_note([node])
+            )
             figures = self._figures(verdicts, bad[-1], ",".join(r.partner(node) for r in bad))
             await self._emit(spec, node, rid, Verdict("failed", evidence, figures), settle)
         for node, good in att.passed.items():
@@ -138,10 +144,14 @@ class PairRound:
             await self._emit(spec, node, rid, Verdict("passed", evidence, figures), settle)
         for link in att.links:
             a, b = link.nodes[0], ",".join(link.nodes[1:])
-            evidence = f"nccl {len(link.nodes)}-node {_speed(link)} between {a} and {b}{threshold}; " + (
+            well = (
                 "both fine with others: the link between them"
                 if len(link.nodes) == 2
                 else "each fine with others: the links between them"
+            )
+            evidence = (
+                f"nccl {len(link.nodes)}-node {_speed(link)} between {a} and {b}{threshold}; {well}"
+                + self._nic_note(link.nodes)
             )
             await self._emit(
                 spec, a, rid, Verdict("link", evidence, self._figures(verdicts, link, b)), settle
@@ -228,6 +238,17 @@ class PairRound:
             judged = v.outcome in ("passed", "failed", "timeout")
             out.append(PairRun(pair, good, v.busbw, v.evidence, judged))
         return out
+
+    def _nic_note(self, nodes: Sequence[str]) -> str:
+        """``; NIC faults reported on gpu-3 (2 h ago)`` for the nodes whose NIC was reported faulty within
+        :data:`_NIC_RECENT_S` (the agent's IB ports, NCCL's NET/IB errors): hardware evidence beside the
+        bandwidth."""
+        now = self.clock.now()
+        seen = {n: t for n in nodes if (t := self.nic_seen(n)) is not None and now - t <= _NIC_RECENT_S}
+        if not seen:
+            return ""
+        ago = ", ".join(f"{n} ({(now - t) / 3600:.0f} h ago)" for n, t in sorted(seen.items()))
+        return f"; NIC faults reported on {ago}"
 
     @staticmethod
     def _threshold(spec: CheckSpec, verdicts: Mapping[Group, Verdict]) -> str:
