@@ -92,18 +92,12 @@ def _after(m: Member, onset: float) -> bool:
 
 
 def _heartbeat_lag(ranks: Iterable[RankTrack]) -> Culprit | None:
-    """The ranks whose collective sequence is behind everyone else's, all on one node, and not because they
-    last reported earlier than the others (blocked ranks report nothing: each rank's last report is from a
-    moment of its own, and one that reported earlier naturally counts fewer collectives)."""
     ranks = [r for r in ranks if r.collective_seq is not None]
     if len(ranks) < 2:
         return None
     low = min(r.collective_seq or 0 for r in ranks)
     lagging = [r for r in ranks if r.collective_seq == low]
     if len(lagging) * 2 >= len(ranks) or len({r.node for r in lagging}) != 1:
-        return None
-    others = sorted(r.last_report for r in ranks if r.collective_seq != low)
-    if min(r.last_report for r in lagging) < others[len(others) // 2]:
         return None
     r = lagging[0]
     gpu = r.gpu if len(lagging) == 1 else None

@@ -123,18 +123,23 @@ def _nvml_onset(
 def _heartbeat_onset(
     ms: list[Member], training: list[RankTrack], now: float, hb: HeartbeatParams, spinning: bool
 ) -> float | None:
-    """Most training ranks stopped advancing. Where NVML sees the job's GPUs, only while most of them spin
-    (or are lost) — ranks stopped with their GPUs idle or gone are a host stall or a job that ended, with
-    their GPUs computing a long step or an evaluation — and then a short stall is enough
-    (:func:`_corroborated_after`). Without NVML, ``max(min_stall_s, step_factor x median step)``."""
+    """Most training ranks stopped advancing. Where NVML sees the job's GPUs running it, only while most of
+    them spin (or are lost) — ranks stopped with their GPUs idle or gone are a host stall or a job that ended,
+    with their GPUs computing a long step or an evaluation — and then a short stall is enough
+    (:func:`_corroborated_after`). Where it sees GPUs it cannot attribute to the job (no process mapping),
+    while most are busy; with no NVML, always: after ``max(min_stall_s, step_factor x median step)``."""
     if not hb.enabled or not training:
         return None
-    if any(m.track is not None and m.track.windows for m in ms):
+    if any(m.track is not None and m.track.windows and m.track.job is not None for m in ms):
         hung = sum(1 for m in ms if m.state in ("spin", "lost"))
         if hung * 2 < len(ms) or not spinning:
             return None
         stalled = [r for r in training if now - r.last_advance >= _corroborated_after(r, hb)]
     else:
+        # windows the agents could not attribute to a job (no process mapping), or none: the old rule
+        busy = sum(1 for m in ms if m.state in ("spin", "compute", "lost"))
+        if any(m.track is not None and m.track.windows for m in ms) and busy * 2 < len(ms):
+            return None
         stalled = [
             r for r in training if now - r.last_advance >= _stall_after(r, hb.min_stall_s, hb.step_factor)
         ]

@@ -310,8 +310,12 @@ def _heartbeats(
                 "local_rank": key[1],
                 "reports": advance or 1,
             }
-            if hung and lagging and key != run.culprit and run.fault_active(at + period):
-                attrs["collective_seq"] = seq[key] + 1  # entered the collective the culprit never reaches
+            if hung and run.fault_active(at + period):
+                # a rank's last report before it blocks: synchronous ranks all reached the same collective
+                # (the agent forwards each rank's latest state), and entered the next one unless they are
+                # the rank stuck in compute or whose GPU was lost
+                hang_seq = 1_000_000 + int(run.fault_at / step_time)
+                attrs["collective_seq"] = hang_seq + (1 if lagging and key != run.culprit else 0)
             node = run.node_name(key[0])
             yield Event(
                 stable_id(
