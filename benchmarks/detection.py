@@ -1,20 +1,28 @@
 """Evaluation suite for the correlation detectors: simulated jobs with and without faults, at several sizes.
 
-Each run simulates one job (``watchd.sim.jobs``: per-GPU 5 s window summaries as the agents ship them,
-hardware events, and forwarded heartbeats when ``hb``) and feeds it to the engine's detectors exactly as the
-engine does: events arrive at their observation time plus the agent's delay (a window is shipped when the
-next sample closes it, ~1 s after its end), and the detectors run every ``detectors.interval_s`` (5 s).
-Findings go through the default rule pack, so "drains" are the drains the shipped rules would decide.
+Each run simulates one job (``watchd.sim.jobs``: per-GPU 5 s window summaries as the agents ship them, the
+agents' ``nccl_spin`` GPU condition, hardware events, InfiniBand port conditions where the scenario says,
+and forwarded heartbeats when ``hb``) and feeds it to the engine's detectors exactly as the engine does:
+events arrive at their observation time plus the agent's delay (a window is shipped when the next sample
+closes it, ~1 s after its end; conditions and heartbeats at once), the detectors run every
+``detectors.interval_s`` (5 s) at a phase of their own (the engine's schedule is not the agents'), and in
+between every ``detectors.watch_interval_s`` (1 s) for the jobs whose GPUs spin. Findings go through the
+default rule pack, so "drains" are the drains the shipped rules would decide.
 
-Printed per scenario and overall: detection latency from fault onset (p50/p95), culprit accuracy (the first
-finding of the expected kind names the culprit node), false findings per healthy job-hour (findings in runs
-that should have none; software-imbalance findings counted apart), and wrong drains (any drain of a node
-that is not the hardware culprit). Then the detectors' cost per cycle with 1,000 nodes in 100 jobs.
+Printed per scenario and evidence (NVML alone, NVML + heartbeats), over all runs:
 
-Issue 19: scenarios marked "+ training logs" add what the job itself prints (``watchd.sim.trainlog``: NET/IB
-errors, a CUDA error, the watchdog timeouts 600 s after the hang, Flight Recorder dumps), arriving when the
-agent reads them; each is compared with the same seeds without them: how often the lines change the culprit
-(to the right one or not) or confirm it (the final finding's evidence or corroboration is from them).
+* recall: runs where a finding of the expected kind came after the onset;
+* precision: of the findings (episodes: first reports, not their revisions), those of the expected kind
+  after the onset; any finding on a healthy phase is false;
+* culprit accuracy: where the evidence can name the culprit, every finding that names a node names it and
+  one does (a first finding corrected later is wrong; "no culprit yet" revised with the right one is right);
+  where it cannot ("none"), no finding names a node;
+* detect / named p50 / p95: from the fault's onset to the first finding, to the first naming the culprit;
+* wrong drains: any drain of a node that is not the hardware culprit.
+
+Then the issue-19 comparison (scenarios "+ training logs", with NET/IB errors, a CUDA error, the watchdog
+timeouts 600 s after the hang and Flight Recorder dumps, against the same seeds without them) and the
+detectors' cost per cycle with 1,000 nodes in 100 jobs.
 
 Run: ``.venv/bin/python benchmarks/detection.py`` (``--quick`` for fewer seeds and sizes).
 """
@@ -22,6 +30,7 @@ Run: ``.venv/bin/python benchmarks/detection.py`` (``--quick`` for fewer seeds a
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -41,28 +50,31 @@ from watchd.rules import RuleEngine, load_rules  # noqa: E402
 from watchd.sim.jobs import JobRun, simulate  # noqa: E402
 from watchd.sim.trainlog import training_events  # noqa: E402
 
-INTERVAL_S = 5.0
+INTERVAL_S = 5.0  # detectors.interval_s: the full cycle
+WATCH_INTERVAL_S = 1.0  # detectors.watch_interval_s: the jobs with spinning GPUs, judged between cycles
 WINDOW_DELAY_S = 1.0  # a window is shipped when the next sample (1 s later) closes it
-HEARTBEAT_DELAY_S = 0.05
+EVENT_DELAY_S = 0.1  # heartbeats, health and port conditions: shipped as they happen
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
     fault: str
-    expect: str | None  # the finding kind expected, None: none
-    culprit: bool  # the finding must name the culprit node
+    expect: str | None  # the finding kind expected, None: none (a healthy phase)
+    culprit: bool  # the evidence can name the culprit node (False: a right finding names none)
     drain_ok: bool  # draining the culprit is right
     duration_s: float = 420.0
     fault_at: float = 200.0
     fault_for_s: float | None = None
     trainlog: bool = False  # issue 19: the job's own lines arrive too
+    ib: bool = False  # the agents' InfiniBand port conditions (watchd.ib) arrive too
 
 
 SCENARIOS = [
     Scenario("hang, one rank stuck in compute", "hang_compute", "nccl_hang", True, False),
     Scenario("hang, a GPU lost", "hang_lost", "nccl_hang", True, True),
     Scenario("hang, NVLink down", "hang_nvlink", "nccl_hang", True, True),
+    Scenario("hang, NIC port down + IB port events", "hang_nic", "nccl_hang", True, True, ib=True),
     Scenario("host-side stall", "host_stall", "host_stall", False, False, fault_for_s=180.0),
     Scenario("thermal straggler", "thermal", "straggler", True, True, duration_s=680.0, fault_at=150.0),
     Scenario(
@@ -71,12 +83,16 @@ SCENARIOS = [
     Scenario(
         "node-wide power brake", "node_power_brake", "straggler", True, True, duration_s=680.0, fault_at=150.0
     ),
-    Scenario("pipeline-stage imbalance", "pipeline", None, False, False, duration_s=680.0, fault_at=60.0),
-    Scenario("checkpoint pause (90 s)", "checkpoint", None, False, False, fault_for_s=90.0),
-    Scenario("job start and stop", "transients", None, False, False, duration_s=600.0),
+    # healthy phases: any finding is a false positive
     Scenario("healthy, long run", "none", None, False, False, duration_s=3600.0),
+    Scenario("data-loader stalls (5-25 s)", "data_loading", None, False, False, duration_s=600.0),
+    Scenario("memory-bound copies (60 s)", "memcopy", None, False, False, fault_for_s=60.0),
+    Scenario("checkpoint write (90 s)", "checkpoint", None, False, False, fault_for_s=90.0),
+    Scenario("evaluation pause (60 s)", "eval", None, False, False, fault_for_s=60.0),
+    Scenario("pipeline-stage imbalance", "pipeline", None, False, False, duration_s=680.0, fault_at=60.0),
+    Scenario("job start and stop", "transients", None, False, False, duration_s=600.0),
     # issue 19: the training stack's lines; 900 s runs so the watchdog (600 s) fires inside them
-    Scenario("hang, NIC fails (every rank spins)", "hang_nic", "nccl_hang", True, True, duration_s=900.0),
+    Scenario("hang, NIC fails (every rank spins)", "hang_nic", "nccl_hang", False, False, duration_s=900.0),
     Scenario(
         "hang, NIC fails + training logs",
         "hang_nic",
@@ -115,10 +131,12 @@ class Outcome:
     scenario: Scenario
     nodes: int
     heartbeats: bool
-    latency_s: float | None = None
-    culprit_right: bool | None = None
-    false_findings: int = 0
-    software_findings: int = 0
+    culprit_node: str = ""
+    latency_s: float | None = None  # the first finding of the expected kind, from the fault's onset
+    named_s: float | None = None  # the first finding naming the right culprit, from the onset
+    culprit_right: bool | None = None  # see _culprit_right
+    true_findings: int = 0  # episodes (first reports) of the expected kind after the onset
+    false_findings: int = 0  # any other episode
     wrong_drains: int = 0
     right_drains: int = 0
     job_hours: float = 0.0
@@ -141,30 +159,46 @@ def run_one(s: Scenario, nodes: int, heartbeats: bool, seed: int, rules: RuleEng
         culprit=(seed % nodes, seed % 8),
         heartbeats=heartbeats,
         seed=seed,
+        ib_events=s.ib,
     )
     correlator = Correlator()
     correlator.topology.replace("slurm", [JobInfo(job.job, job.nodes_list, "slurm", partition="gpu")])
-    out = Outcome(s, nodes, heartbeats, job_hours=s.duration_s / 3600.0, seed=seed)
-    next_cycle = job.start + INTERVAL_S
+    out = Outcome(s, nodes, heartbeats, job.culprit_node, job_hours=s.duration_s / 3600.0, seed=seed)
+    # The engine's cycle runs on its own schedule, not in step with the agents' windows: a phase per run.
+    phase = random.Random(seed * 7 + nodes).uniform(0.0, INTERVAL_S)
+    tick = job.start + phase
+    next_cycle = tick + INTERVAL_S
+    watch = correlator.run_watched if correlator.config.watch_interval_s else None
+    step = WATCH_INTERVAL_S if watch is not None else INTERVAL_S
     lines = list(training_events(job)) if s.trainlog else []
     events = sorted([*simulate(job), *lines], key=_arrival)
     # In the start-and-stop run the scheduler stops listing the job once its processes ended.
     end_at = job.start + s.duration_s - 45.0 if s.fault == "transients" else float("inf")
-    for e in events:
-        while _arrival(e) > next_cycle:
-            if next_cycle >= end_at:
+
+    def advance(until: float) -> None:
+        nonlocal tick, next_cycle
+        while tick + step <= until:
+            tick += step
+            if tick >= end_at:
                 correlator.topology.replace("slurm", [])
-            _judge(correlator.run(next_cycle), job, s, out, rules)
-            next_cycle += INTERVAL_S
+            if tick >= next_cycle - 1e-6:
+                next_cycle += INTERVAL_S
+                _judge(correlator.run(tick), job, s, out, rules)
+            elif watch is not None:
+                _judge(watch(tick), job, s, out, rules)
+
+    for e in events:
+        advance(_arrival(e))
         correlator.observe(e)
-    _judge(correlator.run(next_cycle), job, s, out, rules)
+    advance(job.start + s.duration_s + INTERVAL_S)
+    out.culprit_right = _culprit_right(out, job, s)
     return out
 
 
 def _arrival(e: Event) -> float:
     if e.source == "slurm-jobs":  # training-log events carry the time the agent read them
         return e.time
-    return e.time + (HEARTBEAT_DELAY_S if e.kind == "heartbeat" else WINDOW_DELAY_S)
+    return e.time + (WINDOW_DELAY_S if e.kind == "gpu_summary" else EVENT_DELAY_S)
 
 
 def _judge(findings: list[Finding], job: JobRun, s: Scenario, out: Outcome, rules: RuleEngine) -> None:
@@ -174,11 +208,12 @@ def _judge(findings: list[Finding], job: JobRun, s: Scenario, out: Outcome, rule
         expected = s.expect is not None and f.kind == s.expect and f.time >= onset
         if expected and out.latency_s is None:
             out.latency_s = f.time - onset
-            out.culprit_right = f.culprit_node == job.culprit_node if s.culprit else None
-        elif not expected:
-            if f.kind == "straggler" and not f.hardware:
-                out.software_findings += 1
-            elif s.expect != f.kind:
+        if expected and out.named_s is None and f.culprit_node == job.culprit_node and s.culprit:
+            out.named_s = f.time - onset
+        if f.revision == 0:
+            if expected:
+                out.true_findings += 1
+            else:
                 out.false_findings += 1
         for decision in rules.evaluate(f.to_event()):
             for action in decision.actions:
@@ -188,6 +223,21 @@ def _judge(findings: list[Finding], job: JobRun, s: Scenario, out: Outcome, rule
                     out.right_drains += 1
                 else:
                     out.wrong_drains += 1
+
+
+def _culprit_right(out: Outcome, job: JobRun, s: Scenario) -> bool | None:
+    """Where the evidence can name the culprit: every finding of the expected kind that names a node names
+    the culprit (a first finding later corrected is wrong; one that says "no culprit yet" and is revised
+    with the culprit is right), and one does. Where it cannot: no finding names a node."""
+    if s.expect is None:
+        return None
+    mine = [f for f in out.findings if f.kind == s.expect and f.time >= job.start + job.fault_at]
+    named = {f.culprit_node for f in mine if f.culprit_node is not None}
+    if not mine:
+        return False
+    if not s.culprit:
+        return not named
+    return named == {job.culprit_node}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -218,7 +268,14 @@ def evaluate(
     return outcomes
 
 
+def _ratio(n: int, d: int) -> str:
+    return f"{n / d:.0%} ({n}/{d})" if d else "-"
+
+
 def report(outcomes: list[Outcome]) -> None:
+    """Per scenario and evidence: detection recall, finding precision (any finding on a healthy phase, or of
+    another kind, is false), culprit accuracy (a corrected first finding counts as wrong), time to detect
+    and to name the culprit (p50/p95, from the fault's onset), wrong drains."""
     rows = []
     for s in SCENARIOS:
         for hb in (False, True):
@@ -226,21 +283,23 @@ def report(outcomes: list[Outcome]) -> None:
             if not mine:
                 continue
             lat = [o.latency_s for o in mine if o.latency_s is not None]
-            detected = f"{len(lat)}/{len(mine)}" if s.expect else "-"
-            culprits = [o.culprit_right for o in mine if o.culprit_right is not None]
-            acc = f"{sum(culprits)}/{len(culprits)}" if culprits else "-"
-            hours = sum(o.job_hours for o in mine)
+            named = [o.named_s for o in mine if o.named_s is not None]
+            true = sum(o.true_findings for o in mine)
             false = sum(o.false_findings for o in mine)
+            culprits = [o.culprit_right for o in mine if o.culprit_right is not None]
             rows.append(
                 [
                     s.name,
-                    "yes" if hb else "no",
-                    detected,
-                    fmt(statistics.median(lat)) if lat else "-",
-                    fmt(pct(lat, 0.95)) if lat else "-",
-                    acc,
-                    f"{false / hours:.2f}" if s.expect is None else str(false),
-                    str(sum(o.software_findings for o in mine)),
+                    "nvml+hb" if hb else "nvml",
+                    str(len(mine)),
+                    _ratio(len(lat), len(mine)) if s.expect else "-",
+                    _ratio(true, true + false) if true + false else "-",
+                    str(false),
+                    (_ratio(sum(culprits), len(culprits)) + ("" if s.culprit else " none"))
+                    if culprits
+                    else "-",
+                    f"{fmt(statistics.median(lat))} / {fmt(pct(lat, 0.95))}" if lat else "-",
+                    f"{fmt(statistics.median(named))} / {fmt(pct(named, 0.95))}" if named else "-",
                     str(sum(o.wrong_drains for o in mine)),
                     str(sum(o.right_drains for o in mine)) if s.drain_ok else "-",
                 ]
@@ -249,13 +308,14 @@ def report(outcomes: list[Outcome]) -> None:
         table(
             [
                 "scenario",
-                "heartbeats",
-                "detected",
-                "latency p50",
-                "p95",
-                "culprit right",
-                "false (/job-h | count)",
-                "software findings",
+                "evidence",
+                "runs",
+                "recall",
+                "precision",
+                "false findings",
+                "culprit accuracy",
+                "detect p50 / p95",
+                "named p50 / p95",
                 "wrong drains",
                 "culprit drains",
             ],
@@ -264,28 +324,35 @@ def report(outcomes: list[Outcome]) -> None:
     )
     print()
     for hb in (False, True):
-        hang = [
-            o
-            for o in outcomes
-            if o.heartbeats == hb and o.scenario.expect == "nccl_hang" and o.latency_s is not None
+        mode = [o for o in outcomes if o.heartbeats == hb]
+        hang = [o.latency_s for o in mode if o.scenario.expect == "nccl_hang" and o.latency_s is not None]
+        straggler = [
+            o.latency_s for o in mode if o.scenario.expect == "straggler" and o.latency_s is not None
         ]
-        lat = [o.latency_s for o in hang if o.latency_s is not None]
-        culprit_runs = [o for o in outcomes if o.heartbeats == hb and o.culprit_right is not None]
-        healthy = [o for o in outcomes if o.heartbeats == hb and o.scenario.expect is None]
+        healthy = [o for o in mode if o.scenario.expect is None]
         hours = sum(o.job_hours for o in healthy)
-        straggler = [o.latency_s for o in outcomes if o.heartbeats == hb and o.scenario.expect == "straggler"]
-        missed = sum(1 for o in outcomes if o.heartbeats == hb and o.scenario.expect and o.latency_s is None)
-        false = sum(o.false_findings for o in healthy)
-        wrong = sum(o.wrong_drains for o in outcomes if o.heartbeats == hb)
-        if not lat or not hours:  # a partial run (--trainlog): no healthy runs to rate
+        worst = min(
+            (
+                (sum(bool(o.culprit_right) for o in runs) / len(runs), name)
+                for name in {o.scenario.name for o in mode if o.scenario.expect is not None}
+                if (runs := [o for o in mode if o.scenario.name == name])
+            ),
+            default=(float("nan"), "-"),
+        )
+        missed = sum(1 for o in mode if o.scenario.expect and o.latency_s is None)
+        false = sum(o.false_findings for o in mode)
+        if not hang:
             continue
         print(
-            f"overall, heartbeats {'on ' if hb else 'off'}: hang latency p50 {fmt(statistics.median(lat))} "
-            f"p95 {fmt(pct(lat, 0.95))} (target {'20' if hb else '60'} s; PyTorch's default: 600 s); "
-            f"straggler p95 {fmt(pct([x for x in straggler if x is not None], 0.95))} (target 300 s); "
-            f"culprit accuracy {sum(bool(o.culprit_right) for o in culprit_runs) / len(culprit_runs):.1%} "
-            f"(target 95%); missed {missed}; false findings {false / hours:.3f} per healthy job-hour "
-            f"({hours:.1f} job-h); wrong drains {wrong}"
+            f"overall, {'nvml+heartbeats' if hb else 'nvml alone'}: "
+            f"hang detect p50 {fmt(statistics.median(hang))} "
+            f"p95 {fmt(pct(hang, 0.95))} (goal {'8' if hb else '15'} s); "
+            f"straggler p95 {fmt(pct(straggler, 0.95)) if straggler else '-'} (goal 60 s); "
+            f"lowest culprit accuracy {worst[0]:.1%} ({worst[1] if worst[0] < 1 else 'every scenario'}; "
+            f"goal 95%); missed {missed}; "
+            f"false findings {false} ({false / max(hours, 1e-9):.3f} per healthy job-hour, "
+            f"{hours:.1f} job-h); "
+            f"wrong drains {sum(o.wrong_drains for o in mode)}"
         )
 
 
@@ -308,7 +375,7 @@ def trainlog_effect(outcomes: list[Outcome]) -> None:
                 f, g = o.final(), b.final() if b else None
                 node, before = (f.culprit_node if f else None), (g.culprit_node if g else None)
                 if f is not None and node != before:
-                    right = node is not None and node == _culprit_of(o)
+                    right = node is not None and node == o.culprit_node
                     changed_right += right
                     changed_wrong += not right
                     by[f.evidence] = by.get(f.evidence, 0) + 1
@@ -352,10 +419,6 @@ def trainlog_effect(outcomes: list[Outcome]) -> None:
             rows,
         )
     )
-
-
-def _culprit_of(o: Outcome) -> str:
-    return JobRun(o.scenario.fault, nodes=o.nodes, culprit=(o.seed % o.nodes, o.seed % 8)).culprit_node  # type: ignore[arg-type]
 
 
 def cycle_cost(jobs: int = 100, nodes_per_job: int = 10, gpus: int = 8, minutes: int = 5) -> None:

@@ -402,7 +402,8 @@ def test_straggler_disabled_gives_nothing() -> None:
 
 
 def test_partition_override_changes_thresholds_for_that_partition_only() -> None:
-    config = DetectorsConfig(partitions={"inference": {"straggler": {"for_s": 30}}})
+    config = DetectorsConfig(partitions={"inference": {"straggler": {"for_s": 120}}})
+    assert config.straggler.for_s == 30.0
     fleet = Fleet(config).add("slurm:1", ("a1", "a2"), partition="inference").add("slurm:2", ("b1", "b2"))
     fleet.run_for(60.0)
     fault_at = fleet.t
@@ -411,12 +412,12 @@ def test_partition_override_changes_thresholds_for_that_partition_only() -> None
         ("b2", 1): {"clock": 0.7 * CLOCK, "thermal": 1.0},
     }
     fleet.run_for(300.0, slow)
-    fast, default = stragglers(fleet.findings, "slurm:1"), stragglers(fleet.findings, "slurm:2")
-    assert fast and default
-    assert fast[0].partition == "inference"
-    assert fast[0].to_event().attrs["duration_s"] == 30.0
-    assert default[0].to_event().attrs["duration_s"] == 120.0
-    assert fast[0].time - fault_at < 120.0 <= default[0].time - fault_at
+    slow_p, default = stragglers(fleet.findings, "slurm:1"), stragglers(fleet.findings, "slurm:2")
+    assert slow_p and default
+    assert slow_p[0].partition == "inference"
+    assert slow_p[0].to_event().attrs["duration_s"] == 120.0
+    assert default[0].to_event().attrs["duration_s"] == 30.0
+    assert default[0].time - fault_at < 120.0 <= slow_p[0].time - fault_at
 
 
 def test_partition_override_merges_with_the_top_level() -> None:

@@ -76,7 +76,7 @@ def test_every_registered_detector_judges_every_job_with_its_own_partitions_para
     first, second = FakeDetector("a"), FakeDetector("b")
     c = correlator(first, second, config=DetectorsConfig(partitions={"batch": {"hang": {"for_s": 40}}}))
     assert c.run(T0) == []
-    assert sorted(first.asked) == sorted(second.asked) == [(JOB, T0, 20.0), ("slurm:2", T0, 40.0)]
+    assert sorted(first.asked) == sorted(second.asked) == [(JOB, T0, 10.0), ("slurm:2", T0, 40.0)]
 
 
 def test_the_first_detector_that_sees_a_condition_ends_the_jobs_turn() -> None:

@@ -75,6 +75,7 @@ async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
             "rule-state": cfg.state.rules_snapshot_s,
             "jobs": cfg.jobs.refresh_s,
             "detectors": cfg.detectors.interval_s,
+            "detectors-watch": cfg.detectors.watch_interval_s,  # jobs whose GPUs spin (issue 35)
             "fleet-prune": 60.0,
             "store-probe": 2.0,  # the state database's write probe (issue 16 item 3)
             "reliability-flush": cfg.reliability.flush_s,  # issue 17

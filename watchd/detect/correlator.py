@@ -22,6 +22,9 @@ from watchd.model.events import Event
 from watchd.slices import Steps, release, run_all
 
 _GPU_FAULT_KINDS = frozenset({"xid", "gpu_health"})
+#: the detectors that judge between cycles the jobs whose GPUs their agents say spin (the first in the
+#: registry: a job it finds hung is nothing else that cycle either)
+WATCHED = frozenset({"nccl_hang"})
 
 
 class Correlator:
@@ -94,6 +97,32 @@ class Correlator:
             yield
         self.episodes.expire(now)
         yield from release(jobs, STEP)  # 100,000 views freed at once would hold the loop
+        return out
+
+    def run_watched(self, now: float) -> list[Finding]:
+        """Between cycles: the jobs with a GPU whose agent says it spins, judged at ``now`` by the hang
+        detector alone; the findings to report (the same episodes as the cycles': nothing twice)."""
+        return run_all(self.watched_steps(now))
+
+    def watched_steps(self, now: float) -> Steps[list[Finding]]:
+        """:meth:`run_watched` in steps, one job at a time. Its cost grows with the spinning jobs' sizes, not
+        with the fleet's: most of the time there is none, and it returns at once."""
+        out: list[Finding] = []
+        if not self.fleet.spinning:
+            return out
+        cycle = Cycle(self.fleet, now, self.config)
+        detectors = [d for d in self.detectors if d.name in WATCHED]
+        for job_id in sorted(self.fleet.spinning.jobs(now, self.topology.job_of)):
+            job = self.topology.view(job_id, now)
+            if job is None:
+                continue  # a job only its agents know: judged in the cycles
+            params = self.config.for_partition(job.partition)
+            for detector in detectors:
+                for sighting in detector.judge(cycle, job, detector.params(params)):
+                    finding = self.episodes.sighted(job.id, sighting, now)
+                    if finding is not None:
+                        out.append(finding)
+            yield
         return out
 
     def prune(self, now: float) -> None:

@@ -5,7 +5,9 @@ Xid on one node; NET/IB completion errors on one node only (the NIC: hardware ev
 (not spinning: idle, computing or silent) all on one node; a CUDA error the training stack reported on one
 node; the ranks whose last completed collective lags the others' (the wavefront, from Flight Recorder dumps
 and the watchdog's work-status lines); the rank whose collective sequence lags in its heartbeats; the rank
-that entered the timed-out collective last; the first GPU to go quiet. Without a culprit: the suspects.
+that entered the timed-out collective last. Without a culprit: the suspects, and the finding says so. (The
+GPU that went quiet first is no evidence: in a hang every rank but the culprit reaches the collective and
+spins; the first of them is the earliest to arrive, not the one that failed.)
 
 Every finder is asked; the first that names a node is the culprit, and the others that name the same node
 are listed in ``corroborated`` (those naming another node in ``contradicted``): the finding says which
@@ -60,8 +62,15 @@ def _hardware_culprit(events: list[HardwareEvent], onset: float) -> Culprit | No
     )
 
 
-def _odd_one_out(ms: list[Member]) -> Culprit | None:
-    odd = [m for m in ms if m.state in ("idle", "compute", "silent", "lost")]
+def _odd_one_out(ms: list[Member], onset: float) -> Culprit | None:
+    """The GPUs that do not spin while the others do, all on one node. A GPU idle or computing counts only
+    when its newest window lies (three quarters of it) after the onset: one whose window predates it (its
+    agent's spin report or its next window still on the way) is not known yet to be odd."""
+    odd = [
+        m
+        for m in ms
+        if m.state in ("lost", "silent") or (m.state in ("idle", "compute") and _after(m, onset))
+    ]
     if not odd or len(odd) * 2 >= len(ms):
         return None
     nodes = sorted({m.node for m in odd})
@@ -71,6 +80,15 @@ def _odd_one_out(ms: list[Member]) -> Culprit | None:
         what = f"{len(odd)} GPU(s) not spinning ({states}) while {len(ms) - len(odd)} spin"
         return Culprit(nodes[0], gpu, "odd_one_out", False, 0.85, what, tuple(nodes))
     return Culprit(None, None, "none", False, 0.3, f"GPUs not spinning on {len(nodes)} nodes", tuple(nodes))
+
+
+def _after(m: Member, onset: float) -> bool:
+    w = m.track.latest() if m.track is not None else None
+    if w is None or m.track is None:
+        return False
+    ws = m.track.windows
+    length = ws[-1].end - ws[-2].end if len(ws) >= 2 and ws[-1].end > ws[-2].end else 5.0
+    return w.end - 0.75 * length >= onset
 
 
 def _heartbeat_lag(ranks: Iterable[RankTrack]) -> Culprit | None:
@@ -85,27 +103,6 @@ def _heartbeat_lag(ranks: Iterable[RankTrack]) -> Culprit | None:
     gpu = r.gpu if len(lagging) == 1 else None
     what = f"rank {r.rank} at collective {low}, the others ahead"
     return Culprit(r.node, gpu, "heartbeat_lag", False, 0.8, what, (r.node,))
-
-
-def _first_quiet(ms: list[Member], spin_starts: dict[tuple[str, int], float]) -> Culprit | None:
-    if len(spin_starts) < 2:
-        return None
-    ordered = sorted(spin_starts.items(), key=lambda kv: kv[1])
-    (node, gpu), first = ordered[0]
-    second = ordered[1][1]
-    by_node = {k[0] for k, t in ordered if t == first}
-    if second - first < 1.0 and len(by_node) != 1:
-        return None
-    gpus_first = [k for k, t in ordered if t == first]
-    return Culprit(
-        node,
-        gpu if len(gpus_first) == 1 else None,
-        "first_quiet",
-        False,
-        0.5,
-        f"went quiet first, {second - first:.0f}s before the next",
-        (node,),
-    )
 
 
 _FLUSH_ERR = 5
@@ -223,7 +220,6 @@ def find_culprit(
     onset: float,
     now: float,
     p: HangParams,
-    spin_starts: dict[tuple[str, int], float],
 ) -> Culprit:
     since = onset - p.culprit_lookback_s
     events = [h for node in job.nodes for h in fleet.hardware_events(node, since) if h.time <= now]
@@ -237,12 +233,11 @@ def find_culprit(
     finders: tuple[Callable[[], Culprit | None], ...] = (
         lambda: _hardware_culprit(events, onset),
         lambda: _nic_errors(training, job, since, now),
-        lambda: _odd_one_out(ms),
+        lambda: _odd_one_out(ms, onset),
         lambda: _cuda_error(training, job, since, now),
         lambda: _wavefront(evidence),
         lambda: _heartbeat_lag(ranks),
         lambda: _late_arrival(evidence),
-        lambda: _first_quiet(ms, spin_starts),
     )
     named = [c for f in finders if (c := f()) is not None and c.node is not None]
     if named:
@@ -251,4 +246,11 @@ def find_culprit(
         disagree = tuple(c.evidence for c in named[1:] if c.node != chosen.node)
         return replace(chosen, corroborated=agree, contradicted=disagree)
     suspects = tuple(sorted({m.node for m in ms if m.state != "spin"})) or job.nodes
-    return Culprit(None, None, "none", False, 0.3, "no odd one out", suspects)
+    if ms and all(m.state == "spin" for m in ms):
+        what = (
+            "every GPU spins and no evidence names a node (a NIC, link or fabric fault shows in the nodes' "
+            "InfiniBand port conditions or NCCL's NET/IB lines)"
+        )
+    else:
+        what = "no odd one out"
+    return Culprit(None, None, "none", False, 0.3, what, suspects)

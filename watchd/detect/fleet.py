@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchd.detect import fleet_bytes as cost
+from watchd.detect.spins import SPIN_CONDITION, Spin, Spins
 from watchd.detect.trainlog_evidence import KINDS as TRAINLOG_KINDS
 from watchd.detect.trainlog_evidence import TrainingEvidence
 from watchd.jobs.topology import JobTopology
@@ -46,6 +47,11 @@ _EWMA = 0.2
 MAX_NODES = 131_072  # a 100,000-GPU fleet of 1-GPU nodes, with room: the bound any input can reach
 MAX_GPUS_PER_NODE = 64  # GPU indexes 0..63 (the largest nodes have 16)
 MAX_BYTES = 2048 * 1024 * 1024  # 100,000 GPUs with 300 s of 5 s windows take about 850 MiB
+
+
+def _window_len(track: GpuTrack) -> float:
+    ws = track.windows
+    return ws[-1].end - ws[-2].end if len(ws) >= 2 and ws[-1].end > ws[-2].end else 5.0
 
 
 def _float(value: float | None) -> float | None:
@@ -104,6 +110,7 @@ class RankTrack:
     collective_seq: int | None = None
     last_report: float = 0.0
     last_advance: float = 0.0
+    advance_every: float | None = None  # running average of the time between advancing reports
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=16))
     compute_times: deque[float] = field(default_factory=lambda: deque(maxlen=16))
 
@@ -146,6 +153,8 @@ class FleetState:
         self.lost: dict[tuple[str, int], float] = {}  # (node, gpu) -> when NVML said lost
         self.pci: dict[str, dict[str, int]] = {}  # node -> PCI bus id -> GPU index (from the summaries)
         self.lost_by_node: dict[str, dict[int, float]] = {}  # the same as ``lost``, indexed by node
+        # the agents' sub-window hang signature (``gpu_health`` ``nccl_spin``): (node, gpu) -> its spin
+        self.spinning = Spins()
         self.max_nodes = max_nodes
         self.max_gpus_per_node = max_gpus_per_node
         self.max_bytes = max_bytes
@@ -189,6 +198,8 @@ class FleetState:
             self.gpus.pop((node, gpu), None)
         for gpu in self.lost_by_node.pop(node, {}):
             self.lost.pop((node, gpu), None)
+        if self.spinning:
+            self._charge(node, self.spinning.forget_node(node, self.max_gpus_per_node))
         self.hardware.pop(node, None)
         self.pci.pop(node, None)
         for job, rank in self._ranks_on.pop(node, ()):
@@ -333,6 +344,10 @@ class FleetState:
         was_quiet = track.phase in QUIET_PHASES
         track.phase = hb.phase or DEFAULT_PHASE
         if step > track.step:
+            if track.steps_seen:
+                gap = e.time - track.last_advance
+                every = track.advance_every
+                track.advance_every = gap if every is None else every + _EWMA * (gap - every)
             track.step = step
             track.steps_seen += 1
             track.last_advance = e.time
@@ -367,6 +382,9 @@ class FleetState:
 
     def _health(self, e: Event) -> None:
         h = GpuHealth.read(e)
+        if h is not None and h.condition == SPIN_CONDITION:
+            self._spin(e, h)
+            return
         if h is None or not h.value:
             return  # value 0: the condition cleared
         condition = h.condition
@@ -380,6 +398,25 @@ class FleetState:
             what = f"{condition}: {evidence}" if evidence else condition
             hardware = condition in HARDWARE_CONDITIONS
             self._hardware(HardwareEvent(e.time, e.node, h.gpu, what, hardware, condition))
+
+    def _spin(self, e: Event, h: GpuHealth) -> None:
+        if h.gpu is not None and self._gpu_in_bounds(h.gpu):
+            self._touch(e.node, e.time)
+            self._charge(e.node, self.spinning.report(e.node, h.gpu, h.value, h.extra.get("since"), e.time))
+
+    def spin_of(self, node: str, gpu: int, now: float) -> Spin | None:
+        """The GPU's spin as its agent reported it (:mod:`watchd.detect.spins`), unless a whole window that
+        began after it started says the GPU does not spin (the clear was lost)."""
+        spin = self.spinning.fresh(node, gpu, now)
+        track = self.gpus.get((node, gpu))
+        if spin is None or track is None or not track.windows:
+            return spin
+        w, base = track.windows[-1], track.power_base
+        if w.end - _window_len(track) < spin.since or w.end <= spin.reported:
+            return spin
+        if w.util is None or w.power is None or base is None:
+            return None
+        return spin if w.util >= 90.0 and w.power <= self.spin_power_ratio * base else None
 
     def _ib_port(self, e: Event) -> None:
         """An InfiniBand/RoCE port down, downtrained or with climbing link counters: hardware evidence on the
@@ -508,6 +545,8 @@ class FleetState:
             del self.gpus[key]
         for key in [k for k, t in self.lost.items() if t < horizon]:
             self._clear_lost(*key)
+        for node in self.spinning.prune(now):
+            self._charge(node, -cost.SPIN)
         yield
         for node in [n for n, q in self.hardware.items() if not q or q[-1].time < now - 86400.0]:
             del self.hardware[node]
@@ -550,6 +589,8 @@ class FleetState:
             )
         for node, lost in self.lost_by_node.items():
             by_node[node] = by_node.get(node, 0) + cost.LOST * len(lost)
+        for node, _ in self.spinning.table:
+            by_node[node] = by_node.get(node, 0) + cost.SPIN
         for node, by_pci in self.pci.items():
             by_node[node] = by_node.get(node, 0) + sum(cost.pci(p, i == 0) for i, p in enumerate(by_pci))
         for node, keys in self._ranks_on.items():

@@ -13,6 +13,7 @@ WINDOW = 140  # one summary window kept in a GPU's history
 HARDWARE_FIRST = 550  # the first hardware event of a node: its bounded queue
 HARDWARE = 135  # each hardware event, plus the text of what it was
 LOST = 140  # a GPU NVML called lost, in both of its indexes
+SPIN = 180  # a GPU its agent says spins (nccl_spin): its key and entry
 PCI = 150  # a PCI bus id mapped to a GPU index, plus its text
 PCI_FIRST = 230  # a node's first PCI bus id: the node's map
 RANK = 1850  # a training rank's track (with its bounded step-time history) and its topology entry

@@ -16,7 +16,7 @@ from functools import partial
 from watchd.detect.culprit import Culprit, find_culprit
 from watchd.detect.detector import Cycle, Onset, Sighting
 from watchd.detect.finding import Finding
-from watchd.detect.fleet import RankTrack
+from watchd.detect.fleet import FleetState, RankTrack
 from watchd.detect.members import (
     Member,
     is_spin,
@@ -24,7 +24,6 @@ from watchd.detect.members import (
     job_ranks,
     quiet_declared,
     run_start,
-    sustained_since,
     warmed_up,
 )
 from watchd.detect.params import DetectorParams, HangParams, HeartbeatParams
@@ -72,13 +71,13 @@ def judge(
 ) -> Verdict | None:
     """Is the job hung at ``cycle.now``?"""
     now, p = cycle.now, params.nvml
-    spin_starts: dict[tuple[str, int], float] = {}
+    spins: dict[tuple[str, int], tuple[float, float]] = {}
     nvml_onset = None
     if p.enabled and ms and warmed_up(ms, p):
-        spin_starts = _spin_starts(ms, p)
-        nvml_onset = _nvml_onset(ms, spin_starts, now, p)
+        spins = _spins(cycle.fleet, ms, now, p)
+        nvml_onset = _nvml_onset(ms, spins, p)
     training = [r for r in ranks if r.phase == "train" and r.steps_seen >= params.heartbeat.min_steps]
-    hb_onset = _heartbeat_onset(ms, training, now, params.heartbeat)
+    hb_onset = _heartbeat_onset(ms, training, now, params.heartbeat, p.enabled and bool(spins))
     # issue 19: a watchdog timeout in the job's own output is a hang too (it began when that collective did)
     tl_onset = cycle.fleet.training.timeout_onset(job.id, now - cycle.fleet.history_s)
     onsets = (("nvml", nvml_onset), ("heartbeat", hb_onset), ("trainlog", tl_onset))
@@ -86,42 +85,73 @@ def judge(
         return None
     onset = min(x for _, x in onsets if x is not None)
     signal = "+".join(s for s, x in onsets if x is not None)
-    culprit = find_culprit(cycle.fleet, job, ms, training, onset, now, p, spin_starts)
-    return Verdict(onset, signal, culprit, len(ms), len(spin_starts))
+    culprit = find_culprit(cycle.fleet, job, ms, training, onset, now, p)
+    return Verdict(onset, signal, culprit, len(ms), len(spins))
 
 
-def _spin_starts(ms: list[Member], p: HangParams) -> dict[tuple[str, int], float]:
+def _spins(
+    fleet: FleetState, ms: list[Member], now: float, p: HangParams
+) -> dict[tuple[str, int], tuple[float, float]]:
+    """Each spinning GPU's (start, seen until): from its agent's ``nccl_spin`` (its first spinning sample,
+    until now: the agent says at its next sample when it stops), else from its windows (the first of its
+    newest run of spinning windows, until the newest's end)."""
     out = {}
     for m in ms:
-        if m.state == "spin" and m.track is not None:
+        if m.state != "spin":
+            continue
+        spin = fleet.spin_of(m.node, m.gpu, now) if fleet.spinning else None
+        if spin is not None:
+            out[(m.node, m.gpu)] = (spin.since, now)
+        elif m.track is not None:
             start = run_start(m.track, partial(is_spin, track=m.track, p=p))
             if start is not None:
-                out[(m.node, m.gpu)] = start
+                out[(m.node, m.gpu)] = (start, m.track.windows[-1].end)
     return out
 
 
 def _nvml_onset(
-    ms: list[Member], spin_starts: dict[tuple[str, int], float], now: float, p: HangParams
+    ms: list[Member], spins: dict[tuple[str, int], tuple[float, float]], p: HangParams
 ) -> float | None:
+    """At least ``fraction`` of the job's GPUs have spun for ``for_s``: the hang began with the first."""
     need = max(1, math.ceil(p.fraction * len(ms)))
-    since = sustained_since(list(spin_starts.values()), need)
-    latest = max((m.track.windows[-1].end for m in ms if m.track and m.track.windows), default=now)
-    if since is not None and latest - since >= p.for_s:
-        return min(spin_starts.values())
+    held = sorted((until - start for start, until in spins.values()), reverse=True)
+    if len(held) >= need and held[need - 1] >= p.for_s:
+        return min(start for start, _ in spins.values())
     return None
 
 
 def _heartbeat_onset(
-    ms: list[Member], training: list[RankTrack], now: float, hb: HeartbeatParams
+    ms: list[Member], training: list[RankTrack], now: float, hb: HeartbeatParams, spinning: bool
 ) -> float | None:
-    # Ranks that stopped with their GPUs idle or gone are a host stall or a job that ended, not a hang.
-    busy = sum(1 for m in ms if m.state in ("spin", "compute", "lost"))
-    if not hb.enabled or not training or (ms and busy * 2 < len(ms)):
+    """Most training ranks stopped advancing. Where NVML sees the job's GPUs running it, only while most of
+    them spin (or are lost) — ranks stopped with their GPUs idle or gone are a host stall or a job that ended,
+    with their GPUs computing a long step or an evaluation — and then a short stall is enough
+    (:func:`_corroborated_after`). Where it sees GPUs it cannot attribute to the job (no process mapping),
+    while most are busy; with no NVML, always: after ``max(min_stall_s, step_factor x median step)``."""
+    if not hb.enabled or not training:
         return None
-    stalled = [r for r in training if now - r.last_advance >= _stall_after(r, hb.min_stall_s, hb.step_factor)]
+    if any(m.track is not None and m.track.windows and m.track.job is not None for m in ms):
+        hung = sum(1 for m in ms if m.state in ("spin", "lost"))
+        if hung * 2 < len(ms) or not spinning:
+            return None
+        stalled = [r for r in training if now - r.last_advance >= _corroborated_after(r, hb)]
+    else:
+        # windows the agents could not attribute to a job (no process mapping), or none: the old rule
+        busy = sum(1 for m in ms if m.state in ("spin", "compute", "lost"))
+        if any(m.track is not None and m.track.windows for m in ms) and busy * 2 < len(ms):
+            return None
+        stalled = [
+            r for r in training if now - r.last_advance >= _stall_after(r, hb.min_stall_s, hb.step_factor)
+        ]
     if stalled and len(stalled) >= max(1, math.ceil(hb.fraction * len(training))):
         return min(r.last_advance for r in stalled)
     return None
+
+
+def _corroborated_after(r: RankTrack, hb: HeartbeatParams) -> float:
+    """No progress for ``corroborated_stall_s``, two median steps and two of the rank's usual intervals
+    between advancing reports (a rank reporting every 5 s is not stalled after 4)."""
+    return max(_stall_after(r, hb.corroborated_stall_s, 2.0), 2.0 * (r.advance_every or 0.0))
 
 
 def _stall_after(r: RankTrack, min_stall_s: float, step_factor: float) -> float:

@@ -34,6 +34,8 @@ def gpu_state(
 ) -> GpuState:
     if (node, gpu) in fleet.lost:
         return "lost"
+    if fleet.spinning and fleet.spin_of(node, gpu, now) is not None:
+        return "spin"  # its agent saw the signature within the last samples: fresher than any window
     if track is None or not track.windows:
         return "silent"
     w = track.windows[-1]

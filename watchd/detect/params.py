@@ -26,7 +26,11 @@ class HangParams(_Strict):
     GPU's own running baseline, link traffic stopped) for ``for_s``."""
 
     enabled: bool = True
-    for_s: Seconds = Field(default=20.0, description="the spin signature must hold this long")
+    for_s: Seconds = Field(
+        default=10.0,
+        description="the spin signature must hold this long on at least ``fraction`` of the GPUs (counted "
+        "from the agents' nccl_spin, else from the windows)",
+    )
     fraction: Fraction = Field(default=0.5, description="at least this share of the job's GPUs spinning")
     spin_util: Annotated[float, Field(ge=0, le=100)] = 90.0
     spin_power_ratio: Fraction = Field(
@@ -64,14 +68,18 @@ class HeartbeatParams(_Strict):
     min_steps: Annotated[int, Field(ge=1)] = Field(
         default=3, description="steps a rank reports before it is judged"
     )
+    corroborated_stall_s: Seconds = Field(
+        default=4.0,
+        description="while most of the job's GPUs spin (NVML): no step for this long (and 2 median steps)",
+    )
 
 
 class StragglerParams(_Strict):
     """One GPU persistently slower than its job peers (robust outlier test across the job's GPUs)."""
 
     enabled: bool = True
-    window_s: Seconds = Field(default=60.0, description="each GPU's SM clock is its median over this window")
-    for_s: Seconds = Field(default=120.0, description="the outlier must persist this long")
+    window_s: Seconds = Field(default=30.0, description="each GPU's SM clock is its median over this window")
+    for_s: Seconds = Field(default=30.0, description="the outlier must persist this long")
     min_gpus: Annotated[int, Field(ge=3)] = 4
     clock_drop: Fraction = Field(
         default=0.05, description="at least this far below the job's median clock ..."
@@ -99,6 +107,12 @@ class DetectorParams(_Strict):
 
 class DetectorsConfig(DetectorParams):
     interval_s: Seconds = Field(default=5.0, description="how often the detectors run")
+    watch_interval_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="between cycles, the hang detector judges the jobs whose GPUs their agents say spin "
+        "this often (0: only in cycles)",
+    )
     history_s: Seconds = Field(default=300.0, description="per-GPU window history kept")
     max_nodes: int = Field(
         default=131_072, ge=1, description="nodes whose state is kept; the least recently reporting evicted"

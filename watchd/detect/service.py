@@ -59,9 +59,11 @@ class Detectors(Component):
         self.last_cycle = SliceStats()  # how the last cycle went: computing time, slices, the longest
 
     def jobs(self) -> Sequence[Job]:
+        watch = self.config.watch_interval_s
         return (
             Job("jobs", self.jobs_config.refresh_s, self.refresh_jobs),
             Job("detectors", self.config.interval_s, self.detect),
+            *((Job("detectors-watch", watch, self.watch),) if watch > 0 else ()),
             Job("fleet-prune", 60.0, self.prune),
         )
 
@@ -95,6 +97,16 @@ class Detectors(Component):
         self.metrics.detector_cycle.observe(stats.busy_s)
         self.metrics.detector_slice.set(stats.longest_s)
         self.metrics.jobs_tracked.set(self.correlator.last_cycle_jobs)
+        await self._report(findings)
+
+    async def watch(self) -> None:
+        """Between cycles: the jobs whose GPUs their agents say spin, judged for a hang (most of the time
+        there are none, and this returns at once)."""
+        if not self.correlator.fleet.spinning:
+            return
+        await self._report(await run_sliced(self.correlator.watched_steps(self.clock.now()), SLICE_S))
+
+    async def _report(self, findings: list[Finding]) -> None:
         for finding in findings:
             self.findings.append(finding)
             self.metrics.findings.labels(finding.kind, str(finding.hardware).lower()).inc()

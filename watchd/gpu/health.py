@@ -24,6 +24,12 @@ Noise handling, per condition:
 * clock-event reasons (``hw_slowdown``, ``thermal_slowdown``, ``power_brake``): the fraction of the samples
   of the last ``slowdown_window_s`` with the bit set; it starts above ``slowdown_fire`` and clears below
   ``slowdown_clear``, judged only once the window holds ``slowdown_min_samples`` samples.
+* ``nccl_spin`` (the NCCL hang signature, DESIGN.md, between two windows): utilization at or above
+  ``spin_util`` while power is at most ``spin_power_ratio`` of the GPU's own computing baseline and NVLink +
+  PCIe traffic at most ``spin_link_ratio`` of its baseline, for ``spin_samples`` samples in a row; it clears
+  at the first sample that is not. The baselines are running averages of computing samples (utilization >=
+  50%, power not collapsed), as the engine keeps them per window; judged once ``spin_baseline_samples``
+  computing samples were seen. ``since`` is the first spinning sample: the hang detector counts from it.
 """
 
 from __future__ import annotations
@@ -69,6 +75,11 @@ class HealthThresholds:
     slowdown_min_samples: int = 3  # samples the window needs before it is judged either way
     pcie_gen_busy_util: float = 50.0  # GPU utilization (%) from which a PCIe generation below max counts
     downtrain_samples: int = 3  # consecutive judged samples needed to start or to clear pcie_downtrain
+    spin_util: float = 90.0  # nccl_spin: utilization (%) at or above which ...
+    spin_power_ratio: float = 0.6  # ... power at most this share of the computing baseline ...
+    spin_link_ratio: float = 0.1  # ... and NVLink + PCIe traffic at most this share of its baseline
+    spin_samples: int = 2  # consecutive spinning samples that start it
+    spin_baseline_samples: int = 10  # computing samples seen before it is judged
 
     def __post_init__(self) -> None:
         if not 0 <= self.pcie_replay_clear <= self.pcie_replay_burst:
@@ -79,6 +90,8 @@ class HealthThresholds:
             raise ValueError("need 0 < slowdown_clear <= slowdown_fire < 1")
         if self.slowdown_window_s <= 0 or self.slowdown_min_samples < 1 or self.downtrain_samples < 1:
             raise ValueError("slowdown_window_s must be positive, sample counts at least 1")
+        if self.spin_samples < 1 or not 0 < self.spin_power_ratio <= 1 or not 0 < self.spin_link_ratio <= 1:
+            raise ValueError("spin_samples at least 1, spin ratios in (0, 1]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +103,7 @@ class _Reading:
     evidence: str
     threshold: int | float | None = None
     report_change: bool = False  # a changed value is reported at once, not at the next interval
+    since: float | None = None  # nccl_spin: its first spinning sample
 
 
 @dataclass(slots=True)
@@ -129,6 +143,11 @@ class _GpuState:
     downtrain_bad: int = 0
     downtrain_good: int = 0
     downtrain_by_gen: bool = False
+    power_base: float | None = None  # nccl_spin: running average of computing samples
+    link_base: float | None = None
+    computed: int = 0  # computing samples seen
+    spin_run: int = 0  # spinning samples in a row
+    spin_since: float = 0.0  # the first of them
 
     def restart_time(self, now: float) -> None:
         """Sample time went backwards (the clock was stepped): restart the windows and report schedules."""
@@ -217,6 +236,7 @@ class HealthDeriver:
             value=value,
             threshold=r.threshold,
             evidence=r.evidence,
+            extra={} if r.since is None else {"since": r.since},
         )
         return health.to_event(
             id=stable_id(node, KIND, gpu.uuid, name, sample.time),
@@ -266,6 +286,8 @@ class HealthDeriver:
             return _Reading(active, n, evidence, t.nvlink_error_burst)
         if cond.clock_reasons:
             return self._clock_reason(cond, st, s)
+        if name == "nccl_spin":
+            return self._spin(st, s)
         raise AssertionError(f"condition {name!r} has no derivation")  # a table row without a flag or bits
 
     def _ecc(self, st: _GpuState, count: int | None) -> _Reading | None:
@@ -373,6 +395,51 @@ class HealthDeriver:
             f" (reasons 0x{s.clock_event_reasons:x})"
         )
         return _Reading(active, round(fraction, 3), evidence, t.slowdown_fire)
+
+    def _spin(self, st: _GpuState, s: GpuSample) -> _Reading | None:
+        util, power = s.util_gpu, s.power_w
+        if util is None or power is None:
+            return None
+        t = self.thresholds
+        links = (
+            s.nvlink_tx_bytes_per_s,
+            s.nvlink_rx_bytes_per_s,
+            s.pcie_tx_bytes_per_s,
+            s.pcie_rx_bytes_per_s,
+        )
+        known = [x for x in links if x is not None]
+        link = sum(known) if known else None
+        base, link_base = st.power_base, st.link_base
+        if util >= 50.0 and (base is None or power >= t.spin_power_ratio * base):
+            # a computing sample: the baselines learn from these only (a spin never pulls them down)
+            st.power_base = power if base is None else base + _BASE_EWMA * (power - base)
+            if link is not None:
+                st.link_base = link if link_base is None else link_base + _BASE_EWMA * (link - link_base)
+            st.computed += 1
+        if base is None or st.computed < t.spin_baseline_samples:
+            return None
+        spinning = (
+            util >= t.spin_util
+            and power <= t.spin_power_ratio * base
+            and (link is None or link_base is None or link <= t.spin_link_ratio * link_base)
+        )
+        if not spinning:
+            st.spin_run = 0
+            return _Reading(False, 0, "not spinning")
+        if st.spin_run == 0:
+            st.spin_since = s.time
+        st.spin_run += 1
+        ratio = round(power / base, 3)
+        evidence = (
+            f"util {util:.0f}%, power {power:.0f} W = {ratio:.0%} of its computing baseline {base:.0f} W"
+        )
+        if link is not None and link_base:
+            evidence += f", links {link / link_base:.1%} of baseline"
+        active = st.spin_run >= t.spin_samples or st.conds["nccl_spin"].active
+        return _Reading(active, ratio, evidence, t.spin_power_ratio, since=st.spin_since)
+
+
+_BASE_EWMA = 0.1  # per sample (every 1-2 s): about the engine's 0.2 per 5 s window
 
 
 def _flag(cond: GpuCondition, s: GpuSample) -> _Reading | None:

@@ -51,6 +51,7 @@ class JobTopology:
         self._ranks: dict[tuple[str, str, int | None], float] = {}  # (node, job label, gpu) -> last report
         self._ranks_on: dict[str, set[tuple[str, str, int | None]]] = {}  # node -> its keys in _ranks
         self._unknown_labels: set[str] = set()
+        self._jobs_on_node: dict[str, int] | None = None  # node -> provided jobs on it (for view; lazy)
         # the last pass of job_steps: (its now, each job's (number of nodes, partition))
         self.last_sizes: tuple[float, dict[str, tuple[int, str | None]]] | None = None
 
@@ -66,6 +67,7 @@ class JobTopology:
             for alias in job.aliases
         }
         self._unknown_labels.clear()
+        self._jobs_on_node = None
 
     def observe_gpu(self, node: str, gpu: int, job: str | None, now: float) -> None:
         """An agent saw GPU ``gpu`` of ``node`` at ``now`` running ``job`` (a label), or no job."""
@@ -203,6 +205,42 @@ class JobTopology:
             sizes[job_id] = (len(nodes), None)
         self.last_sizes = (now, sizes)
         return views
+
+    def view(self, job_id: str, now: float) -> JobView | None:
+        """One job a provider lists, as :meth:`job_steps` would see it now (None: no provider lists it), for
+        judging a few jobs between passes: its cost grows with the job's nodes, not with the fleet."""
+        job = next((j for snap in self._snapshots.values() if (j := snap.get(job_id)) is not None), None)
+        if job is None:
+            return None
+        if self._jobs_on_node is None:
+            counts: dict[str, int] = {}
+            listed = {j.id: j for snap in self._snapshots.values() for j in snap.values()}
+            for j in listed.values():
+                for node in j.nodes:
+                    counts[node] = counts.get(node, 0) + 1
+            self._jobs_on_node = counts
+        ttl = self.member_ttl_s
+        alias = self._alias
+        gpus: dict[str, tuple[int, ...]] = {}
+        for node in job.nodes:
+            mine = set()
+            for gpu in self._node_gpus.get(node, {}):
+                seen = self._seen.get((node, gpu))
+                if seen is not None and now - seen[1] <= ttl and alias.get(seen[0], seen[0]) == job_id:
+                    mine.add(gpu)
+            for key in self._ranks_on.get(node, ()):
+                _, label, rank_gpu = key
+                at = self._ranks.get(key)
+                fresh = at is not None and now - at <= ttl
+                if rank_gpu is not None and fresh and alias.get(label, label) == job_id:
+                    mine.add(rank_gpu)
+            if mine:
+                gpus[node] = tuple(sorted(mine))
+            elif self._jobs_on_node.get(node) == 1:
+                gpus[node] = self._unlabelled_gpus(node, now)
+            else:
+                gpus[node] = ()
+        return JobView(job_id, job.nodes, gpus, job.partition, job.source, job.start_time, job.ranks)
 
     def size_steps(self, now: float, step: int = STEP) -> Steps[dict[str, tuple[int, str | None]]]:
         """Each running job's number of nodes and partition, by a pass of :meth:`job_steps` whose views are

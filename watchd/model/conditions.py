@@ -184,6 +184,16 @@ GPU_CONDITIONS: tuple[GpuCondition, ...] = (
         response="page after 10 min",
         clock_reasons=((CLOCK_HW_POWER_BRAKE, "HwPowerBrake"),),
     ),
+    GpuCondition(
+        # Not a fault: the NCCL hang signature seen between two windows, so the hang detector learns of a
+        # spin seconds after it starts (docs/detectors.md). Which GPU is the culprit it never says.
+        "nccl_spin",
+        Evidence.NONE,
+        drains=False,
+        value="power as a share of the GPU's computing baseline while util >= 90% and links idle "
+        "(`since`: the first spinning sample)",
+        response=NO_RULE,
+    ),
 )
 CONDITIONS: tuple[str, ...] = tuple(c.name for c in GPU_CONDITIONS)
 BY_NAME: dict[str, GpuCondition] = {c.name: c for c in GPU_CONDITIONS}

@@ -9,6 +9,7 @@ dips of one GPU, lost windows, and step-time jitter.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ Fault = Literal[
     "pipeline",  # pipeline stages unequally loaded: slow but healthy
     "checkpoint",  # a pause for a checkpoint: GPUs idle for 90 s
     "transients",  # the job starts (idle, loading) and ends inside the run
+    "data_loading",  # healthy: every rank waits on its data loader now and then (GPUs idle 5-25 s)
+    "memcopy",  # healthy: a memory-bound phase (util 100%, ~0.67 TDP, links quiet) for 60 s
+    "eval",  # healthy: an evaluation pause (forward only: util ~95%, 0.6-0.75 TDP, links quiet) for 60 s
 ]
 
 _SLOW_FAULTS = frozenset({"thermal", "power_brake", "node_power_brake", "weak_gpu"})
@@ -53,6 +57,15 @@ class JobRun:
     window_s: float = 5.0
     job: str = "slurm:4242"
     node_prefix: str = "gpu"
+    # the agents' sub-window spin condition (``gpu_health`` ``nccl_spin``, watchd.gpu.health): reported
+    # ``spin_samples`` samples (every ``sample_s``) after a GPU starts spinning, cleared when it stops
+    spin_markers: bool = True
+    sample_s: float = 2.0
+    spin_samples: int = 2
+    # the agents' InfiniBand port reader (watchd.ib, polled every ``ib_poll_s``): in ``hang_nic`` the
+    # culprit's port goes down (a NIC or link fault below the port state shows no port event: False)
+    ib_events: bool = False
+    ib_poll_s: float = 15.0
 
     def node_name(self, i: int) -> str:
         return f"{self.node_prefix}-{i:04d}"
@@ -66,14 +79,50 @@ class JobRun:
         return tuple(self.node_name(i) for i in range(self.nodes))
 
     def fault_active(self, t: float) -> bool:
-        if self.fault in ("none", "transients") or t < self.fault_at:
+        if self.fault in ("none", "transients", "data_loading") or t < self.fault_at:
             return False
         return self.fault_for_s is None or t < self.fault_at + self.fault_for_s
+
+    @property
+    def fault_end(self) -> float:
+        return self.duration_s if self.fault_for_s is None else self.fault_at + self.fault_for_s
+
+    def spins(self, key: tuple[int, int]) -> bool:
+        """Whether GPU ``key`` spins in the NCCL kernel while the fault is on (the hang signature)."""
+        if not self.fault.startswith("hang"):
+            return False
+        return key != self.culprit or self.fault in ("hang_nvlink", "hang_nic")
+
+
+def data_stalls(run: JobRun) -> list[tuple[float, float]]:
+    """``data_loading``: when every rank waits on its data loader, (start, end) in run time: one stall of
+    5-25 s every 40-90 s once the job runs (input pipelines that fall behind now and then)."""
+    if run.fault != "data_loading":
+        return []
+    rng = random.Random(run.seed * 104729 + 3)
+    out = []
+    t = 60.0 + rng.uniform(0.0, 30.0)
+    while t < run.duration_s:
+        length = rng.uniform(5.0, 25.0)
+        out.append((t, t + length))
+        t += length + rng.uniform(40.0, 90.0)
+    return out
+
+
+def _stalled_share(stalls: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """The share of [t0, t1) inside a data-loader stall."""
+    covered = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in stalls)
+    return covered / (t1 - t0)
 
 
 def simulate(run: JobRun) -> Iterator[Event]:
     """Every event of the run in time order (windows at their end, heartbeats at their forwarding)."""
+    return iter(sorted(_simulate(run), key=lambda e: e.time))
+
+
+def _simulate(run: JobRun) -> Iterator[Event]:
     rng = random.Random(run.seed)
+    stalls = data_stalls(run)
     gpus = [(n, g) for n in range(run.nodes) for g in range(run.gpus_per_node)]
     power_offset = {k: rng.uniform(-0.04, 0.04) for k in gpus}
     clock_offset = {k: rng.uniform(-0.004, 0.004) for k in gpus}
@@ -91,17 +140,107 @@ def simulate(run: JobRun) -> Iterator[Event]:
         # heartbeats forwarded inside this window
         if run.heartbeats:
             yield from _heartbeats(
-                run, rng, gpus, t, t_next, next_hb, rank_step, seq, reported_phase, hb_period, step_time
+                run,
+                rng,
+                gpus,
+                t,
+                t_next,
+                next_hb,
+                rank_step,
+                seq,
+                reported_phase,
+                hb_period,
+                step_time,
+                stalls,
             )
         if not hardware_sent and run.fault_active(t + ws / 2) and run.fault in ("hang_lost", "hang_nvlink"):
             hardware_sent = True
             yield from _hardware_events(run, run.start + run.fault_at + 1.0)
         comm_phase = rng.random() < 0.03  # a communication-heavy phase: power down, links busy
+        stalled = _stalled_share(stalls, t, t_next) if stalls else 0.0
         for key in gpus:
-            w = _window(run, rng, key, t, comm_phase, power_offset[key], clock_offset[key])
+            w = _window(run, rng, key, t, comm_phase, power_offset[key], clock_offset[key], stalled)
             if w is not None:
                 yield w
         t = t_next
+    if run.spin_markers:
+        yield from _spin_markers(run, gpus)
+    if run.ib_events and run.fault == "hang_nic":
+        yield from _ib_events(run)
+
+
+_SPIN_REPORT_S = 30.0  # the health deriver's report interval: an active condition is re-sent this often
+
+
+def _spin_markers(run: JobRun, gpus: list[tuple[int, int]]) -> Iterator[Event]:
+    """The agents' ``nccl_spin`` condition: each node samples its GPUs every ``sample_s`` (its own phase);
+    a GPU that spins from the fault's onset is reported at its ``spin_samples``-th spinning sample, with
+    ``since`` its first, again every 30 s while it spins, and cleared at its first sample after."""
+    if not run.fault.startswith("hang"):
+        return
+    phase_rng = random.Random(run.seed * 31 + 7)
+    phases = [phase_rng.uniform(0.0, run.sample_s) for _ in range(run.nodes)]
+    onset, end = run.fault_at, min(run.fault_end, run.duration_s)
+    for key in gpus:
+        if not run.spins(key):
+            continue
+        phase = phases[key[0]]
+        first = phase + run.sample_s * math.ceil((onset - phase) / run.sample_s)
+        at = first + run.sample_s * (run.spin_samples - 1)
+        node = run.node_name(key[0])
+        while at < end:
+            yield _spin_event(run, node, key[1], at, first, 0.44)
+            at += _SPIN_REPORT_S
+        if end < run.duration_s:
+            cleared = phase + run.sample_s * math.ceil((end - phase) / run.sample_s)
+            if cleared >= first + run.sample_s * (run.spin_samples - 1):
+                yield _spin_event(run, node, key[1], cleared, first, 0)
+
+
+def _spin_event(run: JobRun, node: str, gpu: int, at: float, since: float, value: float) -> Event:
+    pci = f"0000:{0x18 + gpu * 0x10:02x}:00.0"
+    attrs: dict[str, Scalar] = {
+        "condition": "nccl_spin",
+        "gpu": gpu,
+        "pci_bus_id": pci,
+        "value": value,
+        "threshold": 0.6,
+        "evidence": "util 100%, power 44% of its computing baseline, links idle" if value else "spin ended",
+        "since": run.start + since,
+    }
+    return Event(
+        stable_id(node, "gpu_health", "nccl_spin", gpu, at), node, "nvml", "gpu_health", run.start + at, attrs
+    )
+
+
+def _ib_events(run: JobRun) -> Iterator[Event]:
+    """The culprit's port seen down at the IB reader's next poll (its phase drawn per run), re-reported every
+    60 s while down."""
+    rng = random.Random(run.seed * 613 + 5)
+    phase = rng.uniform(0.0, run.ib_poll_s)
+    at = phase + run.ib_poll_s * math.ceil((run.fault_at - phase) / run.ib_poll_s)
+    node = run.culprit_node
+    device = f"mlx5_{run.culprit[1]}"
+    while at < min(run.fault_end, run.duration_s):
+        attrs: dict[str, Scalar] = {
+            "condition": "port_down",
+            "device": device,
+            "port": 1,
+            "value": 1,
+            "evidence": f"{device} port 1: DOWN (Disabled), was ACTIVE",
+            "link_layer": "InfiniBand",
+            "state": "DOWN",
+            "phys_state": "Disabled",
+        }
+        yield Event(
+            stable_id(node, "ib_port_health", device, at),
+            node,
+            "ib-sysfs",
+            "ib_port_health",
+            run.start + at,
+            attrs,
+        )
+        at += 60.0
 
 
 def _phase(run: JobRun, t: float) -> str:
@@ -127,8 +266,12 @@ def _heartbeats(
     reported_phase: dict[tuple[int, int], str],
     period: float,
     step_time: float,
+    stalls: list[tuple[float, float]],
 ) -> Iterator[Event]:
     hung = run.fault.startswith("hang") or run.fault == "host_stall"
+    # the ranks that never reach the collective the others wait in: a rank stuck in compute, or whose GPU
+    # was lost; after a NIC or NVLink failure every rank entered it (no rank lags)
+    lagging = run.fault in ("hang_compute", "hang_lost")
     for key in gpus:
         while next_hb[key] < t1:
             at = next_hb[key]
@@ -142,6 +285,10 @@ def _heartbeats(
                 continue  # as watchd.client does: a quiet phase is reported once, as it starts
             reported_phase[key] = phase
             advance = int(period / step_time)
+            if (stalls and _stalled_share(stalls, at - period, at) > 0.5) or (
+                run.fault == "eval" and run.fault_active(at)
+            ):
+                advance = 0  # waiting on data, or evaluating (the training step does not move; undeclared)
             rank_step[key] += advance if phase == "train" else 0
             seq[key] += advance if phase == "train" else 0
             rank = key[0] * run.gpus_per_node + key[1]
@@ -163,8 +310,12 @@ def _heartbeats(
                 "local_rank": key[1],
                 "reports": advance or 1,
             }
-            if hung and key != run.culprit and run.fault_active(at + period):
-                attrs["collective_seq"] = seq[key] + 1  # entered the collective the culprit never reaches
+            if hung and run.fault_active(at + period):
+                # a rank's last report before it blocks: synchronous ranks all reached the same collective
+                # (the agent forwards each rank's latest state), and entered the next one unless they are
+                # the rank stuck in compute or whose GPU was lost
+                hang_seq = 1_000_000 + int(run.fault_at / step_time)
+                attrs["collective_seq"] = hang_seq + (1 if lagging and key != run.culprit else 0)
             node = run.node_name(key[0])
             yield Event(
                 stable_id(
@@ -212,6 +363,7 @@ def _window(
     comm_phase: bool,
     power_offset: float,
     clock_offset: float,
+    stalled: float = 0.0,
 ) -> Event | None:
     node_i, gpu = key
     end = t + run.window_s
@@ -233,12 +385,22 @@ def _window(
     if phase in ("init", "ending", "checkpoint"):
         util, power, link = 0.0, TDP_W * 0.13 * rng.uniform(0.95, 1.05), rng.uniform(0.0, 1e5)
         clock = 345.0
+    elif stalled > 0.0:  # waiting on the data loader for that share of the window: idle meanwhile
+        util *= 1.0 - stalled
+        power = power * (1.0 - stalled) + TDP_W * 0.13 * stalled
+        link *= 1.0 - stalled
+    elif fault_on and run.fault in ("memcopy", "eval"):
+        if run.fault == "memcopy":  # measured on an H200: 470 W copying vs 692 W in a matmul, util 100%
+            util, power = 100.0, power * 0.68 * rng.uniform(0.97, 1.03)
+        else:  # forward passes only: compute-bound, less power than training, no gradient all-reduce
+            util, power = min(100.0, 95.0 + rng.uniform(-3.0, 3.0)), power * rng.uniform(0.75, 0.9)
+        link = 1.2e11 * rng.uniform(0.0, 0.02)  # device-local: NVLink/PCIe all but quiet
     elif fault_on:
         f = run.fault
         if f.startswith("hang"):
             if culprit and f == "hang_lost":
                 return None  # the GPU fell off the bus: NVML has no samples for it
-            if culprit and f == "hang_compute":
+            if not run.spins(key):  # stuck in compute
                 link = rng.uniform(0.0, 1e5)
             else:
                 util = 100.0 - rng.choice((0.0, 0.0, 1.0))
