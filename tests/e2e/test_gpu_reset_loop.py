@@ -148,7 +148,7 @@ def test_xid_to_gpu_reset_to_validated_return_without_a_person(
         assert done["result"]["seconds"] >= RESET_DELAY_S and len(done["result"]["after"]) == 8
         assert by_action["validate"]["detail"].startswith("auto: node_gpu_reset"), by_action["validate"]
         history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
-        assert history[0]["state"] == "returned" and history[0]["evidence"].startswith("watchd: Xid 95")
+        assert history[0]["state"] == "returned" and history[0]["evidence"].startswith("watchd: Xid95 2a:00")
         assert [s["action"] for s in history[0]["steps"]][:3] == ["drain", "requeue", "gpu_reset"]
         out = _history_cli(engine)
         assert f"{NODE}: returned" in out and "gpu_reset" in out and "validate" in out, out

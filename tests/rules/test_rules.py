@@ -29,7 +29,8 @@ def test_default_rules_drain_requeue_and_reboot_or_reset_fatal_xids(code: int) -
     remedy = "gpu_reset" if reset else "reboot"
     assert [a.kind for a in decisions[0].actions] == ["drain", "requeue", remedy]
     assert (
-        decisions[0].actions[0].params["reason"] == f"Xid {code} GPU 0000:3b:00.0 GPU has fallen off the bus"
+        decisions[0].actions[0].params["reason"]
+        == f"Xid{code} 3b:00 GPU has fallen off the bus (GPU 0000:3b:00.0)"
     )
     if reset:
         assert decisions[0].actions[2].params["gpu"] == "0000:3b:00.0"
