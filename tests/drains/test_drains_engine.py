@@ -122,7 +122,7 @@ async def test_drains_api_and_cli_show_every_owner_class_with_watchd_evidence(
     assert 7100 < rows["gpu-5"]["age_s"] < 7300
     watchd = rows["gpu-2"]["watchd"]
     assert watchd["rule"] == "xid-fatal-hardware" and watchd["requeued"] == ["100"]
-    assert "Xid 79" in watchd["evidence"]
+    assert "Xid79 3b:00" in watchd["evidence"]
     assert [(h["kind"], h["reason"]) for h in watchd["held"]] == [("drain", "breaker open: 3/1 of gpu")]
     gpu = next(p for p in doc["partitions"] if p["partition"] == "gpu")
     assert (gpu["nodes"], gpu["unavailable"]) == (6, 3)
