@@ -276,7 +276,7 @@ async def test_checks_run_stops_when_the_rules_drain_the_node_after_a_failure(
     assert [(r["check"], r["outcome"]) for r in results] == [("nccl", "failed"), ("dcgm", "skipped")], results
     assert results[1]["evidence"] == "node drained after nccl failed", results[1]
     assert took < 30, f"{took:.0f} s: the skipped check waited"
-    assert sinfo_reasons(cluster)["gpu-3"] == "watchd: nccl busbw 312 GB/s < 80% of 450 GB/s"
+    assert sinfo_reasons(cluster)["gpu-3"] == "watchd: nccl 312GB/s: nccl busbw 312 GB/s < 80% of 450 GB/s"
     assert [r["outcome"] for r in history if r["check"] == "dcgm"] in ([], ["skipped"])
     assert not cluster.run("squeue", "-h", "-w", "gpu-3", "-o", "%i").stdout.strip()  # nothing left queued
 
