@@ -31,10 +31,11 @@ from watchd.config import EngineConfig
 from watchd.detect.correlator import Correlator
 from watchd.detect.service import Detectors
 from watchd.engine.dedup import SeenIds
+from watchd.engine.lanes import IngestQueue
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.privileges import privileges
 from watchd.engine.rule_keeper import RuleKeeper
-from watchd.engine.server import Accepted, make_app
+from watchd.engine.server import make_app
 from watchd.engine.status import EngineStatus
 from watchd.fleetview.watch import FleetWatch
 from watchd.httputil import HttpLimits, serve
@@ -98,7 +99,7 @@ class Engine:
         self.leadership: Leadership = AlwaysLeader()
         self._elector: ElectedLeadership | None = None
         self._job_providers = job_providers
-        self.queue: asyncio.Queue[Accepted] = asyncio.Queue(maxsize=config.ingest.queue_size)
+        self.queue = IngestQueue(maxsize=config.ingest.queue_size)  # Xids before summaries (lanes.py)
         self._acks: dict[int, asyncio.Future[None]] = {}  # id(queued event) -> its batch's reply waits
         self.seen = SeenIds(self.clock, config.ingest.dedup_window_s, config.ingest.dedup_max_ids)
         self.periodic = Periodic()
@@ -575,8 +576,7 @@ class Engine:
         with_job, reliability, submit = self.detectors.with_job, self.reliability, self.executor.submit
         while True:
             event, received_at = await queue.get()
-            # then what else is queued, up to a bound: one wake-up and one gauge update per run, not per
-            # event; after a full run, sleep(0) lets ingest and the detectors in.
+            # then the rest queued, at most _PROCESS_RUN: one wake-up per run; then sleep(0) lets ingest in
             run = 0
             while True:
                 try:
