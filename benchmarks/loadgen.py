@@ -273,20 +273,25 @@ class Stats:
     wall_s: float = 0.0
     undelivered_at_end: int = 0  # windows still queued or in flight when the run ended
     connections_peak: int = 0
+    closed_by_server: int = 0  # connections the engine closed after a reply (Connection: close)
     nofile: int = 0
 
 
 class _Conn(asyncio.Protocol):
-    __slots__ = ("buf", "node", "transport")
+    __slots__ = ("buf", "gen", "node", "transport")
 
     def __init__(self, node: _Node) -> None:
         self.node = node
+        self.gen = node.gen
         self.transport: asyncio.Transport | None = None
         self.buf = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        gen = self.gen
+        gen.open_conns += 1
+        gen.stats.connections_peak = max(gen.stats.connections_peak, gen.open_conns)
         self.node.connected(self)
 
     def data_received(self, data: bytes) -> None:
@@ -303,14 +308,18 @@ class _Conn(asyncio.Protocol):
             body = buf[end + 4 : end + 4 + length]
             buf = buf[end + 4 + length :]
             status = int(head[9:12])
-            close = _CLOSE.search(head) is not None
+            closing = self.transport if _CLOSE.search(head) is not None else None
+            if closing is not None:  # the server closes it: the node's next request takes a new one
+                self.transport = None
+                self.gen.stats.closed_by_server += 1
             self.node.replied(status, body)
-            if close and self.transport is not None:
-                self.transport.close()
+            if closing is not None:
+                closing.close()
         self.buf = buf
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.gen.open_conns -= 1
         self.node.lost(self)
 
 
@@ -402,8 +411,6 @@ class _Node:
     def connected(self, conn: _Conn) -> None:
         self.conn = conn
         self.connecting = False
-        self.gen.open_conns += 1
-        self.gen.stats.connections_peak = max(self.gen.stats.connections_peak, self.gen.open_conns)
         self.kick()
 
     def connect_failed(self) -> None:
@@ -412,9 +419,9 @@ class _Node:
         self._retry()
 
     def lost(self, conn: _Conn) -> None:
-        if self.conn is conn:
-            self.conn = None
-            self.gen.open_conns -= 1
+        if self.conn is not conn:
+            return
+        self.conn = None
         if self.in_flight:
             self.gen.stats.conn_errors += 1
             self._requeue()
@@ -423,7 +430,6 @@ class _Node:
         self.gen.stats.timeouts += 1
         conn, self.conn = self.conn, None
         if conn is not None and conn.transport is not None:
-            self.gen.open_conns -= 1
             conn.node = _DETACHED  # its late reply or loss is no longer ours
             conn.transport.abort()
         self._requeue()
@@ -725,6 +731,7 @@ def merge(parts: Sequence[Stats]) -> Stats:
         out.wall_s = max(out.wall_s, s.wall_s)
         out.undelivered_at_end += s.undelivered_at_end
         out.connections_peak += s.connections_peak
+        out.closed_by_server += s.closed_by_server
         out.nofile = max(out.nofile, s.nofile)
     return out
 
@@ -797,6 +804,7 @@ class Report:
             "conn_errors": s.conn_errors,
             "timeouts": s.timeouts,
             "connections_peak": s.connections_peak,
+            "closed_by_server": s.closed_by_server,
             "open_files_limit": s.nofile,
             "cpu_cores": round(s.cpu_s / wall, 3),
             "behind": self.behind,
@@ -820,7 +828,8 @@ class Report:
             f"            floor: the agent's own delay (window end -> its next sample) p50 "
             f"{f['floor_lag_p50_s']:.3f} s, p95 {f['floor_lag_p95_s']:.3f} s",
             f"  errors    statuses {f['statuses']}, connection errors {f['conn_errors']}, timeouts "
-            f"{f['timeouts']}, dropped {f['dropped_events']}, undelivered at end {f['undelivered_at_end']}",
+            f"{f['timeouts']}, dropped {f['dropped_events']}, undelivered at end {f['undelivered_at_end']}, "
+            f"connections closed by the engine {f['closed_by_server']}",
             f"  itself    {f['cpu_cores']:.3f} cores (all processes), "
             f"open-files limit {f['open_files_limit']:,}",
         ]

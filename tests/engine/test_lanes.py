@@ -20,7 +20,7 @@ async def test_urgent_before_bulk_each_in_order() -> None:
     q = IngestQueue(maxsize=5)
     sent = [("gpu_summary", "n1"), ("gpu_summary", "n2"), ("xid", "n3"), ("gpu_summary", "n3"), ("xid", "n4")]
     for i, (kind, node) in enumerate(sent):
-        q.put_nowait((_ev(i, kind, node), 0.0))
+        q.put_nowait((_ev(i, kind, node), float(i)))
     assert q.full() and q.qsize() == 5 and q.urgent() == 2
     with pytest.raises(asyncio.QueueFull):
         q.put_nowait((_ev(9, "xid"), 0.0))
@@ -32,11 +32,13 @@ async def test_urgent_before_bulk_each_in_order() -> None:
     await asyncio.wait_for(q.join(), 1)
 
 
-async def test_one_nodes_events_keep_their_order() -> None:
+async def test_one_nodes_events_keep_their_order_but_a_later_xid() -> None:
     q = IngestQueue()
-    for i, (kind, node) in enumerate([("gpu_summary", "a"), ("xid", "b"), ("xid", "a"), ("gpu_health", "a")]):
-        q.put_nowait((_ev(i, kind, node), 0.0))
-    assert q.urgent() == 1  # b's Xid; a's wait behind a's summary
-    assert [(await q.get())[0].id for _ in range(4)] == ["e1", "e0", "e2", "e3"]
-    q.put_nowait((_ev(9, "xid", "a"), 0.0))  # a has nothing queued any more: first lane
+    sent = [("gpu_summary", "a", 1.0), ("xid", "b", 1.0), ("xid", "a", 1.0), ("gpu_health", "a", 2.0)]
+    sent += [("xid", "a", 3.0)]  # a later batch's Xid overtakes a's earlier summary, not so its health event
+    for i, (kind, node, arrived) in enumerate(sent):
+        q.put_nowait((_ev(i, kind, node), arrived))
+    assert q.urgent() == 2
+    assert [(await q.get())[0].id for _ in range(5)] == ["e1", "e4", "e0", "e2", "e3"]
+    q.put_nowait((_ev(9, "gpu_health", "a"), 4.0))  # a has nothing queued any more: first lane
     assert q.urgent() == 1
