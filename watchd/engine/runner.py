@@ -31,6 +31,7 @@ from watchd.config import EngineConfig
 from watchd.detect.correlator import Correlator
 from watchd.detect.service import Detectors
 from watchd.engine.dedup import SeenIds
+from watchd.engine.heap import HeapPolicy
 from watchd.engine.lanes import IngestQueue
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.privileges import privileges
@@ -295,8 +296,7 @@ class Engine:
 
     async def start(self) -> None:
         """Open, load, restore and build; start the tasks, the subsystems and the periodic jobs; serve. Any
-        failure undoes what was done, in reverse order, and is raised (a ConfigError names the file and the
-        key)."""
+        failure undoes what was done, in reverse order, and is raised (a ConfigError names file and key)."""
         if self._started:
             raise RuntimeError("the engine is already started")
         stack = self._stack
@@ -452,9 +452,8 @@ class Engine:
         )
 
     def _build_subsystems(self) -> list[Subsystem]:
-        """The subsystems, in the order they start (and the reverse of the order they stop); the executor's
-        services (the hot spares, validation) are attached to it before it starts, so that its recovery can
-        drive their actions again."""
+        """The subsystems in their start order (they stop in reverse); the executor's services (spares,
+        validation) are attached to it before it starts: its recovery drives their actions again."""
         config = self.config
         providers = self._job_providers
         self.detectors.providers = providers if providers is not None else job_providers_of(self.scheduler)
@@ -492,6 +491,7 @@ class Engine:
         subsystems += [
             self.usage,
             Remediation(self.scheduler, audit, remediation, self.clock, self.emit, leading),
+            HeapPolicy(),  # last: it starts with everything built, and freezes it
         ]
         self.executor.attach(
             spares=self.fleet,
