@@ -41,14 +41,14 @@ class HeapPolicy(Component):
         self.full_every_s = full_every_s
         self._last_full = time.monotonic()
         self.young_s = 0.0  # the last collection of what was not frozen
-        self.full_s = 0.0  # the last whole-heap collection (at start, then every full_every_s)
+        self.full_s = 0.0  # the last whole-heap collection (every full_every_s)
 
     def jobs(self) -> Sequence[Job]:
         return [Job("heap-freeze", self.freeze_every_s, self.freeze)]
 
     async def start(self) -> None:
-        self._full()  # what the start built is long-lived: one pass, then frozen
-        gc.freeze()
+        gc.freeze()  # what the start built is long-lived (no collection first: one costs as much as the heap)
+        self._last_full = time.monotonic()
 
     async def stop(self) -> None:
         gc.unfreeze()
@@ -91,6 +91,6 @@ class _HeapCollector(Collector):
         )
         yield GaugeMetricFamily(
             "watchd_gc_full_collection_seconds",
-            "The last collection of the whole heap (at start, then hourly, on the event loop).",
+            "The last collection of the whole heap (hourly, on the event loop; 0 before the first).",
             value=self._policy.full_s,
         )
