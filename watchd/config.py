@@ -110,7 +110,9 @@ class IngestConfig(_Strict):
     dedup_window_s: Seconds = 3600.0
     dedup_max_ids: Annotated[int, Field(ge=1000)] = 1_000_000
     queue_size: Annotated[int, Field(ge=1)] = 100_000
-    ack_timeout_s: Seconds = 5.0  # a reply waits at most this long for its batch to be evaluated
+    # a reply waits at most this long for its batch to be evaluated: below the agents' engine.timeout_s (5 s),
+    # so that behind a backlog the agent gets its answer instead of giving up and sending the batch again
+    ack_timeout_s: Seconds = 2.5
 
 
 class ReloadConfig(_Strict):

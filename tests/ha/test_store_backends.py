@@ -317,3 +317,14 @@ def test_secrets_come_from_the_environment_or_a_file(tmp_path: Path, monkeypatch
         PostgresConfig(dsn="host=x", password_file=tmp_path / "missing").resolve()
     with pytest.raises(ConfigError, match=r"state\.postgres\.dsn_env: environment variable NOPE is not set"):
         PostgresConfig(dsn_env="NOPE").resolve()
+
+
+def test_job_usage_adds_up_on_both_backends(store: Store) -> None:
+    """The usage ledger's flush (issue 18) on PostgreSQL too: it failed there at every flush (issue 35's
+    benchmark: ``column reference "energy_j" is ambiguous``), each failure refusing the ingest batches in
+    flight."""
+    usage = store.usage
+    usage.add([("j1", "n1", 0, 0.0, 100.0, 5.0, 0.0, 10.0, 15.0)], [("j1", 12.0)])
+    usage.add([("j1", "n1", 0, 0.0, 50.0, 5.0, 5.0, 5.0, 20.0)], [("j1", 12.0), ("j1", 30.0)])
+    assert usage.gpu_rows(0.0, 86400.0) == [("j1", "n1", 0, 150.0, 10.0, 5.0, 5.0, 20.0)]
+    assert usage.checkpoints() == {"j1": (12.0, 30.0)}

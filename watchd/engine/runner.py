@@ -32,11 +32,13 @@ from watchd.config import EngineConfig
 from watchd.detect.correlator import Correlator
 from watchd.detect.service import Detectors
 from watchd.engine.dedup import SeenIds
+from watchd.engine.heap import HeapPolicy
 from watchd.engine.housekeeping import prune
+from watchd.engine.lanes import IngestQueue
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.privileges import privileges
 from watchd.engine.rule_keeper import RuleKeeper
-from watchd.engine.server import Accepted, make_app
+from watchd.engine.server import make_app
 from watchd.engine.status import EngineStatus
 from watchd.fleetview.watch import FleetWatch
 from watchd.httputil import HttpLimits, serve
@@ -101,7 +103,7 @@ class Engine:
         self.leadership: Leadership = AlwaysLeader()
         self._elector: ElectedLeadership | None = None
         self._job_providers = job_providers
-        self.queue: asyncio.Queue[Accepted] = asyncio.Queue(maxsize=config.ingest.queue_size)
+        self.queue = IngestQueue(maxsize=config.ingest.queue_size)  # Xids before summaries (lanes.py)
         self._acks: dict[int, asyncio.Future[None]] = {}  # id(queued event) -> its batch's reply waits
         self.seen = SeenIds(self.clock, config.ingest.dedup_window_s, config.ingest.dedup_max_ids)
         self.periodic = Periodic()
@@ -297,8 +299,7 @@ class Engine:
 
     async def start(self) -> None:
         """Open, load, restore and build; start the tasks, the subsystems and the periodic jobs; serve. Any
-        failure undoes what was done, in reverse order, and is raised (a ConfigError names the file and the
-        key)."""
+        failure undoes what was done, in reverse order, and is raised (a ConfigError names file and key)."""
         if self._started:
             raise RuntimeError("the engine is already started")
         stack = self._stack
@@ -448,9 +449,8 @@ class Engine:
         )
 
     def _build_subsystems(self) -> list[Subsystem]:
-        """The subsystems, in the order they start (and the reverse of the order they stop); the executor's
-        services (the hot spares, validation) are attached to it before it starts, so that its recovery can
-        drive their actions again."""
+        """The subsystems in their start order (they stop in reverse); the executor's services (spares,
+        validation) are attached to it before it starts: its recovery drives their actions again."""
         config = self.config
         providers = self._job_providers
         self.detectors.providers = providers if providers is not None else job_providers_of(self.scheduler)
@@ -492,6 +492,7 @@ class Engine:
             self.usage,
             Remediation(self.scheduler, audit, remediation, self.clock, self.emit, leading),
             self.commands,  # the agents' commands (a GPU reset): in memory, their actions' intents durable
+            HeapPolicy(),  # last: it starts with everything built, and freezes it
         ]
         self.executor.attach(
             spares=self.fleet,
@@ -566,8 +567,7 @@ class Engine:
         with_job, reliability, submit = self.detectors.with_job, self.reliability, self.executor.submit
         while True:
             event, received_at = await queue.get()
-            # then what else is queued, up to a bound: one wake-up and one gauge update per run, not per
-            # event; after a full run, sleep(0) lets ingest and the detectors in.
+            # then the rest queued, at most _PROCESS_RUN: one wake-up per run; then sleep(0) lets ingest in
             run = 0
             while True:
                 try:

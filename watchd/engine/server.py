@@ -12,6 +12,7 @@ from aiohttp import web
 
 from watchd.clock import Clock
 from watchd.engine.dedup import SeenIds
+from watchd.engine.lanes import Accepted
 from watchd.engine.metrics import EngineMetrics
 from watchd.httputil import (
     BODY_TIMEOUT,
@@ -38,7 +39,6 @@ from watchd.subsystem import Subsystem
 
 _log = get_logger("watchd.ingest")
 
-Accepted = tuple[Event, float]  # the event and its arrival time (monotonic)
 
 # Metric labels come from what clients send: only known values become labels, so a client cannot create
 # unbounded series.
@@ -157,6 +157,8 @@ def make_app(
     body_timeout_s = (limits or HttpLimits()).body_timeout_s
     credentials = credentials if credentials is not None else Credentials(shared=token)
 
+    received_counters: dict[tuple[str, str], Any] = {}  # (source, kind) as sent -> its counter child
+
     def denied(request: web.BaseRequest, need: str) -> None:
         if need == "ingest":
             metrics.ingest_rejected.labels("unauthorized").inc()
@@ -214,9 +216,15 @@ def make_app(
             received[key] = received.get(key, 0) + 1
             observe_age(max(0.0, wall - event.time))
             queue.put_nowait((event, arrived))
-        for (source, kind), n in received.items():
-            labels = (_label(source.split(":", 1)[0], SOURCES), _label(kind, KINDS))
-            metrics.events_received.labels(*labels).inc(n)
+        for key, n in received.items():
+            counter = received_counters.get(key)
+            if counter is None:  # a child per (source, kind) met, bounded by the known labels' product
+                source, kind = key
+                labels = (_label(source.split(":", 1)[0], SOURCES), _label(kind, KINDS))
+                counter = metrics.events_received.labels(*labels)
+                if len(received_counters) < 10_000:
+                    received_counters[key] = counter
+            counter.inc(n)
         duplicates = len(events) - len(fresh)
         if duplicates:
             metrics.events_duplicate.inc(duplicates)

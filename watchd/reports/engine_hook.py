@@ -28,6 +28,7 @@ from watchd.subsystem import Component, Job
 
 _log = structlog.get_logger("watchd.reports")
 FLUSH_S = 30.0
+FLUSH_PAGE = 2000  # rows a transaction: ~15 ms on SQLite, ~60 ms on PostgreSQL (loopback)
 
 
 class UsageHook(Component):
@@ -72,16 +73,22 @@ class UsageHook(Component):
         await self.flush()
 
     async def flush(self) -> None:
-        """Write what the ledger holds to the state database (a failed write keeps nothing: counted by the
-        store's own error metric; the next windows are recorded again)."""
+        """Write what the ledger holds to the state database, :data:`FLUSH_PAGE` rows a transaction with the
+        event loop served between them (one row per job GPU: at 100,000 GPUs 90,000 rows took 0.7 s at once
+        on SQLite and 2.9 s on PostgreSQL, the loop held; docs/scale.md). A failed page keeps nothing of it:
+        counted by the store's own error metric; the next windows are recorded again."""
         if self._store is None:
             return
         gpus, cps = self.ledger.take()
         rows = [(d.job, d.node, d.gpu, d.day, d.energy_j, d.gpu_s, d.idle_s, d.first, d.last) for d in gpus]
-        try:
-            self._store.usage.add(rows, cps)
-        except StoreError as exc:
-            _log.warning("usage_not_recorded", error=str(exc), windows=len(rows))
+        for start in range(0, max(1, len(rows)), FLUSH_PAGE):
+            if start:
+                await asyncio.sleep(0.001)  # a timer: what became ready meanwhile runs first
+            page = rows[start : start + FLUSH_PAGE]
+            try:
+                self._store.usage.add(page, cps if not start else [])
+            except StoreError as exc:
+                _log.warning("usage_not_recorded", error=str(exc), windows=len(page))
 
     async def prune(self) -> None:
         if self._store is not None:

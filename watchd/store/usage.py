@@ -24,15 +24,21 @@ class JobUsage:
         if not rows and not cps:
             return
         with self._db.write("recording job usage") as tx:
+            # both dialects: the table's own columns named with the table (PostgreSQL finds a bare name
+            # ambiguous beside excluded.), CASE for the scalar min/max (min() is an aggregate there)
             tx.executemany(
                 "INSERT INTO job_gpu_usage (job, node, gpu, day, energy_j, gpu_s, idle_s, first, last)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job, node, gpu, day) DO UPDATE SET"
-                " energy_j = energy_j + excluded.energy_j, gpu_s = gpu_s + excluded.gpu_s,"
-                " idle_s = idle_s + excluded.idle_s, first = min(first, excluded.first),"
-                " last = max(last, excluded.last)",
+                " energy_j = job_gpu_usage.energy_j + excluded.energy_j,"
+                " gpu_s = job_gpu_usage.gpu_s + excluded.gpu_s,"
+                " idle_s = job_gpu_usage.idle_s + excluded.idle_s,"
+                " first = CASE WHEN excluded.first < job_gpu_usage.first THEN excluded.first"
+                " ELSE job_gpu_usage.first END,"
+                " last = CASE WHEN excluded.last > job_gpu_usage.last THEN excluded.last"
+                " ELSE job_gpu_usage.last END",
                 rows,
             )
-            tx.executemany("INSERT OR IGNORE INTO job_checkpoints (job, at) VALUES (?, ?)", cps)
+            tx.executemany("INSERT INTO job_checkpoints (job, at) VALUES (?, ?) ON CONFLICT DO NOTHING", cps)
             for job in {j for j, _ in cps}:
                 tx.execute(
                     "DELETE FROM job_checkpoints WHERE job = ? AND at NOT IN"
