@@ -47,8 +47,9 @@ RESET_DELAY_S = 2.0
 def cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     slurm_cluster.reset_nodes([NODE])
     yield slurm_cluster
-    jobs = slurm_cluster.run("squeue", "-h", "-w", NODE, "-o", "%i", check=False).stdout.split()
-    slurm_cluster.cancel(*jobs)
+    # a job watchd requeued waits with no node, so "-w NODE" misses it: every job that asked for NODE goes
+    listed = slurm_cluster.run("squeue", "-h", "-o", "%i %N %n", check=False).stdout.splitlines()
+    slurm_cluster.cancel(*[line.split()[0] for line in listed if NODE in line.split()[1:]])
     for r in slurm_cluster.run("scontrol", "show", "res", "-o", check=False).stdout.splitlines():
         if r.startswith("ReservationName=") and NODE in r:
             slurm_cluster.run("scontrol", "delete", r.split()[0], check=False)
