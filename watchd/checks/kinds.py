@@ -44,6 +44,17 @@ DefaultArgv = Callable[["SpecView"], list[str]]
 
 #: every kind's verdict carries what the run cost (:func:`watchd.checks.judge.judge` adds them)
 COMMON_FIGURES: tuple[str, ...] = ("exit_status", "duration_s")
+#: what all_reduce_perf's judge puts in a verdict, on one node or across nodes
+NCCL_FIGURES: tuple[str, ...] = (
+    "busbw_gbps",
+    "avg_busbw_gbps",
+    "sizes",
+    "wrong",
+    "gpu_model",
+    "threshold",
+    "baseline_gbps",
+    "baseline_source",
+)
 #: what the comparison with the peers adds to a verdict with a bus bandwidth (``judge_peers``)
 PEER_FIGURES: tuple[str, ...] = ("peers_median_gbps", "peers", "baseline_source")
 
@@ -84,33 +95,13 @@ CHECK_KINDS: Mapping[str, CheckKind] = _table(
         "nccl",
         default_argv=nccl_argv,
         judge=judge_nccl,
-        figures=(
-            "busbw_gbps",
-            "avg_busbw_gbps",
-            "sizes",
-            "wrong",
-            "gpu_model",
-            "threshold",
-            "baseline_gbps",
-            "baseline_source",
-            *PEER_FIGURES,
-        ),
+        figures=(*NCCL_FIGURES, *PEER_FIGURES),
     ),
     CheckKind(
         "nccl-pair",
         default_argv=nccl_pair_argv,
         judge=judge_nccl_pair,
-        figures=(
-            "busbw_gbps",
-            "avg_busbw_gbps",
-            "sizes",
-            "wrong",
-            "gpu_model",
-            "threshold",
-            "baseline_gbps",
-            "baseline_source",
-            "partners",
-        ),
+        figures=(*NCCL_FIGURES, "partners"),
         nodes_per_run=2,
     ),
     CheckKind(
