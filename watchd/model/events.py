@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from watchd.xid.pci import normalize_pci
 
@@ -238,3 +240,90 @@ def batch_from_wire(obj: Any, max_events: int) -> WireBatch:
         except WireError as exc:
             invalid.append((i, str(exc)))
     return WireBatch(valid, invalid)
+
+
+# -------------------------------------------------------------------------------- the ingest fast path
+#
+# The engine's ingest decodes and checks a fleet's batches (at 100,000 GPUs about 20,000 events a second):
+# the standard decoder and the checks above cost about 13 us an event, msgspec's typed decoder about 4. It
+# accepts a strict subset of what batch_from_wire accepts, with the same events as the result; anything it
+# refuses (a broken event, an old or new version, JSON it does not read: NaN, UTF-16, a lone surrogate) goes
+# the slow way, which says what is wrong and sets a broken event aside on its own.
+
+_Id = Annotated[str, msgspec.Meta(min_length=1, max_length=_MAX_ID)]
+_Node = Annotated[str, msgspec.Meta(min_length=1, max_length=_MAX_NODE)]
+_Source = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+_Kind = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+_Time = Annotated[float, msgspec.Meta(ge=0, lt=1e11)]
+_Key = Annotated[str, msgspec.Meta(max_length=_MAX_KEY)]
+_WireScalar = (
+    Annotated[str, msgspec.Meta(max_length=_MAX_STR)]
+    | Annotated[int, msgspec.Meta(ge=_INT_MIN, le=_INT_MAX)]
+    | float
+    | bool
+    | None
+)
+
+
+class _FastEvent(msgspec.Struct, forbid_unknown_fields=True):
+    id: _Id
+    node: _Node
+    source: _Source
+    kind: _Kind
+    time: _Time
+    attrs: dict[_Key, _WireScalar] = {}
+
+
+class _FastBatch(msgspec.Struct):
+    version: int
+    events: list[_FastEvent]
+
+
+_FAST_DECODER = msgspec.json.Decoder(_FastBatch)
+#: node names already found printable and without blanks (bounded like _PCI_VALID)
+_NODES_VALID: set[str] = set()
+_new_event = object.__new__
+_SET = {name: Event.__dict__[name].__set__ for name in ("id", "node", "source", "kind", "time", "attrs")}
+
+
+def _node_ok(node: str) -> bool:
+    if node in _NODES_VALID:
+        return True
+    if not node.isprintable() or " " in node:
+        return False
+    if len(_NODES_VALID) >= _PCI_VALID_MAX:
+        _NODES_VALID.clear()
+    _NODES_VALID.add(node)
+    return True
+
+
+def valid_batch_from_json(raw: bytes, max_events: int) -> WireBatch | None:
+    """The batch in the JSON body ``raw`` when all of it is valid, else None: then decode it and call
+    :func:`batch_from_wire`, which says what is wrong."""
+    try:
+        batch = _FAST_DECODER.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if batch.version != WIRE_VERSION or len(batch.events) > max_events:
+        return None
+    set_id, set_node, set_source = _SET["id"], _SET["node"], _SET["source"]
+    set_kind, set_time, set_attrs = _SET["kind"], _SET["time"], _SET["attrs"]
+    events: list[Event] = []
+    for e in batch.events:
+        if not _node_ok(e.node):
+            return None
+        attrs = e.attrs
+        pci = attrs.get("pci_bus_id")
+        if pci is not None and not _pci_address(pci):
+            return None
+        # built through its slots: a frozen dataclass's __init__ is several times slower, and every value
+        # has been checked
+        event = _new_event(Event)
+        set_id(event, e.id)
+        set_node(event, e.node)
+        set_source(event, e.source)
+        set_kind(event, e.kind)
+        set_time(event, e.time)
+        set_attrs(event, attrs)
+        events.append(event)
+    return WireBatch(events, [])

@@ -7,6 +7,7 @@ NVML. All of them normalize to ``dddd:bb:dd.f`` in lower case, the form Linux it
 
 from __future__ import annotations
 
+import functools
 import re
 
 __all__ = ["normalize_pci", "short_pci"]
@@ -21,6 +22,7 @@ _PCI_RE = re.compile(
 _MAX_DEVICE = 0x1F
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet has a few dozen addresses; the engine reads one per summary
 def normalize_pci(text: str) -> str | None:
     """Normalize a PCI address to ``dddd:bb:dd.f`` (lower case), or None when ``text`` is not one.
 
