@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from watchd.gpu.model import GpuSample
 from watchd.model.conditions import GPU_CONDITIONS
-from watchd.model.events import TOP_LEVEL_FIELDS
+from watchd.model.events import TOP_LEVEL_FIELDS, Event
 from watchd.model.finding import KINDS as FINDING_KINDS
 from watchd.model.finding import Detection
 from watchd.model.gpu import GpuHealth, GpuSummary
@@ -157,6 +160,9 @@ def test_flag_conditions_name_boolean_sample_fields() -> None:
     }
 
 
+_WIDE_12 = "\uff11\uff12"  # fullwidth digits
+
+
 @pytest.mark.parametrize(
     ("value", "label"),
     [
@@ -167,6 +173,8 @@ def test_flag_conditions_name_boolean_sample_fields() -> None:
         ("", None),
         (None, None),
         ("train-run-7", "train-run-7"),
+        ("slurm:", "slurm:"),
+        (f"slurm:{_WIDE_12}", f"slurm:{_WIDE_12}"),  # str.isdigit() says yes; not a Slurm job id
     ],
 )
 def test_job_label(value: object, label: str | None) -> None:
@@ -177,3 +185,33 @@ def test_job_labels_parse_back() -> None:
     assert parse_job_label("slurm:42") == JobRef("slurm", "42")
     assert parse_job_label("k8s:ABCDEF12-3456") == JobRef("k8s", "abcdef12-3456")
     assert parse_job_label("slurm:x") is None and parse_job_label("42") is None
+
+
+_ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["", "slurm:1", "0000:3b:00.0", "H100"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from([*GpuSummary.fields(), "other"]), _ANY_VALUE, max_size=12),
+    st.lists(st.sampled_from(GpuSummary.fields()), min_size=1, max_size=6, unique=True),
+)
+def test_a_picker_reads_its_fields_as_the_whole_read_does(attrs: dict[str, Any], names: list[str]) -> None:
+    """A hot path's reader of a few fields (the fleet's, of a summary) gives what the whole read gives."""
+    whole = GpuSummary.read(Event("e", "gpu-1", "nvml", GpuSummary.KIND, 1.0, attrs))
+    picked = GpuSummary.picker(*names)(attrs)
+    if whole is None:
+        assert picked is None
+    else:
+        assert picked is not None
+        assert [repr(v) for v in picked] == [repr(getattr(whole, n)) for n in names]
+
+
+def test_a_picker_names_only_declared_fields() -> None:
+    with pytest.raises(TypeError, match="declares no"):
+        GpuSummary.picker("gpu", "nonsense")

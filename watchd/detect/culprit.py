@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from watchd.detect.fleet import FleetState, HardwareEvent, RankTrack
+from watchd.detect.fleet import FleetState
 from watchd.detect.members import Member
 from watchd.detect.params import HangParams
+from watchd.detect.tracks import HardwareEvent, RankTrack
 from watchd.detect.trainlog_evidence import RankEvidence, TrainingEvidence
 from watchd.jobs.topology import JobView
 

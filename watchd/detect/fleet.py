@@ -14,11 +14,11 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from watchd.detect import fleet_bytes as cost
 from watchd.detect.spins import SPIN_CONDITION, Spin, Spins
+from watchd.detect.tracks import GpuTrack, HardwareEvent, RankTrack, Window
 from watchd.detect.trainlog_evidence import KINDS as TRAINLOG_KINDS
 from watchd.detect.trainlog_evidence import TrainingEvidence
 from watchd.jobs.topology import JobTopology
@@ -58,78 +58,24 @@ def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
-    """One ``gpu_summary``, reduced to what the detectors use."""
-
-    end: float
-    util: float | None
-    power: float | None
-    clock: float | None
-    link: float | None  # NVLink + PCIe bytes/s, both directions
-    hw_slowdown: float
-    thermal: float
-    power_brake: float
-
-
-@dataclass(slots=True)
-class GpuTrack:
-    node: str
-    gpu: int
-    model: str | None = None
-    job: str | None = None
-    windows: list[Window] = field(default_factory=list)  # oldest first (a list: an empty deque costs 600 B)
-    power_base: float | None = None  # running baseline while computing (never fed by spin windows)
-    link_base: float | None = None
-    computed_s: float = 0.0  # time spent computing under the current job
-    last_seen: float = 0.0
-
-    def latest(self) -> Window | None:
-        return self.windows[-1] if self.windows else None
-
-
-@dataclass(frozen=True, slots=True)
-class HardwareEvent:
-    time: float
-    node: str
-    gpu: int | None
-    what: str  # "xid 79 (RESTART_BM)", "gpu_lost", ...
-    hardware: bool  # False: an application Xid (evidence of a culprit, not of a fault)
-    condition: str  # xid bucket or gpu_health condition
-
-
-@dataclass(slots=True)
-class RankTrack:
-    job: str
-    rank: int
-    node: str
-    gpu: int | None = None
-    step: int = -1
-    steps_seen: int = 0
-    phase: str = "train"
-    collective_seq: int | None = None
-    last_report: float = 0.0
-    last_advance: float = 0.0
-    advance_every: float | None = None  # running average of the time between advancing reports
-    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=16))
-    compute_times: deque[float] = field(default_factory=lambda: deque(maxlen=16))
-
-    def median_step(self) -> float | None:
-        return _median(self.step_times)
-
-    def median_compute(self) -> float | None:
-        return _median(self.compute_times)
-
-
-def median(values: Iterable[float]) -> float:
-    """The median of a non-empty collection."""
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def _median(values: deque[float]) -> float | None:
-    return median(values) if values else None
+#: what the fleet keeps of a summary, read without building the whole GpuSummary (on the ingest path)
+_PICK_SUMMARY = GpuSummary.picker(
+    "gpu",
+    "job",
+    "pci_bus_id",
+    "model",
+    "util_mean",
+    "power_mean",
+    "sm_clock_mean",
+    "nvlink_tx_mean",
+    "nvlink_rx_mean",
+    "pcie_tx_mean",
+    "pcie_rx_mean",
+    "hw_slowdown_frac",
+    "thermal_frac",
+    "power_brake_frac",
+    "window_s",
+)
 
 
 class FleetState:
@@ -257,10 +203,12 @@ class FleetState:
         self._evict_over_bounds()
 
     def _summary(self, e: Event) -> None:
-        s = GpuSummary.read(e)
-        if s is None:
+        picked = _PICK_SUMMARY(e.attrs)
+        if picked is None:
             return
-        gpu = s.gpu
+        gpu, label, pci_bus_id, model, util, power, clock, tx, rx, ptx, prx, hw, thermal, brake, window_s = (
+            picked
+        )
         if not self._gpu_in_bounds(gpu):
             return
         key = (e.node, gpu)
@@ -269,29 +217,28 @@ class FleetState:
         if track is None:
             track = self.gpus[key] = GpuTrack(e.node, gpu)
             self._charge(e.node, cost.GPU)
-        job = job_label(s.job)
+        job = job_label(label)
         if job != track.job:
             track.job, track.computed_s = job, 0.0
             track.power_base = track.link_base = None
-        if s.pci_bus_id is not None:
+        if pci_bus_id is not None:
             by_pci = self.pci.get(e.node)
-            pci = normalize_pci(s.pci_bus_id) or s.pci_bus_id
+            pci = normalize_pci(pci_bus_id) or pci_bus_id
             if by_pci is None or pci not in by_pci:
                 self._charge(e.node, cost.pci(pci, by_pci is None))
             self.pci.setdefault(e.node, {})[pci] = gpu
-        track.model = s.model if s.model is not None else track.model
-        # the model read the numbers: each is finite or None
-        links = (s.nvlink_tx_mean, s.nvlink_rx_mean, s.pcie_tx_mean, s.pcie_rx_mean)
-        present = [float(x) for x in links if x is not None]
+        track.model = model if model is not None else track.model
+        # the picker read the numbers: each is finite or None
+        links = [float(x) for x in (tx, rx, ptx, prx) if x is not None]
         w = Window(
-            end=e.time,
-            util=_float(s.util_mean),
-            power=_float(s.power_mean),
-            clock=_float(s.sm_clock_mean),
-            link=sum(present) if present else None,
-            hw_slowdown=float(s.hw_slowdown_frac or 0.0),
-            thermal=float(s.thermal_frac or 0.0),
-            power_brake=float(s.power_brake_frac or 0.0),
+            e.time,
+            None if util is None else float(util),
+            None if power is None else float(power),
+            None if clock is None else float(clock),
+            sum(links) if links else None,
+            float(hw or 0.0),
+            float(thermal or 0.0),
+            float(brake or 0.0),
         )
         if track.windows and w.end <= track.windows[-1].end:
             return  # a re-sent or late window: history stays in time order
@@ -304,7 +251,7 @@ class FleetState:
         if stale:
             del windows[:stale]
         self._charge(e.node, (1 - stale) * cost.WINDOW)
-        self._learn_baseline(track, w, float(s.window_s or 5.0))
+        self._learn_baseline(track, w, float(window_s or 5.0))
         track.last_seen = e.time
         self._clear_lost(e.node, gpu)
         self.topology.observe_gpu(e.node, gpu, job, e.time)

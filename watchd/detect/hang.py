@@ -16,7 +16,7 @@ from functools import partial
 from watchd.detect.culprit import Culprit, find_culprit
 from watchd.detect.detector import Cycle, Onset, Sighting
 from watchd.detect.finding import Finding
-from watchd.detect.fleet import FleetState, RankTrack
+from watchd.detect.fleet import FleetState
 from watchd.detect.members import (
     Member,
     is_spin,
@@ -27,6 +27,7 @@ from watchd.detect.members import (
     warmed_up,
 )
 from watchd.detect.params import DetectorParams, HangParams, HeartbeatParams
+from watchd.detect.tracks import RankTrack
 from watchd.jobs.topology import JobView
 
 KIND = "nccl_hang"

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from watchd.detect.detector import Cycle
-from watchd.detect.fleet import QUIET_PHASES, FleetState, GpuTrack, RankTrack, Window, median
+from watchd.detect.fleet import QUIET_PHASES, FleetState
 from watchd.detect.params import HangParams
+from watchd.detect.tracks import GpuTrack, RankTrack, Window, median
 from watchd.jobs.topology import JobView
 
 GpuState = Literal["spin", "idle", "compute", "silent", "lost", "unknown"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from watchd.detect.fleet import GpuTrack, RankTrack, median
 from watchd.detect.params import StragglerParams
+from watchd.detect.tracks import GpuTrack, RankTrack, median
 
 _MAD_SCALE = 1.4826  # MAD to standard deviation, for normally distributed noise
 

@@ -21,7 +21,7 @@ from functools import partial
 
 from watchd.detect.detector import Cycle, Persisting, Sighting
 from watchd.detect.finding import Finding
-from watchd.detect.fleet import FleetState, median
+from watchd.detect.fleet import FleetState
 from watchd.detect.members import job_ranks, quiet_declared
 from watchd.detect.outliers import (
     Outlier,
@@ -32,6 +32,7 @@ from watchd.detect.outliers import (
     window_clock,
 )
 from watchd.detect.params import DetectorParams, StragglerParams
+from watchd.detect.tracks import median
 from watchd.jobs.topology import JobView
 
 KIND = "straggler"

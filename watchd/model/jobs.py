@@ -46,6 +46,8 @@ def job_label(value: object) -> str | None:
     if value is None:
         return None
     text = str(value)
+    if text.startswith("slurm:") and text[6:].isdigit() and text.isascii():  # the common case, at once
+        return text
     if parse_job_label(text) is not None:
         return text
     if text.isascii() and text.isdigit():

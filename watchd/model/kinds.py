@@ -149,6 +149,13 @@ class Attrs:
         return reader(cls, attrs)  # type: ignore[no-any-return]
 
     @classmethod
+    def picker(cls, *names: str) -> Callable[[Mapping[str, Scalar]], tuple[Any, ...] | None]:
+        """A reader of only ``names``, for a hot path that uses a few fields of a wide kind: their values in
+        that order, each checked as :meth:`from_attrs` checks it (a mistyped optional one reads as None), or
+        None where :meth:`read` would give None (a required one among them missing or mistyped)."""
+        return _compile_picker(cls, names)
+
+    @classmethod
     def read(cls: type[A], event: Event) -> A | None:
         """``event``'s attributes as this kind; None when they cannot be read as it."""
         try:
@@ -223,3 +230,29 @@ def _compile_reader(cls: type[Attrs]) -> Callable[[type, Mapping[str, Scalar]], 
     }
     exec(compile("\n".join(lines), f"<{cls.__name__}.from_attrs>", "exec"), namespace)
     return namespace["read"]  # type: ignore[no-any-return]
+
+
+def _compile_picker(cls: type[Attrs], names: tuple[str, ...]) -> Callable[[Mapping[str, Scalar]], Any]:
+    specs = {s.name: s for s in cls.specs()}
+    unknown = [n for n in names if n not in specs]
+    if unknown:
+        raise TypeError(f"{cls.__name__} declares no {unknown}")
+    required = [s for s in cls.specs() if s.required]
+    lines = ["def pick(attrs):", "    get = attrs.get"]
+    for spec in required:  # as read(): a required field missing or mistyped, even one not picked, is None
+        lines += [
+            f"    v = get({spec.name!r})",
+            f"    if v is None or not {_INLINE[spec.check]}:",
+            "        return None",
+        ]
+    out = []
+    for i, name in enumerate(names):
+        spec = specs[name]
+        lines.append(f"    f{i} = v = get({name!r})")
+        if not spec.required:
+            lines.append(f"    if v is not None and not {_INLINE[spec.check]}:\n        f{i} = None")
+        out.append(f"f{i}")
+    lines.append(f"    return ({', '.join(out)},)")
+    namespace: dict[str, Any] = {f.__name__: f for f in _INLINE}
+    exec(compile("\n".join(lines), f"<{cls.__name__}.picker>", "exec"), namespace)
+    return namespace["pick"]  # type: ignore[no-any-return]
