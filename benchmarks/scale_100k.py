@@ -127,12 +127,15 @@ class Metrics:
             conn.close()
         self.values: dict[str, float] = {}
         self.age_buckets: dict[float, float] = {}
+        self.lag_buckets: dict[float, float] = {}  # watchd_event_loop_lag_seconds
         self.rejected: dict[str, float] = {}
         self.evicted: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name == "watchd_event_age_seconds_bucket":
                     self.age_buckets[float(s.labels["le"])] = s.value
+                elif s.name == "watchd_event_loop_lag_seconds_bucket":
+                    self.lag_buckets[float(s.labels["le"])] = s.value
                 elif s.name == "watchd_ingest_rejected_total":
                     self.rejected[s.labels["reason"]] = s.value
                 elif s.name == "watchd_fleet_evicted_total":
@@ -314,6 +317,7 @@ def load_phase(engine: Daemon, plan: Plan, xids: int, gap_s: float, nodes_offset
     cycles = m1.get("watchd_detector_cycle_seconds_count") - m0.get("watchd_detector_cycle_seconds_count")
     cycle_s = m1.get("watchd_detector_cycle_seconds_sum") - m0.get("watchd_detector_cycle_seconds_sum")
     buckets = {le: v - m0.age_buckets.get(le, 0.0) for le, v in m1.age_buckets.items()}
+    lag = {le: v - m0.lag_buckets.get(le, 0.0) for le, v in m1.lag_buckets.items()}
     drops = {
         **{f"ingest refused: {k}": v - m0.rejected.get(k, 0.0) for k, v in m1.rejected.items()},
         "invalid events": m1.get("watchd_events_invalid_total") - m0.get("watchd_events_invalid_total"),
@@ -329,6 +333,8 @@ def load_phase(engine: Daemon, plan: Plan, xids: int, gap_s: float, nodes_offset
         "cycle_longest_slice_s": m1.get("watchd_detector_cycle_longest_slice_seconds"),
         "event_age_p50_s": quantile(buckets, 0.5),
         "event_age_p95_s": quantile(buckets, 0.95),
+        "loop_lag_p50_s": quantile(lag, 0.5) if lag else float("nan"),
+        "loop_lag_p99_s": quantile(lag, 0.99) if lag else float("nan"),
         "queue_depth_end": m1.get("watchd_engine_queue_depth"),
         # answered before their batch was evaluated (a backlog; the events were taken: not a drop)
         "ack_timeouts": m1.get("watchd_ingest_ack_timeouts_total")
@@ -390,6 +396,8 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         "ingest_lag_floor_p95_s": f["floor_lag_p95_s"],
         "event_age_at_arrival_p50_s": round(load["event_age_p50_s"], 3),
         "event_age_at_arrival_p95_s": round(load["event_age_p95_s"], 3),
+        "loop_lag_p50_s": round(load["loop_lag_p50_s"], 4),
+        "loop_lag_p99_s": round(load["loop_lag_p99_s"], 4),
         "detector_cycle_mean_s": round(load["cycle_mean_s"], 3),
         "detector_cycles": load["cycles"],
         "detector_longest_slice_s": round(load["cycle_longest_slice_s"], 3),
@@ -444,7 +452,8 @@ def print_summary(s: dict[str, Any]) -> None:
     print(
         f"  detectors   cycle {s['detector_cycle_mean_s']:.3f} s computing "
         f"(mean of {s['detector_cycles']:.0f}),"
-        f" longest slice {s['detector_longest_slice_s']:.3f} s"
+        f" longest slice {s['detector_longest_slice_s']:.3f} s;"
+        f" event loop lag p50 ~{s['loop_lag_p50_s']:.3f} s, p99 ~{s['loop_lag_p99_s']:.3f} s"
     )
     print(
         f"  Xid->drain  idle p50 {s['xid_idle_p50_ms']:.1f} ms p99 {s['xid_idle_p99_ms']:.1f} ms "

@@ -35,6 +35,7 @@ from watchd.engine.dedup import SeenIds
 from watchd.engine.heap import HeapPolicy
 from watchd.engine.housekeeping import prune
 from watchd.engine.lanes import IngestQueue
+from watchd.engine.loop_lag import LoopLag
 from watchd.engine.metrics import EngineMetrics
 from watchd.engine.privileges import privileges
 from watchd.engine.rule_keeper import RuleKeeper
@@ -492,6 +493,7 @@ class Engine:
             self.usage,
             Remediation(self.scheduler, audit, remediation, self.clock, self.emit, leading),
             self.commands,  # the agents' commands (a GPU reset): in memory, their actions' intents durable
+            LoopLag(self.metrics.registry),
             HeapPolicy(),  # last: it starts with everything built, and freezes it
         ]
         self.executor.attach(
