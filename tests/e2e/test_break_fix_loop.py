@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,16 +24,15 @@ import pytest
 
 from tests.checks.conftest import behave
 from tests.checks.conftest import standins as standins  # the stand-in checks fixture
-from tests.checks.test_validation_kill9 import TOKEN, WRAPPER
-from tests.checks.test_validation_kill9 import engine_config as checks_engine_config
-from tests.daemons import Daemon, agent_config, watchd_command
+from tests.daemons import Daemon
+from tests.e2e import remediation_loop as loop
+from tests.e2e.remediation_loop import REAL_SCONTROL, history_cli, kernel_says, start_agent, start_engine
 from tests.harness.slurm import SlurmCluster, available
 from tests.support import real_components_required, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real]
 
 NODE = "gpu-1"
-REAL_SCONTROL = shutil.which("scontrol") or "scontrol"
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 
 
@@ -51,54 +48,24 @@ def rebooting_cluster() -> Iterator[SlurmCluster]:
         yield cluster
 
 
-def _actions(engine: Daemon, node: str = NODE) -> list[dict[str, Any]]:
-    return [a for a in engine.get_json("/api/v1/actions?limit=500")["actions"] if a["node"] == node]
-
-
-def _engine(
-    cluster: SlurmCluster, standins: Path, tmp_path: Path, env: dict[str, str] | None = None
-) -> Daemon:
-    """A real engine on the defaults, with checks; its scontrol the kill -9 test's wrapper when ``env``
-    names the real one."""
-    scontrol = tmp_path / "scontrol" if env else Path(REAL_SCONTROL)
-    if env:
-        scontrol.write_text(WRAPPER)
-        scontrol.chmod(0o755)
-    config = checks_engine_config(cluster, standins, tmp_path, scontrol)
-    config["auth"] = {"token_file": str(tmp_path / "token")}
-    (tmp_path / "token").write_text(TOKEN)
-    (tmp_path / "token").chmod(0o600)
-    engine = Daemon("engine", config, tmp_path, env)
-    engine.wait_ready()
-    return engine
+def _actions(engine: Daemon) -> list[dict[str, Any]]:
+    return loop.actions(engine, NODE)
 
 
 def _start(
     cluster: SlurmCluster, standins: Path, tmp_path: Path, env: dict[str, str] | None = None
 ) -> tuple[Daemon, Daemon, Path]:
-    engine = _engine(cluster, standins, tmp_path, env)
-    kernel_log = tmp_path / "kern.log"
-    kernel_log.write_text("")
-    agent = Daemon("agent", agent_config(NODE, engine.port, tmp_path / "token", kernel_log), tmp_path)
-    agent.wait_ready()
+    engine = start_engine(cluster, standins, tmp_path, env)
+    agent, kernel_log = start_agent(engine, tmp_path, NODE)
     return engine, agent, kernel_log
 
 
 def _wait(cond: Any, timeout: float, what: str, engine: Daemon, cluster: SlurmCluster) -> None:
-    try:
-        wait_for(cond, timeout=timeout, what=what)
-    except AssertionError as exc:
-        state = cluster.run("scontrol", "show", "node", NODE, "-o", check=False).stdout
-        steps = [(a["action"], a["outcome"], a["detail"]) for a in _actions(engine)]
-        raise AssertionError(
-            f"{exc}\n{steps}\n{state}\n{cluster.reboot_events(NODE)}\n{engine.log()}"
-        ) from None
+    loop.wait(cond, timeout, what, cluster, NODE, engine)
 
 
 def _back_in_service(cluster: SlurmCluster, engine: Daemon) -> bool:
-    """Resumed by a validation that passed (during the validation the node is idle in its reservation)."""
-    validated = any(a["action"] == "validate" and a["outcome"] == "resumed" for a in _actions(engine))
-    return validated and cluster.node_state(NODE) == "IDLE" and cluster.reason(NODE) is None
+    return loop.back_in_service(cluster, engine, NODE)
 
 
 def test_xid_to_reboot_to_validated_return_without_a_person(
@@ -113,8 +80,7 @@ def test_xid_to_reboot_to_validated_return_without_a_person(
     engine, agent, kernel_log = _start(cluster, standins, tmp_path)
     try:
         started = time.time()
-        with open(kernel_log, "a") as f:
-            f.write(XID79 + "\n")
+        kernel_says(kernel_log, XID79)
         _wait(
             lambda: _back_in_service(cluster, engine),
             150,
@@ -123,7 +89,7 @@ def test_xid_to_reboot_to_validated_return_without_a_person(
             cluster,
         )
         back = time.time()
-        steps = [(a["action"], a["outcome"]) for a in _actions(engine) if a["action"] != "alert"]
+        steps = loop.steps(engine, NODE)
         assert steps[:3] == [("drain", "drained"), ("requeue", "requeued"), ("reboot", "rebooting")], steps
         assert ("validate", "resumed") in steps, steps
         assert cluster.boot_time(NODE) != boot_before, "Slurm saw a new boot"
@@ -135,13 +101,7 @@ def test_xid_to_reboot_to_validated_return_without_a_person(
         history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
         assert history[0]["state"] == "returned" and history[0]["evidence"].startswith("watchd: Xid79 ")
         assert [s["action"] for s in history[0]["steps"]][:3] == ["drain", "requeue", "reboot"]
-        out = subprocess.run(
-            [*watchd_command(), "node", "history", NODE, "--url", engine.url],
-            capture_output=True,
-            text=True,
-            env={"WATCHD_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
-            check=True,
-        ).stdout
+        out = history_cli(engine, NODE)
         assert f"{NODE}: returned" in out and "reboot" in out and "validate" in out, out
         audit = {a["action"]: a["time"] for a in _actions(engine)}
         events = {e["event"]: e["t"] for e in cluster.reboot_events(NODE)}
@@ -173,8 +133,7 @@ def test_a_node_that_fails_validation_after_its_reboot_stays_drained(
     behave(standins, gpu_1="low")  # the checks find the bus bandwidth below its baseline
     engine, agent, kernel_log = _start(cluster, standins, tmp_path)
     try:
-        with open(kernel_log, "a") as f:
-            f.write(XID79 + "\n")
+        kernel_says(kernel_log, XID79)
         _wait(
             lambda: any(a["action"] == "validate" for a in _actions(engine)),
             150,
@@ -214,8 +173,7 @@ def test_kill9_at_each_step_never_reboots_twice_nor_returns_an_unvalidated_node(
     engine, agent, kernel_log = _start(cluster, standins, tmp_path, env)
     second: Daemon | None = None
     try:
-        with open(kernel_log, "a") as f:
-            f.write(XID79 + "\n")
+        kernel_says(kernel_log, XID79)
         if step != "while_the_node_is_away":
             wait_for(mark.exists, timeout=30, what="the engine stopped at scontrol reboot")
         else:
@@ -229,13 +187,13 @@ def test_kill9_at_each_step_never_reboots_twice_nor_returns_an_unvalidated_node(
         if step == "before_the_reboot_is_asked":
             called_now = [e["event"] for e in cluster.reboot_events(NODE)].count("called")
             assert called_now == called_before, "nothing asked of Slurm yet"
-        second = _engine(cluster, standins, tmp_path, {"WATCHD_REAL_SCONTROL": REAL_SCONTROL})
+        second = start_engine(cluster, standins, tmp_path, {"WATCHD_REAL_SCONTROL": REAL_SCONTROL})
         _wait(
             lambda: _back_in_service(cluster, second), 150, "validated and back in service", second, cluster
         )
         called = [e["event"] for e in cluster.reboot_events(NODE)].count("called") - called_before
         assert called == 1, "rebooted exactly once"
-        steps = [(a["action"], a["outcome"]) for a in _actions(second) if a["action"] != "alert"]
+        steps = loop.steps(second, NODE)
         assert ("reboot", "rebooting") in steps and ("validate", "resumed") in steps, steps
         if step == "after_the_reboot_is_asked":  # its intent was open: driven again, and not asked again
             [reboot] = [a for a in _actions(second) if a["action"] == "reboot"]
@@ -260,11 +218,9 @@ def test_a_second_hardware_failure_leaves_the_node_for_a_person(
     called_before = [e["event"] for e in cluster.reboot_events(NODE)].count("called")
     engine, agent, kernel_log = _start(cluster, standins, tmp_path)
     try:
-        with open(kernel_log, "a") as f:
-            f.write(XID79 + "\n")
+        kernel_says(kernel_log, XID79)
         _wait(lambda: _back_in_service(cluster, engine), 150, "the first remediation", engine, cluster)
-        with open(kernel_log, "a") as f:
-            f.write(XID79.replace("pid=1234", "pid=4321") + "\n")
+        kernel_says(kernel_log, XID79.replace("pid=1234", "pid=4321"))
 
         def lemon() -> bool:
             return any(a["rule"] == "lemon-node" and a["action"] == "drain" for a in _actions(engine))

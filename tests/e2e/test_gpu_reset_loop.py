@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,10 +26,9 @@ import yaml
 
 from tests.checks.conftest import behave
 from tests.checks.conftest import standins as standins  # the stand-in checks fixture
-from tests.checks.test_validation_kill9 import TOKEN
-from tests.daemons import Daemon, agent_config, watchd_command
-from tests.e2e.test_break_fix_loop import REAL_SCONTROL
-from tests.e2e.test_break_fix_loop import _engine as start_engine
+from tests.daemons import Daemon
+from tests.e2e import remediation_loop as loop
+from tests.e2e.remediation_loop import REAL_SCONTROL, history_cli, kernel_says, start_agent, start_engine
 from tests.harness.slurm import SlurmCluster
 from tests.support import wait_for
 
@@ -57,18 +55,16 @@ def cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
 
 
 def _agent(engine: Daemon, tmp_path: Path, load: str = "idle") -> tuple[Daemon, Path]:
-    kernel_log = tmp_path / "kern.log"
-    kernel_log.write_text("")
     scenario = tmp_path / f"gpus-{load}.yaml"
     scenario.write_text(yaml.safe_dump({"seed": 3, "gpus": {"model": "H100-SXM", "count": 8}, "load": load}))
-    config = agent_config(NODE, engine.port, tmp_path / "token", kernel_log)
-    config["sources"]["gpu"] = {"backend": "fake", "scenario": str(scenario), "interval_s": 1.0}
-    config["commands"].update(
-        poll_s=0.5, gpu_reset={"fake_delay_s": RESET_DELAY_S, "fake_log": str(tmp_path / "resets.jsonl")}
-    )
-    agent = Daemon("agent", config, tmp_path)
-    agent.wait_ready()
-    return agent, kernel_log
+
+    def simulated_gpus_and_fake_resets(config: dict[str, Any]) -> None:
+        config["sources"]["gpu"] = {"backend": "fake", "scenario": str(scenario), "interval_s": 1.0}
+        config["commands"].update(
+            poll_s=0.5, gpu_reset={"fake_delay_s": RESET_DELAY_S, "fake_log": str(tmp_path / "resets.jsonl")}
+        )
+
+    return start_agent(engine, tmp_path, NODE, simulated_gpus_and_fake_resets)
 
 
 def _again(engine: Daemon, tmp_path: Path, env: dict[str, str]) -> Daemon:
@@ -78,43 +74,25 @@ def _again(engine: Daemon, tmp_path: Path, env: dict[str, str]) -> Daemon:
     return again
 
 
-def _history_cli(engine: Daemon) -> str:
-    return subprocess.run(
-        [*watchd_command(), "node", "history", NODE, "--url", engine.url],
-        capture_output=True,
-        text=True,
-        env={"WATCHD_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
-        check=True,
-    ).stdout
-
-
 def _resets(tmp_path: Path) -> list[dict[str, Any]]:
     path = tmp_path / "resets.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _actions(engine: Daemon) -> list[dict[str, Any]]:
-    return [a for a in engine.get_json("/api/v1/actions?limit=500")["actions"] if a["node"] == NODE]
+    return loop.actions(engine, NODE)
 
 
 def _steps(engine: Daemon) -> list[tuple[str, str]]:
-    return [(a["action"], a["outcome"]) for a in _actions(engine) if a["action"] != "alert"]
+    return loop.steps(engine, NODE)
 
 
 def _wait(cond: Any, timeout: float, what: str, engine: Daemon, agent: Daemon, cluster: SlurmCluster) -> None:
-    try:
-        wait_for(cond, timeout=timeout, what=what)
-    except AssertionError as exc:
-        state = cluster.run("scontrol", "show", "node", NODE, "-o", check=False).stdout
-        raise AssertionError(
-            f"{exc}\n{[(a['action'], a['outcome'], a['detail']) for a in _actions(engine)]}\n{state}\n"
-            f"engine:\n{engine.log()}\nagent:\n{agent.log()}"
-        ) from None
+    loop.wait(cond, timeout, what, cluster, NODE, engine, agent)
 
 
 def _back_in_service(cluster: SlurmCluster, engine: Daemon) -> bool:
-    validated = ("validate", "resumed") in _steps(engine)
-    return validated and cluster.node_state(NODE) == "IDLE" and cluster.reason(NODE) is None
+    return loop.back_in_service(cluster, engine, NODE)
 
 
 def test_xid_to_gpu_reset_to_validated_return_without_a_person(
@@ -127,8 +105,7 @@ def test_xid_to_gpu_reset_to_validated_return_without_a_person(
     agent, kernel_log = _agent(engine, tmp_path)
     try:
         started = time.time()
-        with open(kernel_log, "a") as f:
-            f.write(XID95 + "\n")
+        kernel_says(kernel_log, XID95)
         _wait(
             lambda: _back_in_service(cluster, engine),
             120,
@@ -151,7 +128,7 @@ def test_xid_to_gpu_reset_to_validated_return_without_a_person(
         history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
         assert history[0]["state"] == "returned" and history[0]["evidence"].startswith("watchd: Xid95 2a:00")
         assert [s["action"] for s in history[0]["steps"]][:3] == ["drain", "requeue", "gpu_reset"]
-        out = _history_cli(engine)
+        out = history_cli(engine, NODE)
         assert f"{NODE}: returned" in out and "gpu_reset" in out and "validate" in out, out
         metrics = engine.get("/metrics")
         assert 'watchd_agent_commands_total{command="gpu_reset",outcome="done"} 1.0' in metrics
@@ -186,8 +163,7 @@ def test_a_gpu_held_by_a_process_is_not_reset_and_the_node_is_rebooted_instead(
     engine = start_engine(cluster, standins, tmp_path)
     agent, kernel_log = _agent(engine, tmp_path, load="training")
     try:
-        with open(kernel_log, "a") as f:
-            f.write(XID95 + "\n")
+        kernel_says(kernel_log, XID95)
         _wait(
             lambda: any(a["action"] == "gpu_reset" for a in _actions(engine)),
             60,
@@ -216,7 +192,7 @@ def test_a_gpu_held_by_a_process_is_not_reset_and_the_node_is_rebooted_instead(
         assert _resets(tmp_path) == [] and "DRAIN" in cluster.node_state(NODE)
         assert not any(a["action"] == "validate" for a in _actions(engine))
         assert not any(a["rule"] == "remediation-limit" for a in _actions(engine))
-        out = _history_cli(engine)
+        out = history_cli(engine, NODE)
         assert "gpu_reset     not_reset" in out and "reboot" in out, out
         print(out)
     finally:
@@ -236,8 +212,7 @@ def test_kill9_never_resets_twice_nor_returns_an_unvalidated_node(
     second: Daemon | None = None
     stopped = False
     try:
-        with open(kernel_log, "a") as f:
-            f.write(XID95 + "\n")
+        kernel_says(kernel_log, XID95)
         if step == "after_the_command_is_queued":
             # the agent frozen once the Xid reached the engine, before the command exists: it never fetches it
             _wait(lambda: ("drain", "drained") in _steps(engine), 30, "the drain", engine, agent, cluster)

@@ -122,6 +122,9 @@ class Attempt:
     #: Called once its intent is durable (before it waits for leadership or the scheduler): its decision
     #: counts as recorded from then on, and the ingest reply need not wait for the action itself.
     on_recorded: Callable[[], None] | None = None
+    #: Called when its intent, or its audit record, could not be written: unless its decision counted as
+    #: recorded before, its batch is refused (the agent sends it again).
+    on_unrecorded: Callable[[], None] | None = None
     #: Said before the outcome's detail in the audit trail: who asked ("by alice", "released by bob") or
     #: why it runs again ("re-driven after a restart").
     note: str = ""

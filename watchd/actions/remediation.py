@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from watchd.actions.audit import AuditRecord
-from watchd.actions.handlers.reboot import reason_replaced
+from watchd.actions.handlers.remediation_guard import reason_replaced
 from watchd.actions.incidents import incidents
 from watchd.actions.runtime import AuditReader
 from watchd.actions.settings import RemediationConfig

@@ -28,6 +28,8 @@ from typing import Any
 
 import aiohttp
 
+from watchd.agent import engine_call
+from watchd.agent.engine_call import call, with_session
 from watchd.agent.metrics import AgentMetrics
 from watchd.logs import get_logger
 from watchd.model.commands import (
@@ -139,12 +141,7 @@ class CommandRunner:
         self._unsupported_logged = False
 
     async def run(self) -> None:
-        if self._session is not None:
-            await self._loop(self._session)
-            return
-        connector = aiohttp.TCPConnector(ssl=self._tls) if self._tls is not None else None
-        async with aiohttp.ClientSession(timeout=self._timeout, connector=connector) as session:
-            await self._loop(session)
+        await with_session(self._session, self._tls, self._timeout, self._loop)
 
     async def _loop(self, session: aiohttp.ClientSession) -> None:
         while True:
@@ -167,29 +164,32 @@ class CommandRunner:
 
     async def _fetch(self, session: aiohttp.ClientSession) -> list[Command]:
         url = self._base + COMMANDS_PATH
-        try:
-            async with session.get(
-                url, params={"node": self.node}, headers=self._headers, timeout=self._timeout
-            ) as resp:
-                raw = await resp.content.read(_MAX_REPLY_BYTES + 1)
-                status = resp.status
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        reply = await call(
+            session,
+            "GET",
+            url,
+            params={"node": self.node},
+            headers=self._headers,
+            timeout=self._timeout,
+            read_at_most=_MAX_REPLY_BYTES + 1,
+        )
+        kind = reply.kind
+        if kind == engine_call.NOT_REACHED:
             self._metrics.command_polls.labels("unreachable").inc()
-            _log.warning("command_poll_unreachable", url=url, error=str(exc) or type(exc).__name__)
+            _log.warning("command_poll_unreachable", url=url, error=reply.error)
             return []
-        if status == 404:  # an engine without the command path (older): nothing to do, said once
+        if kind == engine_call.NOT_FOUND:  # an engine without the command path (older): said once
             self._metrics.command_polls.labels("unsupported").inc()
             if not self._unsupported_logged:
                 self._unsupported_logged = True
                 _log.warning("commands_unsupported_by_engine", url=url)
             return []
-        if status != 200:
+        if kind != engine_call.OK:
             self._metrics.command_polls.labels("refused").inc()
-            text = raw[:300].decode("utf-8", "replace")
-            _log.warning("command_poll_refused", url=url, status=status, response=text)
+            _log.warning("command_poll_refused", url=url, status=reply.status, response=reply.text(300))
             return []
         try:
-            body = json.loads(raw[:_MAX_REPLY_BYTES])
+            body = json.loads(reply.body[:_MAX_REPLY_BYTES])
             if not isinstance(body, dict) or body.get("version") != WIRE_VERSION:
                 raise WireError(f"version: expected {WIRE_VERSION}")
             listed = body.get("commands")
@@ -269,25 +269,24 @@ class CommandRunner:
     async def _report(self, session: aiohttp.ClientSession, result: CommandResult) -> bool:
         """Report ``result`` once; a failed report is tried again at the next poll (the engine hands the
         command out until it has the result)."""
-        url = self._base + result_path(result.id)
-        try:
-            async with session.post(
-                url,
-                params={"node": self.node},
-                json=result.to_wire(),
-                headers=self._headers,
-                timeout=self._timeout,
-            ) as resp:
-                status = resp.status
-                text = (await resp.content.read(2000)).decode("utf-8", "replace")
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            _log.warning(
-                "command_report_unreachable", command=result.id, error=str(exc) or type(exc).__name__
-            )
+        reply = await call(
+            session,
+            "POST",
+            self._base + result_path(result.id),
+            params={"node": self.node},
+            json=result.to_wire(),
+            headers=self._headers,
+            timeout=self._timeout,
+            read_at_most=2000,
+        )
+        if reply.kind == engine_call.NOT_REACHED:
+            _log.warning("command_report_unreachable", command=result.id, error=reply.error)
             return False
-        if status == 200:
+        if reply.kind == engine_call.OK:
             _log.info("command_reported", command=result.id, outcome=result.outcome)
             return True
         # 404/410: the engine no longer waits for it (restarted, or gave up): kept, reported again if asked
-        _log.warning("command_report_refused", command=result.id, status=status, response=text[:300])
+        _log.warning(
+            "command_report_refused", command=result.id, status=reply.status, response=reply.text(300)
+        )
         return False

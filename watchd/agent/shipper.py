@@ -18,13 +18,14 @@ from collections.abc import Callable
 
 import aiohttp
 
+from watchd.agent import engine_call
+from watchd.agent.engine_call import call, with_session
 from watchd.agent.metrics import AgentMetrics
 from watchd.logs import get_logger
 from watchd.model.events import INGEST_PATH, Event, batch_to_wire, fit_to_wire
 
 _log = get_logger("watchd.shipper")
 
-_RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 _INVALID_LOGGED = 10  # per batch: the metric has the count
 _DROP_LOG_EVERY = 1000
 
@@ -101,12 +102,7 @@ class Shipper:
         return True
 
     async def run(self) -> None:
-        if self._session is not None:
-            await self._ship(self._session)
-            return
-        connector = aiohttp.TCPConnector(ssl=self._tls) if self._tls is not None else None
-        async with aiohttp.ClientSession(timeout=self._timeout, connector=connector) as session:
-            await self._ship(session)
+        await with_session(self._session, self._tls, self._timeout, self._ship)
 
     async def _ship(self, session: aiohttp.ClientSession) -> None:
         backoff = self._backoff_initial
@@ -154,44 +150,39 @@ class Shipper:
 
     async def _post(self, session: aiohttp.ClientSession, batch: list[Event]) -> str:
         body = json.dumps(batch_to_wire(self.node, batch), separators=(",", ":")).encode()
-        try:
-            async with session.post(
-                self.endpoint, data=body, headers=self._headers, timeout=self._timeout
-            ) as resp:
-                text = (await resp.read()).decode("utf-8", "replace")
-                status = resp.status
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        reply = await call(
+            session, "POST", self.endpoint, data=body, headers=self._headers, timeout=self._timeout
+        )
+        status, kind = reply.status, reply.kind
+        if status is None:
             self._metrics.requests.labels("unreachable").inc()
             self._metrics.engine_up.set(0)
-            _log.warning(
-                "engine_unreachable",
-                url=self.endpoint,
-                error=str(exc) or type(exc).__name__,
-                queued=len(self._queue),
-            )
+            _log.warning("engine_unreachable", url=self.endpoint, error=reply.error, queued=len(self._queue))
             return "retry"
         self._metrics.engine_up.set(1 if status < 500 else 0)
-        if 200 <= status < 300:
+        if kind == engine_call.OK:
             self._metrics.requests.labels("delivered").inc()
-            self._count_invalid(text, batch)
+            self._count_invalid(reply.text(), batch)
             return "delivered"
-        if status == 413:
+        if kind == engine_call.TOO_LARGE:
             self._metrics.requests.labels("too_large").inc()
             if len(batch) == 1:
-                _log.error("event_rejected_too_large", event_id=batch[0].id, response=text[:500])
+                _log.error("event_rejected_too_large", event_id=batch[0].id, response=reply.text(500))
                 return "rejected"
             return "too_large"
-        if status in _RETRYABLE:
+        if kind == engine_call.BUSY:
             self._metrics.requests.labels("retry").inc()
-            _log.warning("engine_busy", status=status, response=text[:200], queued=len(self._queue))
+            _log.warning("engine_busy", status=status, response=reply.text(200), queued=len(self._queue))
             return "retry"
-        if status in (401, 403):
+        if kind == engine_call.UNAUTHORIZED:
             # A configuration problem: keep the events, they are delivered once the token is fixed.
             self._metrics.requests.labels("unauthorized").inc()
-            _log.error("engine_refused_token", status=status, response=text[:200], queued=len(self._queue))
+            _log.error(
+                "engine_refused_token", status=status, response=reply.text(200), queued=len(self._queue)
+            )
             return "retry"
         self._metrics.requests.labels("rejected").inc()
-        _log.error("batch_rejected", status=status, response=text[:500], events=len(batch))
+        _log.error("batch_rejected", status=status, response=reply.text(500), events=len(batch))
         return "rejected"
 
     def _count_invalid(self, reply: str, batch: list[Event]) -> None:

@@ -31,6 +31,7 @@ from watchd.clock import Clock, SystemClock
 from watchd.config import EngineConfig
 from watchd.detect.correlator import Correlator
 from watchd.detect.service import Detectors
+from watchd.engine.acks import BatchAcks
 from watchd.engine.dedup import SeenIds
 from watchd.engine.heap import HeapPolicy
 from watchd.engine.housekeeping import prune
@@ -105,7 +106,7 @@ class Engine:
         self._elector: ElectedLeadership | None = None
         self._job_providers = job_providers
         self.queue = IngestQueue(maxsize=config.ingest.queue_size)  # Xids before summaries (lanes.py)
-        self._acks: dict[int, asyncio.Future[None]] = {}  # id(queued event) -> its batch's reply waits
+        self.acks = BatchAcks(lambda: self.executor.deciding())  # what each ingest reply waits for
         self.seen = SeenIds(self.clock, config.ingest.dedup_window_s, config.ingest.dedup_max_ids)
         self.periodic = Periodic()
         reload = config.reload
@@ -130,7 +131,6 @@ class Engine:
         self._processor: asyncio.Task[None] | None = None
         self._started = False
         self._probed_at = -1e18  # monotonic time of the last inline probe of an unwritable store
-        self._ack_waiters: set[asyncio.Future[Any]] = set()
         self._fenced = False  # a shared store whose writes the elected leader's token fences
         self._executor_ready = asyncio.Event()
         self._takeovers: set[asyncio.Task[None]] = set()
@@ -224,10 +224,6 @@ class Engine:
         """The last failed write's error (kept after writes resume)."""
         return self.store.health.last_error
 
-    def store_failures(self) -> int:
-        """Failed writes of the state database so far: ingest compares it before and after a batch."""
-        return self.store.health.failures + self.store.health.fenced  # fenced: not recorded either
-
     def writable(self) -> bool:
         """Whether decisions can be recorded now: an unwritable store is probed again (one small write, at
         most every ``INLINE_PROBE_S``), so that writes resume as soon as space (or the lock) returns."""
@@ -287,11 +283,13 @@ class Engine:
 
     def evaluated(self, event: Event) -> asyncio.Future[None]:
         """Done once ``event`` has been evaluated and the decisions handed to the executor until then have
-        run (their intents and audit records written, or failed to be)."""
-        fut = self._acks.get(id(event))  # the queue holds the event: its id is not reused meanwhile
-        if fut is None:
-            fut = self._acks[id(event)] = asyncio.get_running_loop().create_future()
-        return fut
+        been recorded (their intents or audit records written) or failed to be."""
+        return self.acks.evaluated(event)
+
+    def unrecorded(self, events: Sequence[Event]) -> bool:
+        """Whether a decision made on one of ``events`` could not be recorded (asked once, after
+        :meth:`evaluated`)."""
+        return self.acks.unrecorded(events)
 
     def recent_actions(self, limit: int) -> list[dict[str, Any]]:
         return self.status_model.recent_actions(limit)
@@ -551,20 +549,8 @@ class Engine:
 
     # ---------------------------------------------------------------------------------------- the stream
 
-    def _ack_when_settled(self, fut: asyncio.Future[None]) -> None:
-        """Resolve a batch's reply once the decisions submitted so far have run: the reply then says
-        whether they were recorded (a batch is answered once its decisions are recorded)."""
-        pending = self.executor.deciding()
-        if not pending:
-            fut.set_result(None)
-            return
-        waiter = asyncio.ensure_future(asyncio.wait(pending))
-        self._ack_waiters.add(waiter)  # referenced until done (the loop keeps only weak references)
-        waiter.add_done_callback(self._ack_waiters.discard)
-        waiter.add_done_callback(lambda _: None if fut.done() else fut.set_result(None))
-
     async def _process(self) -> None:
-        queue, acks, keeper = self.queue, self._acks, self.rule_keeper
+        queue, acks, keeper = self.queue, self.acks, self.rule_keeper
         observers: Sequence[Any] = self._observers
         with_job, reliability, submit = self.detectors.with_job, self.reliability, self.executor.submit
         while True:
@@ -578,11 +564,10 @@ class Engine:
                     for decision in keeper.evaluator.evaluate(with_job(event)):
                         reliability.decided(decision)
                         self.metrics.rule_matches.labels(decision.rule).inc()
-                        submit(decision, received_at)
+                        acks.decided(event, submit(decision, received_at))
                 except Exception:
                     _log.exception("evaluation_failed", event_id=event.id, node=event.node)
-                if acks and (fut := acks.pop(id(event), None)) is not None and not fut.done():
-                    self._ack_when_settled(fut)
+                acks.settle(event)
                 queue.task_done()
                 run += 1
                 if run == _PROCESS_RUN or queue.empty():

@@ -94,10 +94,6 @@ class EngineApi(Protocol):
         writes), or None."""
         ...
 
-    def store_failures(self) -> int:
-        """Failed writes of the state database so far."""
-        ...
-
     def store_error(self) -> str:
         """The last failed write's error."""
         ...
@@ -111,7 +107,13 @@ class EngineApi(Protocol):
         ...
 
     def evaluated(self, event: Event) -> asyncio.Future[None]:
-        """Done once ``event`` (queued) has been evaluated and its decisions handed to the executor."""
+        """Done once ``event`` (queued) has been evaluated and the decisions made until then have been
+        recorded or failed to be."""
+        ...
+
+    def unrecorded(self, events: Sequence[Event]) -> bool:
+        """Whether a decision made on one of ``events`` could not be recorded (asked once, after
+        :meth:`evaluated`)."""
         ...
 
 
@@ -202,7 +204,6 @@ def make_app(
             return _reject(503, f"{following}; retry later", metrics, "not_leader")
         if not engine.writable():  # decisions could not be recorded: the agent keeps the batch
             return _reject(503, f"{engine.health()[1]}; retry later", metrics, "unwritable")
-        failures = engine.store_failures()
         fresh = [e for e in events if seen.first_time(e.id)]
         if len(fresh) > queue.maxsize - queue.qsize():
             # Refuse the whole batch rather than lose part of it: the agent keeps it and retries.
@@ -238,8 +239,9 @@ def make_app(
                 await asyncio.wait_for(engine.evaluated(fresh[-1]), ack_timeout_s)
             except TimeoutError:
                 metrics.ingest_ack_timeouts.inc()
-            if engine.store_failures() != failures:
-                # a decision (or its audit) could not be recorded: refuse the batch, so the agent re-sends it
+            if engine.unrecorded(fresh):
+                # a decision on one of its events (or its audit) could not be recorded: refuse the batch, so
+                # the agent re-sends it; another write's failure is not this batch's
                 for e in fresh:
                     seen.forget(e.id)
                 return _reject(503, f"decisions not recorded: {engine.store_error()}", metrics, "unrecorded")

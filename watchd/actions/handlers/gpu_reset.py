@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from watchd.actions.handler import ActionParams, Handler
-from watchd.actions.handlers.reboot import reason_replaced, remediations
+from watchd.actions.handler import Handler
+from watchd.actions.handlers.remediation_guard import RemediationGuard, RemediationParams
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.model.commands import DONE, FAILED, GPU_RESET, REFUSED, Command, CommandResult
 from watchd.model.durations import Duration
@@ -44,9 +44,10 @@ IDLE_POLL_S = 2.0
 #: job states of a node (Slurm's): it runs a job, or one is ending there
 _BUSY_STATES = frozenset({"allocated", "mixed", "completing"})
 _REFUSALS = {"not_drained": Outcome.NOT_DRAINED, "refused": Outcome.REFUSED, "failed": Outcome.FAILED}
+_GUARD = RemediationGuard("a GPU reset", "not reset")
 
 
-class GpuResetParams(ActionParams):
+class GpuResetParams(RemediationParams):
     """Reset the node's GPU through its agent once the node runs no job; then it is validated."""
 
     gpu: str = Field(
@@ -54,10 +55,6 @@ class GpuResetParams(ActionParams):
         description="template: the PCI bus id of the GPU to reset, e.g. {{ pci_bus_id }}; empty: every GPU "
         "of the node",
     )
-    max_per_node: int = Field(
-        3, ge=1, description="automatic remediations of one node in the window; beyond, left for a person"
-    )
-    window: Duration = Field(7 * 86400.0, description="the window max_per_node counts in, e.g. 7d")
     wait_idle: Duration = Field(
         600.0,
         description="how long the node's jobs may take to end (after the requeue); then left for a person",
@@ -90,31 +87,16 @@ class GpuResetHandler(Handler):
 
     async def run(self, attempt: Attempt, runtime: Runtime) -> ActionResult:
         node, params = attempt.action.node, attempt.action.params
-        if runtime.validation is None:
-            return ActionResult(
-                Outcome.NO_CHECKS, "no checks to validate the node after a GPU reset: not reset"
-            )
+        if (unvalidated := _GUARD.unvalidated(runtime)) is not None:
+            return unvalidated
         if runtime.commands is None:
             return ActionResult(Outcome.FAILED, "this engine has no command path to its agents")
         gpu_text = str(params.get("gpu") or "").strip()
         gpu = normalize_pci(gpu_text) if gpu_text else ""
         if gpu is None:
             return ActionResult(Outcome.FAILED, f"gpu: {gpu_text!r} is not a PCI bus id (e.g. 0000:3b:00.0)")
-        limit, window = int(params.get("max_per_node", 3)), float(params.get("window", 7 * 86400.0))
-        records = runtime.audit.recent(1000, node=node) if runtime.audit is not None else []
-        done = remediations(records, attempt.now - window)
-        if not attempt.redrive and (replaced := reason_replaced(records)) is not None:
-            return ActionResult(
-                Outcome.LEFT_FOR_A_PERSON,
-                f"taken out again by rule {replaced.rule} ({replaced.detail}): a GPU reset does not answer "
-                "it",
-            )
-        if done >= limit and not attempt.redrive:
-            return ActionResult(
-                Outcome.LEFT_FOR_A_PERSON,
-                f"{done} automatic remediations in {window / 86400:g} d (at most {limit}): left for a person",
-                {"remediations": done},
-            )
+        if (refused := _GUARD.left_for_a_person(attempt, runtime)) is not None:
+            return refused
         command_id, requested_at = self._command_id(attempt, runtime)
         command = Command(command_id, node, GPU_RESET, {"gpu": gpu}, issued_at=requested_at)
         commands = runtime.commands

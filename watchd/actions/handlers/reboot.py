@@ -10,16 +10,13 @@ never rebooted twice for one request."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from watchd.actions.audit import AuditRecord
-from watchd.actions.handler import ActionParams, Handler
-from watchd.actions.incidents import REMEDIATIONS
+from watchd.actions.handler import Handler
+from watchd.actions.handlers.remediation_guard import RemediationGuard, RemediationParams
 from watchd.actions.outcome import ActionResult, Outcome
-from watchd.model.durations import Duration
 from watchd.model.nodes import down_by_watchd, drain_reason
 from watchd.store import keys
 
@@ -38,14 +35,13 @@ _OUTCOMES = {
 }
 
 
-class RebootParams(ActionParams):
+_GUARD = RemediationGuard("a reboot", "not rebooted")
+
+
+class RebootParams(RemediationParams):
     """Reboot the node once it runs no job; it comes back out of service and is validated."""
 
     reason: str = Field("reboot after {{ kind }}", description="template; the node's reason until it is back")
-    max_per_node: int = Field(
-        3, ge=1, description="automatic remediations of one node in the window; beyond, left for a person"
-    )
-    window: Duration = Field(7 * 86400.0, description="the window max_per_node counts in, e.g. 7d")
 
 
 class RebootHandler(Handler):
@@ -63,24 +59,9 @@ class RebootHandler(Handler):
 
     async def run(self, attempt: Attempt, runtime: Runtime) -> ActionResult:
         node, params = attempt.action.node, attempt.action.params
-        if runtime.validation is None:
-            return ActionResult(
-                Outcome.NO_CHECKS, "no checks to validate the node after a reboot: not rebooted"
-            )
-        limit, window = int(params.get("max_per_node", 3)), float(params.get("window", 7 * 86400.0))
-        records = runtime.audit.recent(1000, node=node) if runtime.audit is not None else []
-        done = remediations(records, attempt.now - window)
-        if not attempt.redrive and (replaced := reason_replaced(records)) is not None:
-            return ActionResult(
-                Outcome.LEFT_FOR_A_PERSON,
-                f"taken out again by rule {replaced.rule} ({replaced.detail}): a reboot does not answer it",
-            )
-        if done >= limit and not attempt.redrive:
-            return ActionResult(
-                Outcome.LEFT_FOR_A_PERSON,
-                f"{done} automatic remediations in {window / 86400:g} d (at most {limit}): left for a person",
-                {"remediations": done},
-            )
+        refused = _GUARD.unvalidated(runtime) or _GUARD.left_for_a_person(attempt, runtime)
+        if refused is not None:
+            return refused
         reason = str(params.get("reason", ""))
 
         async def call(scheduler: Scheduler, _: DrainBatcher) -> ActionResult:
@@ -96,29 +77,6 @@ class RebootHandler(Handler):
             return ActionResult(_OUTCOMES[result.outcome], result.detail, data)
 
         return await runtime.scheduled(self.kind, call)
-
-
-def remediations(records: Sequence[AuditRecord], since: float) -> int:
-    """The automatic remediations in ``records`` (a node's audit trail) done since ``since``."""
-    return sum(
-        1
-        for rec in records
-        if rec.time >= since and rec.mode == "enforce" and REMEDIATIONS.get(rec.action) == rec.outcome
-    )
-
-
-def reason_replaced(records: Sequence[AuditRecord], since: float = 0.0) -> AuditRecord | None:
-    """The drain since ``since`` (and since the node was last back in service) that replaced the reason it
-    was out for (the lemon-node rule's): a person's matter, not a reboot's."""
-    found: AuditRecord | None = None
-    for rec in records:
-        if rec.mode != "enforce":
-            continue
-        if rec.outcome == "resumed":
-            found = None
-        elif rec.action == "drain" and rec.outcome == "drained" and rec.params.get("replace_reason"):
-            found = rec if rec.time >= since else None
-    return found
 
 
 HANDLER = RebootHandler()
