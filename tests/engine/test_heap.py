@@ -35,3 +35,20 @@ async def test_freezes_what_lives_collects_what_is_new_and_the_whole_heap_when_d
     finally:
         await policy.stop()
     assert gc.get_freeze_count() == 0
+
+
+async def test_no_automatic_full_collection_while_it_runs_and_the_thresholds_come_back() -> None:
+    """The collector's own oldest-generation collections would pass over everything since the last freeze
+    every few seconds: while the policy runs, only its rounds collect."""
+    before = gc.get_threshold()
+    policy = HeapPolicy()
+    await policy.start()
+    try:
+        assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] >= 100_000
+        full = gc.get_stats()[2]["collections"]
+        for _ in range(200_000):
+            _Cycle()  # enough allocations for many young collections
+        assert gc.get_stats()[2]["collections"] == full
+    finally:
+        await policy.stop()
+    assert gc.get_threshold() == before

@@ -13,6 +13,12 @@ generation, which no collection visits. A frozen object is still freed when its 
 that ages out, a closed connection); only cyclic garbage that includes an object frozen earlier waits, until
 every :data:`FULL_EVERY_S` the heap is unfrozen and collected whole once (a pause of the heap's size, counted
 in ``watchd_gc_full_collection_seconds``).
+
+Between those rounds the collector's own oldest-generation collections are turned off (its third threshold
+raised): with the heap frozen, its rule for them (a quarter more survivors than the last full collection
+found) was met every few seconds, and each passed over every object since the last freeze. At 2,500 agents
+(20,000 GPUs) that was 27 collections in 85 s, up to 0.29 s each with the loop held (the young ones, run by
+this policy, are as short as the interval: every 2 s rather than 10).
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from watchd.subsystem import Component, Job
 
 _log = get_logger("watchd.engine.heap")
 
-FREEZE_EVERY_S = 10.0
+FREEZE_EVERY_S = 2.0
+#: the collector's third threshold while the policy runs: its own oldest-generation collections never come
+NO_AUTOMATIC_FULL = 1_000_000
 FULL_EVERY_S = 3600.0
 
 
@@ -42,6 +50,7 @@ class HeapPolicy(Component):
         self._last_full = time.monotonic()
         self.young_s = 0.0  # the last collection of what was not frozen
         self.full_s = 0.0  # the last whole-heap collection (every full_every_s)
+        self._thresholds: tuple[int, int, int] | None = None  # the collector's, restored at stop
 
     def jobs(self) -> Sequence[Job]:
         return [Job("heap-freeze", self.freeze_every_s, self.freeze)]
@@ -49,8 +58,14 @@ class HeapPolicy(Component):
     async def start(self) -> None:
         gc.freeze()  # what the start built is long-lived (no collection first: one costs as much as the heap)
         self._last_full = time.monotonic()
+        self._thresholds = gc.get_threshold()
+        young, middle, _ = self._thresholds
+        gc.set_threshold(young, middle, NO_AUTOMATIC_FULL)
 
     async def stop(self) -> None:
+        if self._thresholds is not None:
+            gc.set_threshold(*self._thresholds)
+            self._thresholds = None
         gc.unfreeze()
 
     async def freeze(self) -> None:
@@ -86,7 +101,7 @@ class _HeapCollector(Collector):
         )
         yield GaugeMetricFamily(
             "watchd_gc_young_collection_seconds",
-            "The last collection of the objects not frozen (every 10 s, on the event loop).",
+            "The last collection of the objects not frozen (every 2 s, on the event loop).",
             value=self._policy.young_s,
         )
         yield GaugeMetricFamily(
