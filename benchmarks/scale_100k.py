@@ -36,7 +36,7 @@ exit 1.
     python benchmarks/scale_100k.py                  # 12,500 nodes, SQLite then PostgreSQL (~10 min)
     python benchmarks/scale_100k.py --store sqlite --nodes 6250
     python benchmarks/scale_100k.py --quick          # under a minute: 500 nodes, SQLite, 20 s (REDUCED)
-    python benchmarks/scale_100k.py --shards 2 --nodes 2000   # two engines at once (benchmarks/scale_shards.py)
+    python benchmarks/scale_100k.py --shards 2 --nodes 2000   # two engines at once: scale_shards.py
 """
 
 from __future__ import annotations
