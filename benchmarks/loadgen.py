@@ -643,6 +643,7 @@ class Plan:
     window_s: float = 5.0
     sample_s: float = 2.0
     prefix: str = "gpu-"
+    first: int = 0  # the fleet's slice from this node on (a shard's nodes): names and jobs as in the fleet
 
 
 class Run:
@@ -663,8 +664,8 @@ class Run:
                 "host": host,
                 "port": int(port or 80),
                 "head": head,
-                "indices": list(range(w, plan.nodes, plan.procs)),
-                "nodes_total": plan.nodes,
+                "indices": list(range(plan.first + w, plan.first + plan.nodes, plan.procs)),
+                "nodes_total": plan.first + plan.nodes,
                 "window_s": plan.window_s,
                 "sample_s": plan.sample_s,
                 "gpus": plan.gpus,

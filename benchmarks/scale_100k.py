@@ -36,6 +36,7 @@ exit 1.
     python benchmarks/scale_100k.py                  # 12,500 nodes, SQLite then PostgreSQL (~10 min)
     python benchmarks/scale_100k.py --store sqlite --nodes 6250
     python benchmarks/scale_100k.py --quick          # under a minute: 500 nodes, SQLite, 20 s (REDUCED)
+    python benchmarks/scale_100k.py --shards 2 --nodes 2000   # two engines at once: scale_shards.py
 """
 
 from __future__ import annotations
@@ -79,13 +80,19 @@ XID_LINE = "NVRM: Xid (PCI:0000:18:00): 79, pid=<unknown>, name=<unknown>, GPU h
 
 
 def start_engine(
-    work: Path, nodes: int, store: str, pg_dsn: tuple[str, Path] | None, lease: str | None = None
+    work: Path,
+    nodes: int,
+    store: str,
+    pg_dsn: tuple[str, Path] | None,
+    lease: str | None = None,
+    first: int = 0,
 ) -> Daemon:
+    """The engine of ``nodes`` nodes from ``first`` on; with ``lease``, returned once it leads (or raises)."""
     token = work / "token"
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
     config = engine_config(free_port(), token, "enforce", None)
-    config["fake"] = {"enabled": True, "nodes": [node_name(i) for i in range(nodes)]}
+    config["fake"] = {"enabled": True, "nodes": [node_name(i) for i in range(first, first + nodes)]}
     config["safety"] = {"max_nodes": 1000}
     config["log"] = {"format": "json", "level": "warning"}
     if store == "sqlite":
@@ -97,22 +104,33 @@ def start_engine(
             "postgres": {"dsn": pg_dsn[0], "password_file": str(pg_dsn[1])},
         }
         if lease is not None:  # one shard of several: its own database and lease (docs/scale.md)
-            config["state"]["postgres"]["leader_election"] = {"enabled": True, "lease_name": lease}
+            config["state"]["postgres"]["leader_election"] = {
+                "enabled": True,
+                "lease_name": lease,
+                "identity": f"{lease}-engine",
+            }
     engine = Daemon("engine", config, work)
     engine.wait_ready(timeout=120)
     deadline = time.monotonic() + 60
-    while lease is not None and time.monotonic() < deadline:  # elected: /readyz 200
-        conn = http.client.HTTPConnection(engine.url.removeprefix("http://"), timeout=5)
-        try:
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                break
-        except OSError:
-            pass
-        finally:
-            conn.close()
+    while lease is not None and not leads(engine.url):  # elected: /readyz 200
+        if time.monotonic() > deadline:
+            engine.stop(timeout=30)
+            raise RuntimeError(f"the engine did not take lease {lease} in 60 s:\n{engine.log()[-3000:]}")
         time.sleep(0.2)
     return engine
+
+
+def leads(url: str) -> bool:
+    """Whether the engine is ready as the leader (/readyz 200, detail 'leader')."""
+    conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=5)
+    try:
+        conn.request("GET", "/readyz")
+        resp = conn.getresponse()
+        return resp.status == 200 and json.loads(resp.read()).get("detail") == "leader"
+    except (OSError, ValueError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
 
 
 class Metrics:
@@ -269,10 +287,10 @@ def _ms(values: list[float], q: float) -> float:
     return pct(values, q) * 1000 if values else float("nan")
 
 
-def idle_phase(engine: Daemon, nodes: int, xids: int, gap_s: float) -> dict[str, Any]:
+def idle_phase(engine: Daemon, nodes: int, xids: int, gap_s: float, first: int = 0) -> dict[str, Any]:
     inj = Injections()
     reads = Reads()
-    targets = [node_name(i) for i in range(0, nodes, max(1, nodes // (2 * xids)))][:xids]
+    targets = [node_name(i) for i in range(first, first + nodes, max(1, nodes // (2 * xids)))][:xids]
     with background((read_views, engine.url, 2.0, reads)) as stop:
         inject_xids(engine.url, targets, gap_s, inj, threading.Event())
         stop.set()
@@ -283,16 +301,21 @@ def idle_phase(engine: Daemon, nodes: int, xids: int, gap_s: float) -> dict[str,
         "xid_reply_s": inj.reply_s,
         "xid_missing": len(inj.sent) - len(lat),
         "xid_errors": inj.errors,
+        "xid_sent": inj.sent,
         "reads": reads,
     }
 
 
-def load_phase(engine: Daemon, plan: Plan, xids: int, gap_s: float, nodes_offset: int) -> dict[str, Any]:
+def load_phase(
+    engine: Daemon, plan: Plan, xids: int, gap_s: float, nodes_offset: int, run: Run | None = None
+) -> dict[str, Any]:
+    """Under the plan's load (``run``: its generator, already started; by default started here)."""
     pid = engine.proc.pid
-    run = Run(plan)
+    run = run or Run(plan)
     inj = Injections()
     reads = Reads()
-    targets = [node_name(i) for i in range(nodes_offset, plan.nodes, max(1, plan.nodes // (2 * xids)))]
+    step = max(1, plan.nodes // (2 * xids))
+    targets = [node_name(i) for i in range(plan.first + nodes_offset, plan.first + plan.nodes, step)]
     try:
         time.sleep(max(0.0, run.measure_from - time.time()))
         m0 = Metrics(engine.url)
@@ -344,6 +367,7 @@ def load_phase(engine: Daemon, plan: Plan, xids: int, gap_s: float, nodes_offset
         "xid_reply_s": inj.reply_s,
         "xid_missing": len(inj.sent) - len(lat),
         "xid_errors": inj.errors,
+        "xid_sent": inj.sent,
         "reads": reads,
         "loadgen": report,
     }
@@ -496,6 +520,12 @@ def main() -> int:
     ap.add_argument(
         "--lease", help="PostgreSQL: elect a leader through this lease (a shard of several engines)"
     )
+    ap.add_argument(
+        "--shards",
+        type=int,
+        default=0,
+        help="PostgreSQL: K engines at once, each its own database, lease shard-i and 1/K of --nodes",
+    )
     ap.add_argument("--quick", action="store_true", help="500 nodes, SQLite, 20 s: a smoke run (REDUCED)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--logs", type=Path, help="keep the engine's log (warnings and errors) in this folder")
@@ -510,6 +540,8 @@ def main() -> int:
             0.3,
         )
     stores = ["sqlite", "postgres"] if args.store == "both" else [args.store]
+    if args.shards:
+        stores = ["postgres"]
     print(
         f"scale benchmark{' (REDUCED SIZE: --quick)' if args.quick else ''}: {args.nodes:,} agents x 8 GPUs, "
         f"stores {stores}, {os.cpu_count()} cores on this machine (shared), engine, load generator and "
@@ -520,6 +552,10 @@ def main() -> int:
         "nodes (a drain decided through the whole pipeline, no Slurm here), safety.max_nodes 1000 (default "
         "50/h: the injections would be held past it), slurm disabled"
     )
+    if args.shards:  # several engines at once: benchmarks/scale_shards.py
+        from benchmarks.scale_shards import main_shards
+
+        return main_shards(args)
     results = []
     for store in stores:
         if store == "postgres":
