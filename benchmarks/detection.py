@@ -252,7 +252,11 @@ def fmt(x: float | None) -> str:
 
 
 def evaluate(
-    sizes: list[int], seeds: int, big_seeds: int, only: list[Scenario] | None = None
+    sizes: list[int],
+    seeds: int,
+    big_seeds: int,
+    only: list[Scenario] | None = None,
+    progress: bool = False,
 ) -> list[Outcome]:
     rule_set = load_rules([])  # the embedded default pack, with the findings rules
     outcomes: list[Outcome] = []
@@ -264,7 +268,18 @@ def evaluate(
                     sc = s
                     if s.fault == "none" and nodes > 32:
                         sc = replace(s, duration_s=900.0)  # keep the big healthy runs affordable
-                    outcomes.append(run_one(sc, nodes, hb, seed, rule_set.engine()))
+                    t = time.perf_counter()
+                    o = run_one(sc, nodes, hb, seed, rule_set.engine())
+                    outcomes.append(o)
+                    if progress:
+                        print(
+                            f"{s.name}, {nodes} nodes, {'nvml+hb' if hb else 'nvml'}, seed {seed}: "
+                            f"{time.perf_counter() - t:.0f} s; detect {fmt(o.latency_s)}, named "
+                            f"{fmt(o.named_s)}, culprit {o.culprit_right}, false {o.false_findings}, "
+                            f"wrong drains {o.wrong_drains}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
     return outcomes
 
 
@@ -483,12 +498,17 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5, help="runs per scenario, size and heartbeat setting")
     ap.add_argument("--big-seeds", type=int, default=1, help="runs for sizes above 32 nodes")
     ap.add_argument("--trainlog", action="store_true", help="only the issue-19 scenarios (900 s hangs)")
+    ap.add_argument("--scenarios", default="", help="only the scenarios whose name contains one of these (,)")
+    ap.add_argument("--progress", action="store_true", help="each run's wall time and outcome on stderr")
     args = ap.parse_args()
     sizes = [2, 8] if args.quick else [int(x) for x in args.sizes.split(",")]
     seeds = 2 if args.quick else args.seeds
     started = time.perf_counter()
     only = [s for s in SCENARIOS if s.duration_s == 900.0] if args.trainlog else None
-    outcomes = evaluate(sizes, seeds, args.big_seeds, only)
+    if args.scenarios:
+        wanted = [w.strip() for w in args.scenarios.split(",") if w.strip()]
+        only = [s for s in only or SCENARIOS if any(w in s.name for w in wanted)]
+    outcomes = evaluate(sizes, seeds, args.big_seeds, only, args.progress)
     print(
         f"{len(outcomes)} runs, job sizes {sizes} nodes x 8 GPUs, in {time.perf_counter() - started:.0f} s\n"
     )

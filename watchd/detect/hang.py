@@ -16,7 +16,6 @@ from functools import partial
 from watchd.detect.culprit import Culprit, find_culprit
 from watchd.detect.detector import Cycle, Onset, Sighting
 from watchd.detect.finding import Finding
-from watchd.detect.fleet import FleetState
 from watchd.detect.members import (
     Member,
     is_spin,
@@ -75,7 +74,7 @@ def judge(
     spins: dict[tuple[str, int], tuple[float, float]] = {}
     nvml_onset = None
     if p.enabled and ms and warmed_up(ms, p):
-        spins = _spins(cycle.fleet, ms, now, p)
+        spins = _spins(ms, now, p)
         nvml_onset = _nvml_onset(ms, spins, p)
     training = [r for r in ranks if r.phase == "train" and r.steps_seen >= params.heartbeat.min_steps]
     hb_onset = _heartbeat_onset(ms, training, now, params.heartbeat, p.enabled and bool(spins))
@@ -90,9 +89,7 @@ def judge(
     return Verdict(onset, signal, culprit, len(ms), len(spins))
 
 
-def _spins(
-    fleet: FleetState, ms: list[Member], now: float, p: HangParams
-) -> dict[tuple[str, int], tuple[float, float]]:
+def _spins(ms: list[Member], now: float, p: HangParams) -> dict[tuple[str, int], tuple[float, float]]:
     """Each spinning GPU's (start, seen until): from its agent's ``nccl_spin`` (its first spinning sample,
     until now: the agent says at its next sample when it stops), else from its windows (the first of its
     newest run of spinning windows, until the newest's end)."""
@@ -100,7 +97,7 @@ def _spins(
     for m in ms:
         if m.state != "spin":
             continue
-        spin = fleet.spin_of(m.node, m.gpu, now) if fleet.spinning else None
+        spin = m.spin  # members() read the agent's report at ``now``
         if spin is not None:
             out[(m.node, m.gpu)] = (spin.since, now)
         elif m.track is not None:

@@ -14,6 +14,7 @@ from typing import Literal
 from watchd.detect.detector import Cycle
 from watchd.detect.fleet import QUIET_PHASES, FleetState
 from watchd.detect.params import HangParams
+from watchd.detect.spins import Spin
 from watchd.detect.tracks import GpuTrack, RankTrack, Window, median
 from watchd.jobs.topology import JobView
 
@@ -31,11 +32,18 @@ def is_spin(w: Window, track: GpuTrack, p: HangParams) -> bool:
 
 
 def gpu_state(
-    fleet: FleetState, track: GpuTrack | None, node: str, gpu: int, now: float, p: HangParams
+    fleet: FleetState,
+    track: GpuTrack | None,
+    node: str,
+    gpu: int,
+    now: float,
+    p: HangParams,
+    spin: Spin | None,
 ) -> GpuState:
+    """``spin``: the GPU's spin as its agent reports it (:meth:`FleetState.spin_of` at ``now``)."""
     if (node, gpu) in fleet.lost:
         return "lost"
-    if fleet.spinning and fleet.spin_of(node, gpu, now) is not None:
+    if spin is not None:
         return "spin"  # its agent saw the signature within the last samples: fresher than any window
     if track is None or not track.windows:
         return "silent"
@@ -85,6 +93,7 @@ class Member:
     gpu: int
     track: GpuTrack | None
     state: GpuState
+    spin: Spin | None = None  # its agent's report, where it says the GPU spins (read once per cycle)
 
 
 def members(fleet: FleetState, job: JobView, now: float, p: HangParams) -> list[Member]:
@@ -92,7 +101,8 @@ def members(fleet: FleetState, job: JobView, now: float, p: HangParams) -> list[
     for node in job.nodes:
         for gpu in job.gpus.get(node, ()):
             track = fleet.gpus.get((node, gpu))
-            out.append(Member(node, gpu, track, gpu_state(fleet, track, node, gpu, now, p)))
+            spin = fleet.spin_of(node, gpu, now) if fleet.spinning else None
+            out.append(Member(node, gpu, track, gpu_state(fleet, track, node, gpu, now, p, spin), spin))
     return out
 
 

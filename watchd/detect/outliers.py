@@ -8,6 +8,7 @@ nodes'.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -89,12 +90,27 @@ def node_outliers(clocks: Mapping[tuple[str, int], float], p: StragglerParams) -
     if len(per_node) < 2 or len(clocks) < p.min_gpus:
         return []
     medians = {n: median(v) for n, v in per_node.items()}
+    ordered = sorted(medians.values())
     out = []
     for node, m in medians.items():
-        peers = median([v for n, v in medians.items() if n != node])
+        peers = _median_without(ordered, m)
         if m <= peers * (1 - p.clock_drop):
             out.append(Outlier(node, None, None, "node_sm_clock", m, peers, m / peers - 1))
     return out if len(out) == 1 else []  # several slow nodes: a shared cause, not one bad node
+
+
+def _median_without(ordered: Sequence[float], value: float) -> float:
+    """The median of ``ordered`` (sorted, at least 2 values, ``value`` among them) with one ``value`` left
+    out: what :func:`median` of the others gives, in O(log n) rather than a sort per node (a job of 1,000
+    nodes: a million comparisons a cycle)."""
+    i = bisect_left(ordered, value)
+    k = len(ordered) - 1  # the others
+
+    def at(j: int) -> float:
+        return ordered[j] if j < i else ordered[j + 1]
+
+    mid = k // 2
+    return at(mid) if k % 2 else (at(mid - 1) + at(mid)) / 2
 
 
 def whole_nodes(outliers: list[Outlier], clocks: Mapping[tuple[str, int], float]) -> list[Outlier]:
