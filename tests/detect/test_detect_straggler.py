@@ -11,9 +11,9 @@ from pydantic import ValidationError
 
 from watchd.detect.correlator import Correlator
 from watchd.detect.finding import Finding
-from watchd.detect.fleet import median
 from watchd.detect.outliers import Outlier, _median_without, clock_outliers, node_outliers, whole_nodes
 from watchd.detect.params import DetectorsConfig, StragglerParams
+from watchd.detect.tracks import median
 from watchd.jobs.model import JobInfo
 from watchd.model.events import Event, stable_id
 
