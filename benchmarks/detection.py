@@ -20,7 +20,7 @@ Printed per scenario and evidence (NVML alone, NVML + heartbeats), over all runs
 * detect / named p50 / p95: from the fault's onset to the first finding, to the first naming the culprit;
 * wrong drains: any drain of a node that is not the hardware culprit.
 
-Then the issue-19 comparison (scenarios "+ training logs", with NET/IB errors, a CUDA error, the watchdog
+Then the training-log comparison (scenarios "+ training logs", with NET/IB errors, a CUDA error, the watchdog
 timeouts 600 s after the hang and Flight Recorder dumps, against the same seeds without them) and the
 detectors' cost per cycle with 1,000 nodes in 100 jobs.
 
@@ -497,7 +497,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="2,8,32,128,512")
     ap.add_argument("--seeds", type=int, default=5, help="runs per scenario, size and heartbeat setting")
     ap.add_argument("--big-seeds", type=int, default=1, help="runs for sizes above 32 nodes")
-    ap.add_argument("--trainlog", action="store_true", help="only the issue-19 scenarios (900 s hangs)")
+    ap.add_argument("--trainlog", action="store_true", help="only the training-log scenarios (900 s hangs)")
     ap.add_argument("--scenarios", default="", help="only the scenarios whose name contains one of these (,)")
     ap.add_argument("--progress", action="store_true", help="each run's wall time and outcome on stderr")
     args = ap.parse_args()
