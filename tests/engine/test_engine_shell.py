@@ -84,7 +84,7 @@ async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
             "usage-flush": 30.0,  # the usage report's observations to the state (issue 18)
             "usage-prune": 3600.0,
             "reboot-watch": cfg.remediation.poll_s,  # the reboots watchd asked for, until each node is back
-            "heap-freeze": 10.0,  # the collector's policy: what lives frozen (issue 35, engine/heap.py)
+            "heap-freeze": 2.0,  # the collector's policy: what lives frozen (engine/heap.py)
         }
         with pytest.raises(RuntimeError, match="already started"):
             await engine.start()
