@@ -22,14 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from watchd.actions.handler import Handler
-from watchd.actions.handlers.remediation_guard import RemediationGuard, RemediationParams
+from watchd.actions.handlers.remediation_guard import RemediationGuard, RemediationHandler, RemediationParams
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.model.commands import DONE, FAILED, GPU_RESET, REFUSED, Command, CommandResult
 from watchd.model.durations import Duration
 from watchd.model.events import stable_id
 from watchd.model.nodes import NodeState, describe, refuse_reboot
-from watchd.store import keys
 from watchd.xid.pci import normalize_pci
 
 if TYPE_CHECKING:
@@ -71,15 +69,9 @@ def runs_a_job(st: NodeState) -> bool:
     return st.state in _BUSY_STATES or "COMPLETING" in st.flags
 
 
-class GpuResetHandler(Handler):
+class GpuResetHandler(RemediationHandler):
     kind = GPU_RESET
     params = GpuResetParams
-    disruptive = True
-    follows_drain = True  # only a node its decision's drain took out (or watchd had taken out)
-    cooldown_s = 0.0  # one reset of a node in flight; the window's limit does the counting
-
-    def key(self, action: PlannedAction) -> str:
-        return keys.action(self.kind, action.node)
 
     def describe(self, action: PlannedAction) -> str:
         gpu = str(action.params.get("gpu") or "") or "every GPU"

@@ -14,11 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from watchd.actions.handler import Handler
-from watchd.actions.handlers.remediation_guard import RemediationGuard, RemediationParams
+from watchd.actions.handlers.remediation_guard import RemediationGuard, RemediationHandler, RemediationParams
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.model.nodes import down_by_watchd, drain_reason
-from watchd.store import keys
 
 if TYPE_CHECKING:
     from watchd.actions.drain_batcher import DrainBatcher
@@ -44,15 +42,9 @@ class RebootParams(RemediationParams):
     reason: str = Field("reboot after {{ kind }}", description="template; the node's reason until it is back")
 
 
-class RebootHandler(Handler):
+class RebootHandler(RemediationHandler):
     kind = "reboot"
     params = RebootParams
-    disruptive = True
-    follows_drain = True  # only a node its decision's drain took out (or watchd had taken out)
-    cooldown_s = 0.0  # one reboot of a node in flight; the window's limit does the counting
-
-    def key(self, action: PlannedAction) -> str:
-        return keys.action(self.kind, action.node)
 
     def describe(self, action: PlannedAction) -> str:
         return f"would reboot {action.node} once idle: {drain_reason(str(action.params.get('reason', '')))}"

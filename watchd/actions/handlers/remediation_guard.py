@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from watchd.actions.audit import AuditRecord
-from watchd.actions.handler import ActionParams
+from watchd.actions.handler import ActionParams, Handler
 from watchd.actions.incidents import REMEDIATIONS
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.model.durations import Duration
+from watchd.store import keys
 
 if TYPE_CHECKING:
     from watchd.actions.handler import Attempt
     from watchd.actions.runtime import Runtime
+    from watchd.rules.decision import PlannedAction
 
 DEFAULT_WINDOW_S = 7 * 86400.0
 
@@ -31,6 +33,18 @@ class RemediationParams(ActionParams):
         3, ge=1, description="automatic remediations of one node in the window; beyond, left for a person"
     )
     window: Duration = Field(DEFAULT_WINDOW_S, description="the window max_per_node counts in, e.g. 7d")
+
+
+class RemediationHandler(Handler):
+    """What a remediation's handler is (reboot, gpu_reset): disruptive, only on a node its decision's drain
+    took out (or watchd had taken out), one of a node in flight (the window's limit does the counting)."""
+
+    disruptive = True
+    follows_drain = True
+    cooldown_s = 0.0
+
+    def key(self, action: PlannedAction) -> str:
+        return keys.action(self.kind, action.node)
 
 
 @dataclass(frozen=True)
