@@ -102,28 +102,20 @@ def _text(obj: dict[str, Any], key: str, where: str, limit: int = 256) -> str:
     return value
 
 
+def _node_name(value: str) -> bool:
+    return value.isprintable() and " " not in value
+
+
 def _node(obj: dict[str, Any], where: str) -> str:
     value = _text(obj, "node", where, _MAX_NODE)
-    if not value.isprintable() or " " in value:
+    if not _node_name(value):
         raise WireError(f"{where}.node: expected a printable name without blanks")
     return value
 
 
-#: PCI addresses already found valid: a fleet has a few dozen distinct ones, and the parser costs microseconds
-#: per event on the ingest path (bounded: cleared when full).
-_PCI_VALID: set[str] = set()
-_PCI_VALID_MAX = 4096
-
-
 def _pci_address(value: object) -> bool:
-    if value in _PCI_VALID:
-        return True
-    if type(value) is not str or len(value) > 64 or normalize_pci(value) is None:
-        return False
-    if len(_PCI_VALID) >= _PCI_VALID_MAX:
-        _PCI_VALID.clear()
-    _PCI_VALID.add(value)
-    return True
+    """(normalize_pci caches what it parsed: a fleet has a few dozen addresses, met once per summary.)"""
+    return type(value) is str and len(value) <= 64 and normalize_pci(value) is not None
 
 
 def _check_attr(key: Any, value: Any, where: str) -> None:
@@ -196,7 +188,7 @@ def event_from_wire(obj: Any, where: str) -> Event:
         if len(key) > _MAX_KEY or not key.isascii():
             _check_attr(key, value, where)
     pci = attrs.get("pci_bus_id")
-    if pci is not None and pci not in _PCI_VALID:
+    if pci is not None and not _pci_address(pci):
         _check_attr("pci_bus_id", pci, where)
     return Event(
         id=_text(obj, "id", where, _MAX_ID),
@@ -280,21 +272,8 @@ class _FastBatch(msgspec.Struct):
 
 
 _FAST_DECODER = msgspec.json.Decoder(_FastBatch)
-#: node names already found printable and without blanks (bounded like _PCI_VALID)
-_NODES_VALID: set[str] = set()
 _new_event = object.__new__
 _SET = {name: Event.__dict__[name].__set__ for name in ("id", "node", "source", "kind", "time", "attrs")}
-
-
-def _node_ok(node: str) -> bool:
-    if node in _NODES_VALID:
-        return True
-    if not node.isprintable() or " " in node:
-        return False
-    if len(_NODES_VALID) >= _PCI_VALID_MAX:
-        _NODES_VALID.clear()
-    _NODES_VALID.add(node)
-    return True
 
 
 def valid_batch_from_json(raw: bytes, max_events: int) -> WireBatch | None:
@@ -310,7 +289,7 @@ def valid_batch_from_json(raw: bytes, max_events: int) -> WireBatch | None:
     set_kind, set_time, set_attrs = _SET["kind"], _SET["time"], _SET["attrs"]
     events: list[Event] = []
     for e in batch.events:
-        if not _node_ok(e.node):
+        if not _node_name(e.node):
             return None
         attrs = e.attrs
         pci = attrs.get("pci_bus_id")
