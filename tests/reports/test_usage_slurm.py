@@ -56,6 +56,13 @@ def _wait_sacct(c: SlurmCluster, states: dict[str, str], timeout: float = 30) ->
         time.sleep(0.3)
 
 
+def _shares(sshare: str) -> list[tuple[str, ...]]:
+    """The columns the report takes from sshare, row by row."""
+    lines = [line.split("|") for line in sshare.splitlines()]
+    cols = [lines[0].index(name) for name in ("Account", "User", "NormShares", "RawUsage", "FairShare")]
+    return [tuple(f[i] for i in cols) for f in lines[1:]]
+
+
 @pytest.fixture(scope="module")
 def scenario(acct_cluster: SlurmCluster) -> dict[str, object]:
     c = acct_cluster
@@ -80,11 +87,19 @@ def scenario(acct_cluster: SlurmCluster) -> dict[str, object]:
         time.sleep(0.2)
     # slurmctld tells slurmdbd about starts and ends asynchronously: wait until sacct has them
     _wait_sacct(c, {big: "COMPLETED", b1: "COMPLETED", c1: "COMPLETED", b2: "COMPLETED", long: "RUNNING"})
-    now = time.time()
-    acct = SlurmAccounting(env=c.env).fetch(t0, now + 1)
+    # slurmctld recomputes fair-share factors once a PriorityCalcPeriod (a minute here): read sshare before
+    # and after the fetch and take a fetch that no recomputation fell inside
+    for _ in range(3):
+        before = _shares(c.run("sshare", "-a", "-P", "-l").stdout)
+        now = time.time()
+        acct = SlurmAccounting(env=c.env).fetch(t0, now + 1)
+        sshare = c.run("sshare", "-a", "-P", "-l").stdout
+        if _shares(sshare) == before:
+            break
+    else:
+        raise AssertionError("sshare changed across every fetch")
     sacct = _sacct_json(c, t0)
     squeue = json.loads(c.run("squeue", "--json", "-a", "-t", "PD").stdout)["jobs"]
-    sshare = c.run("sshare", "-a", "-P", "-l").stdout
     report = build_report(acct, Observed(), start=t0, end=now + 1, now=now, by=("account",))
     by_user = build_report(acct, Observed(), start=t0, end=now + 1, now=now, by=("account", "user"))
     c.cancel(long, behind, held)
