@@ -32,9 +32,9 @@ RULES = """rules:
 """
 REFUSE = """
 CREATE TRIGGER refuse_gpu1_intents BEFORE INSERT ON intents WHEN NEW.node = 'gpu-1'
-BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;
+BEGIN SELECT RAISE(ABORT, 'intent refused by the test'); END;
 CREATE TRIGGER refuse_usage BEFORE INSERT ON job_gpu_usage
-BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;
+BEGIN SELECT RAISE(ABORT, 'usage refused by the test'); END;
 """
 
 
@@ -111,7 +111,13 @@ async def test_only_a_batch_whose_own_decision_was_not_recorded_is_refused(
 
         assert await recorded == (200, {"accepted": 1, "duplicates": 0})
         status, reply = await unrecorded
-        assert status == 503 and "decisions not recorded" in str(reply["error"]), reply
+        # it says which decision and why, not the failure of the usage flush that came after it
+        assert status == 503 and "decisions not recorded: drain on gpu-1 not recorded" in str(
+            reply["error"]
+        ), reply
+        assert "intent refused by the test" in str(reply["error"]) and "usage" not in str(reply["error"]), (
+            reply
+        )
         assert engine.metrics.ingest_rejected.labels("unrecorded")._value.get() == 1
 
         # the refused batch's ids were forgotten: sent again once the store takes writes, it is taken in

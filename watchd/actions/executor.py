@@ -100,7 +100,9 @@ class ActionExecutor:
         scheduler = GatedScheduler(scheduler, leader) if scheduler is not None else None
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._deciding: set[asyncio.Future[bool]] = set()  # of the decisions submitted, not yet recorded
+        self._deciding: set[asyncio.Future[str | None]] = (
+            set()
+        )  # of the decisions submitted, not yet recorded
         self._batcher = (
             DrainBatcher(scheduler, lambda result: metrics.drain_store_failures.labels(result).inc())
             if scheduler is not None
@@ -208,21 +210,21 @@ class ActionExecutor:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout)
 
-    def submit(self, decision: Decision, received_at: float) -> asyncio.Future[bool]:
-        """Run ``decision``; the future is done once it is recorded (True) or could not be (False: its first
+    def submit(self, decision: Decision, received_at: float) -> asyncio.Future[str | None]:
+        """Run ``decision``; the future is done once it is recorded (None) or could not be (why: its first
         intent, or an audit record of it before, failed on the store): see :meth:`deciding`."""
-        recorded: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        recorded: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self._deciding.add(recorded)
         recorded.add_done_callback(self._deciding.discard)
 
-        def settle(ok: bool) -> None:
+        def settle(why: str | None) -> None:
             if not recorded.done():
-                recorded.set_result(ok)
+                recorded.set_result(why)
 
         task = asyncio.create_task(self._execute(decision, received_at, settle))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(lambda _: settle(True))
+        task.add_done_callback(lambda _: settle(None))
         return recorded
 
     def catch_up(self) -> int:
@@ -235,7 +237,7 @@ class ActionExecutor:
             _log.error("store_catch_up_failed", error=str(exc), rate_limited=True)
             return 0
 
-    def deciding(self) -> set[asyncio.Future[bool]]:
+    def deciding(self) -> set[asyncio.Future[str | None]]:
         """The decisions submitted and not yet recorded: neither has their first action's intent been written
         (a crash after it is re-driven at the next start, the requeue after a drain included) nor have they
         run to the end (audited, or failed to be)."""
@@ -301,7 +303,7 @@ class ActionExecutor:
         task.add_done_callback(self._tasks.discard)
 
     async def _execute(
-        self, decision: Decision, received_at: float, recorded: Callable[[bool], None] | None = None
+        self, decision: Decision, received_at: float, recorded: Callable[[str | None], None] | None = None
     ) -> None:
         async with self._slots:
             after_drain: Outcome | None = None  # of a drain earlier in this decision
@@ -319,8 +321,8 @@ class ActionExecutor:
                     decision=decision,
                     requeue_follows=any(handler_for(a.kind).follows_drain for a in decision.actions[i + 1 :]),
                     after_drain=after_drain,
-                    on_recorded=None if recorded is None else lambda: recorded(True),
-                    on_unrecorded=None if recorded is None else lambda: recorded(False),
+                    on_recorded=None if recorded is None else lambda: recorded(None),
+                    on_unrecorded=recorded,
                 )
                 result = await self._decided.run(attempt)
                 if handler.takes_node_out:

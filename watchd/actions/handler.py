@@ -123,8 +123,8 @@ class Attempt:
     #: counts as recorded from then on, and the ingest reply need not wait for the action itself.
     on_recorded: Callable[[], None] | None = None
     #: Called when its intent, or its audit record, could not be written: unless its decision counted as
-    #: recorded before, its batch is refused (the agent sends it again).
-    on_unrecorded: Callable[[], None] | None = None
+    #: recorded before, its batch is refused (the agent sends it again); it is told why.
+    on_unrecorded: Callable[[str], None] | None = None
     #: Said before the outcome's detail in the audit trail: who asked ("by alice", "released by bob") or
     #: why it runs again ("re-driven after a restart").
     note: str = ""

@@ -22,11 +22,11 @@ MAX_UNRECORDED = 4096
 class BatchAcks:
     """``deciding``: the executor's decisions submitted and not yet recorded (or failed to be)."""
 
-    def __init__(self, deciding: Callable[[], set[asyncio.Future[bool]]]) -> None:
+    def __init__(self, deciding: Callable[[], set[asyncio.Future[str | None]]]) -> None:
         self._deciding = deciding
         self._replies: dict[int, asyncio.Future[None]] = {}  # id(queued event) -> its batch's reply waits
         self._waiters: set[asyncio.Future[Any]] = set()
-        self._unrecorded: dict[str, None] = {}  # event ids, oldest first
+        self._unrecorded: dict[str, str] = {}  # event id -> why its decision was not recorded, oldest first
 
     def evaluated(self, event: Event) -> asyncio.Future[None]:
         """Done once ``event`` (queued) has been evaluated and the decisions handed to the executor until then
@@ -36,8 +36,8 @@ class BatchAcks:
             fut = self._replies[id(event)] = asyncio.get_running_loop().create_future()
         return fut
 
-    def decided(self, event: Event, recorded: asyncio.Future[bool]) -> None:
-        """A decision made on ``event``; ``recorded`` says whether it could be recorded."""
+    def decided(self, event: Event, recorded: asyncio.Future[str | None]) -> None:
+        """A decision made on ``event``; ``recorded`` says why it could not be recorded (None: it was)."""
         recorded.add_done_callback(lambda done: self._read(event.id, done))
 
     def settle(self, event: Event) -> None:
@@ -56,20 +56,22 @@ class BatchAcks:
         waiter.add_done_callback(self._waiters.discard)
         waiter.add_done_callback(lambda _: None if fut.done() else fut.set_result(None))
 
-    def unrecorded(self, events: Iterable[Event]) -> bool:
-        """Whether a decision made on one of ``events`` could not be recorded; what it says is forgotten."""
+    def unrecorded(self, events: Iterable[Event]) -> str | None:
+        """Why a decision made on one of ``events`` could not be recorded (the first such; None when every
+        one was); what it says is forgotten."""
         if not self._unrecorded:
-            return False
-        found = False
+            return None
+        why: str | None = None
         for event in events:
-            if event.id in self._unrecorded:
-                del self._unrecorded[event.id]
-                found = True
-        return found
+            found = self._unrecorded.pop(event.id, None)
+            if why is None:
+                why = found
+        return why
 
-    def _read(self, event_id: str, recorded: asyncio.Future[bool]) -> None:
-        if recorded.cancelled() or recorded.result():
+    def _read(self, event_id: str, recorded: asyncio.Future[str | None]) -> None:
+        why = None if recorded.cancelled() else recorded.result()
+        if why is None:
             return
-        self._unrecorded[event_id] = None
+        self._unrecorded[event_id] = why
         if len(self._unrecorded) > MAX_UNRECORDED:
             del self._unrecorded[next(iter(self._unrecorded))]

@@ -220,10 +220,6 @@ class Engine:
 
     # ------------------------------------------------------------------------------------ the store
 
-    def store_error(self) -> str:
-        """The last failed write's error (kept after writes resume)."""
-        return self.store.health.last_error
-
     def writable(self) -> bool:
         """Whether decisions can be recorded now: an unwritable store is probed again (one small write, at
         most every ``INLINE_PROBE_S``), so that writes resume as soon as space (or the lock) returns."""
@@ -286,8 +282,8 @@ class Engine:
         been recorded (their intents or audit records written) or failed to be."""
         return self.acks.evaluated(event)
 
-    def unrecorded(self, events: Sequence[Event]) -> bool:
-        """Whether a decision made on one of ``events`` could not be recorded (asked once, after
+    def unrecorded(self, events: Sequence[Event]) -> str | None:
+        """Why a decision made on one of ``events`` could not be recorded, or None (asked once, after
         :meth:`evaluated`)."""
         return self.acks.unrecorded(events)
 

@@ -94,10 +94,6 @@ class EngineApi(Protocol):
         writes), or None."""
         ...
 
-    def store_error(self) -> str:
-        """The last failed write's error."""
-        ...
-
     async def release(self, held_id: int, by: str) -> dict[str, str]: ...
 
     def discard(self, held_id: int, by: str) -> dict[str, str]: ...
@@ -111,8 +107,8 @@ class EngineApi(Protocol):
         recorded or failed to be."""
         ...
 
-    def unrecorded(self, events: Sequence[Event]) -> bool:
-        """Whether a decision made on one of ``events`` could not be recorded (asked once, after
+    def unrecorded(self, events: Sequence[Event]) -> str | None:
+        """Why a decision made on one of ``events`` could not be recorded, or None (asked once, after
         :meth:`evaluated`)."""
         ...
 
@@ -239,12 +235,13 @@ def make_app(
                 await asyncio.wait_for(engine.evaluated(fresh[-1]), ack_timeout_s)
             except TimeoutError:
                 metrics.ingest_ack_timeouts.inc()
-            if engine.unrecorded(fresh):
+            why = engine.unrecorded(fresh)
+            if why is not None:
                 # a decision on one of its events (or its audit) could not be recorded: refuse the batch, so
                 # the agent re-sends it; another write's failure is not this batch's
                 for e in fresh:
                     seen.forget(e.id)
-                return _reject(503, f"decisions not recorded: {engine.store_error()}", metrics, "unrecorded")
+                return _reject(503, f"decisions not recorded: {why}", metrics, "unrecorded")
         reply: dict[str, Any] = {"accepted": len(fresh), "duplicates": duplicates}
         if wire.invalid:
             reply["invalid"] = [{"index": i, "error": error} for i, error in wire.invalid]

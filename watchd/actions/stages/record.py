@@ -61,7 +61,7 @@ class Record:
     async def __call__(self, attempt: Attempt, next: Next) -> ActionResult:
         action = attempt.action
         start = self._clock.monotonic()
-        recorded = True
+        unrecorded = ""  # why its decision could not be recorded
         try:
             result = await next(attempt)
         except StoreError as exc:  # its intent could not be recorded: counted, reported, the batch refused
@@ -69,7 +69,7 @@ class Record:
                 "action_not_recorded", action=action.kind, node=action.node, error=str(exc), rate_limited=True
             )
             result = ActionResult(Outcome.FAILED, f"not recorded: {exc}")
-            recorded = False
+            unrecorded = f"{action.kind} on {action.node} not recorded: {exc}"
         except Exception as exc:  # a bug in one action must not lose the audit of the others
             _log.exception("action_crashed", action=action.kind, node=action.node)
             result = ActionResult(Outcome.FAILED, f"internal error: {exc!r}")
@@ -80,11 +80,11 @@ class Record:
             _log.error(
                 "audit_failed", action=action.kind, node=action.node, error=str(exc), rate_limited=True
             )
-            recorded = False
+            unrecorded = unrecorded or f"{action.kind} on {action.node}: audit record not written: {exc}"
         except Exception:
             _log.exception("audit_failed", action=action.kind, node=action.node)
-        if not recorded and attempt.on_unrecorded is not None:
-            attempt.on_unrecorded()
+        if unrecorded and attempt.on_unrecorded is not None:
+            attempt.on_unrecorded(unrecorded)
         return result
 
     def _record(self, attempt: Attempt, result: ActionResult, elapsed: float) -> None:
