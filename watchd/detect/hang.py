@@ -28,6 +28,7 @@ from watchd.detect.members import (
 from watchd.detect.params import DetectorParams, HangParams, HeartbeatParams
 from watchd.detect.tracks import RankTrack
 from watchd.jobs.topology import JobView
+from watchd.shortlist import shortlist
 
 KIND = "nccl_hang"
 
@@ -163,7 +164,7 @@ def to_finding(job: JobView, v: Verdict, now: float, revision: int) -> Finding:
     if c.node is not None:
         summary = f"job {job.id} hangs ({v.signal}): culprit {where} ({c.evidence}: {c.detail})"
     else:
-        summary = f"job {job.id} hangs ({v.signal}): no culprit; suspects {', '.join(c.suspects[:8])}"
+        summary = f"job {job.id} hangs ({v.signal}): no culprit; suspects {shortlist(c.suspects, 8)}"
     return Finding(
         kind=KIND,
         job=job.id,

@@ -32,6 +32,7 @@ from watchd.rules.bounds.operations import (
 from watchd.rules.bounds.sizes import check_size
 from watchd.rules.bounds.static_check import StaticCheck
 from watchd.rules.compiled.codegen import Namespace
+from watchd.shortlist import shortlist
 from watchd.xid.pci import short_pci
 
 #: Fields any event may carry, and what every template may name besides them.
@@ -106,6 +107,7 @@ _ENV.filters.update(INTERNAL_FILTERS)
 #: watchd's own: a GPU's PCI address as short as tells it apart (``0000:3b:00.0`` -> ``3b:00``), for the
 #: 20 characters of a drain reason that ``sinfo -R`` shows
 _ENV.filters["short_pci"] = bound_filter("short_pci", short_pci)
+_ENV.filters["shortlist"] = bound_filter("shortlist", shortlist)
 
 
 class TemplateError(ValueError):
