@@ -36,7 +36,7 @@ exit 1.
     python benchmarks/scale_100k.py                  # 12,500 nodes, SQLite then PostgreSQL (~10 min)
     python benchmarks/scale_100k.py --store sqlite --nodes 6250
     python benchmarks/scale_100k.py --quick          # under a minute: 500 nodes, SQLite, 20 s (REDUCED)
-    python benchmarks/scale_100k.py --shards 2 --nodes 2000   # two engines at once: scale_shards.py
+    python benchmarks/scale_shards.py --shards 2 --nodes 2000   # two engines at once
 """
 
 from __future__ import annotations
@@ -508,8 +508,11 @@ def print_summary(s: dict[str, Any]) -> None:
     )
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(description: str | None = __doc__) -> argparse.ArgumentParser:
+    """The options of this benchmark (scale_shards.py adds ``--shards``)."""
+    ap = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nodes", type=int, default=12_500, help="agents of 8 GPUs (default 12,500)")
     ap.add_argument("--store", choices=("sqlite", "postgres", "both"), default="both")
     ap.add_argument("--duration", type=float, default=90.0, help="measured seconds under load")
@@ -520,16 +523,14 @@ def main() -> int:
     ap.add_argument(
         "--lease", help="PostgreSQL: elect a leader through this lease (a shard of several engines)"
     )
-    ap.add_argument(
-        "--shards",
-        type=int,
-        default=0,
-        help="PostgreSQL: K engines at once, each its own database, lease shard-i and 1/K of --nodes",
-    )
     ap.add_argument("--quick", action="store_true", help="500 nodes, SQLite, 20 s: a smoke run (REDUCED)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--logs", type=Path, help="keep the engine's log (warnings and errors) in this folder")
-    args = ap.parse_args()
+    return ap
+
+
+def prepare(args: argparse.Namespace, shards: bool = False) -> list[str]:
+    """``--quick``'s sizes applied and the run printed; the stores to measure (shards: PostgreSQL)."""
     if args.quick:
         args.nodes, args.store, args.duration, args.warmup, args.xids, args.xid_gap = (
             500,
@@ -539,9 +540,7 @@ def main() -> int:
             15,
             0.3,
         )
-    stores = ["sqlite", "postgres"] if args.store == "both" else [args.store]
-    if args.shards:
-        stores = ["postgres"]
+    stores = ["postgres"] if shards else ["sqlite", "postgres"] if args.store == "both" else [args.store]
     print(
         f"scale benchmark{' (REDUCED SIZE: --quick)' if args.quick else ''}: {args.nodes:,} agents x 8 GPUs, "
         f"stores {stores}, {os.cpu_count()} cores on this machine (shared), engine, load generator and "
@@ -552,10 +551,12 @@ def main() -> int:
         "nodes (a drain decided through the whole pipeline, no Slurm here), safety.max_nodes 1000 (default "
         "50/h: the injections would be held past it), slurm disabled"
     )
-    if args.shards:  # several engines at once: benchmarks/scale_shards.py
-        from benchmarks.scale_shards import main_shards
+    return stores
 
-        return main_shards(args)
+
+def main() -> int:
+    args = arguments().parse_args()
+    stores = prepare(args)
     results = []
     for store in stores:
         if store == "postgres":

@@ -1,4 +1,7 @@
-"""Several shards at once (``scale_100k.py --shards K``; docs/scale.md, "Beyond one engine: shards").
+"""Several shards at once (docs/scale.md, "Beyond one engine: shards"): scale_100k.py's options, and
+``--shards K``:
+
+    python benchmarks/scale_shards.py --shards 2 --nodes 2000   # two engines, 1,000 agents each
 
 One private PostgreSQL server; K ``watchd engine`` processes, each with its own database on it and its own
 lease (``shard-1`` .. ``shard-K``, leader election enabled), each owning a disjoint slice of the ``--nodes``
@@ -20,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -29,8 +33,20 @@ from typing import Any
 
 import psycopg
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from benchmarks.loadgen import Plan, Run, node_name
-from benchmarks.scale_100k import TOKEN, idle_phase, leads, load_phase, print_summary, start_engine, summarize
+from benchmarks.scale_100k import (
+    TOKEN,
+    arguments,
+    idle_phase,
+    leads,
+    load_phase,
+    prepare,
+    print_summary,
+    start_engine,
+    summarize,
+)
 from tests.daemons import Daemon
 from tests.harness.postgres import PostgresServer
 
@@ -265,3 +281,20 @@ def main_shards(args: argparse.Namespace) -> int:
     if t["generator_behind"]:
         print("\nNOT A MEASUREMENT: a load generator fell behind its schedule (see 'generator' above)")
     return 1 if t["generator_behind"] or not t["isolated"] or not t["leaders_after"] else 0
+
+
+def main() -> int:
+    ap = arguments(__doc__)
+    ap.add_argument(
+        "--shards",
+        type=int,
+        default=2,
+        help="K engines at once, each its own database, lease shard-i and 1/K of --nodes (default 2)",
+    )
+    args = ap.parse_args()
+    prepare(args, shards=True)
+    return main_shards(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
