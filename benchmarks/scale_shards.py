@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def slices(nodes: int, k: int) -> list[tuple[int, int]]:
 
 def _rows(pg: PostgresServer, db: str, sql: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(pg.dsn_with_password(db), autocommit=True) as conn:
-        return list(conn.execute(sql).fetchall())  # type: ignore[call-overload]
+        return list(conn.execute(sql).fetchall())
 
 
 def lease_rows(pg: PostgresServer, db: str) -> list[tuple[str, str, float]]:
@@ -172,7 +173,7 @@ def measure_shards(args: argparse.Namespace, pg: PostgresServer) -> dict[str, An
             print(f"all {k} engines lead their own leases at once", flush=True)
             print(f"[shards] idle, together: {args.xids} Xid 79 injections each, status/drains", flush=True)
             idles = _together(
-                [lambda s=s: idle_phase(s.live, s.count, args.xids, args.xid_gap, s.first) for s in shards]
+                [partial(idle_phase, s.live, s.count, args.xids, args.xid_gap, s.first) for s in shards]
             )
             print(
                 f"[shards] load, together: {k} x {args.nodes // k:,} agents x 8 GPUs, warm-up "
@@ -190,7 +191,7 @@ def measure_shards(args: argparse.Namespace, pg: PostgresServer) -> dict[str, An
             sampler.start()
             loads = _together(
                 [
-                    lambda s=s, p=p, r=r: load_phase(s.live, p, args.xids, args.xid_gap, 1, r)
+                    partial(load_phase, s.live, p, args.xids, args.xid_gap, 1, r)
                     for s, p, r in zip(shards, plans, runs, strict=True)
                 ]
             )
