@@ -8,6 +8,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.harness.ports import free_port
 from tests.support import XID79, eventually, scheduler_actions
 from watchd.agent.runner import Agent
 from watchd.agent.settings import EngineEndpoint, HeartbeatConfig, ShipperConfig
@@ -18,12 +19,6 @@ from watchd.http_settings import Listen
 from watchd.model.events import Event, WireError, event_from_wire, fit_to_wire
 from watchd.sources.base import FakeLogSource, LogLine, NothingToAcknowledge
 from watchd.sources.settings import SourcesConfig
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def engine_config(port: int, token: str = "tok") -> EngineConfig:

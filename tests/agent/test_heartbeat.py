@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from tests.harness.ports import free_port
 from tests.support import eventually
 from watchd.agent.heartbeat import Coalescer, ReportError, parse_report
 from watchd.agent.heartbeat_server import HeartbeatServer
@@ -74,7 +75,7 @@ async def test_client_reports_reach_the_agent_endpoint(transport: str, tmp_path:
     config = HeartbeatConfig(
         enabled=True,
         socket=sock if transport == "socket" else None,
-        http_port=0 if transport == "socket" else _free_port(),
+        http_port=0 if transport == "socket" else free_port(),
         verify=False,  # the mechanics of the transport; who may report: tests/security/
         forward_interval_s=0.2,
     )
@@ -111,7 +112,7 @@ async def test_client_reports_reach_the_agent_endpoint(transport: str, tmp_path:
 async def test_client_falls_back_to_loopback_when_the_socket_cannot_be_used(tmp_path: Path) -> None:
     stale = tmp_path / "heartbeat.sock"
     stale.write_text("")  # a path that exists but where nothing listens (or that the rank may not open)
-    config = HeartbeatConfig(socket=None, http_port=_free_port(), forward_interval_s=0.2, verify=False)
+    config = HeartbeatConfig(socket=None, http_port=free_port(), forward_interval_s=0.2, verify=False)
     shipped: list[Event] = []
     server = HeartbeatServer(config, "gpu-7", SystemClock(), AgentMetrics(), shipped.append)
     await server.start()
@@ -164,14 +165,6 @@ def test_client_imports_only_the_standard_library() -> None:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -48,6 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.harness.ports import free_port
 from tests.harness.process import reap_stale_dirs
 
 BINARY = "prometheus-alertmanager"
@@ -80,12 +80,6 @@ def available() -> tuple[bool, str]:
     if binary() is None:
         return False, f"{BINARY} not found (apt-get install prometheus-alertmanager)"
     return True, ""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _kill_alertmanager(d: Path) -> None:

@@ -22,13 +22,13 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 
+from tests.harness.ports import free_port
 from tests.harness.process import pid_alive, reap_stale_dirs
 
 DIR_PREFIX = "watchd-pg-"
@@ -55,12 +55,6 @@ def available() -> tuple[bool, str]:
     except ImportError:
         return False, "the Python driver psycopg is not installed"
     return True, ""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _kill_leftover(d: Path) -> None:
@@ -132,7 +126,7 @@ class PostgresServer:
         if init.returncode != 0:
             raise RuntimeError(f"initdb failed: {init.stderr[-2000:]}")
         pwfile.unlink()
-        self.port = _free_port()
+        self.port = free_port()
         self._pg_ctl("start")
 
     def _pg_ctl(self, action: str, *args: str) -> None:

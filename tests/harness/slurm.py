@@ -50,7 +50,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -63,6 +62,7 @@ from typing import Any
 
 from tests.harness import accounting as _accounting
 from tests.harness import slurm_root as _slurm_root
+from tests.harness.ports import free_ports
 from tests.harness.process import pid_alive, reap_stale_dirs
 
 BINARIES = (
@@ -281,19 +281,6 @@ def available(version: str = HOST_VERSION) -> tuple[bool, str]:
     return True, ""
 
 
-def _free_ports(n: int) -> list[int]:
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _munge_works(sock: str | None, timeout: float = 5.0, env: Mapping[str, str] | None = None) -> bool:
     extra = ["--socket", sock] if sock else []
     try:
@@ -471,7 +458,7 @@ class SlurmCluster:
         if self.version == ROOT_VERSION or not _munge_works(None):
             self._start_munged(d)
 
-        ctld_port, slurmd_port, db_port, dbd_port, *node_ports = _free_ports(4 + len(self.real_node_names))
+        ctld_port, slurmd_port, db_port, dbd_port, *node_ports = free_ports(4 + len(self.real_node_names))
         sim_port = self._start_sim_sink(d) if self.sim_node_names else 0
         if self.accounting:
             self.acct = _accounting.Accounting(d / "run" / "mariadb.sock", db_port, dbd_port)

@@ -3,13 +3,13 @@ secret; per-job rank caps keyed on verified jobs only; the fake identity against
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.harness.ports import free_port
 from tests.support import eventually
 from watchd.agent.heartbeat import Coalescer, Report
 from watchd.agent.heartbeat_auth import (
@@ -33,12 +33,6 @@ from watchd.model.jobs import JobRef
 SECRET = "node-secret-0123456789"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_tcp_without_a_secret_is_a_config_error_and_off_by_default() -> None:
     assert HeartbeatConfig().http_port == 0 and HeartbeatConfig().verify
     with pytest.raises(ValueError, match="token_secret"):
@@ -47,7 +41,7 @@ def test_tcp_without_a_secret_is_a_config_error_and_off_by_default() -> None:
 
 async def test_only_the_jobs_own_token_gets_its_reports_in() -> None:
     config = HeartbeatConfig(
-        socket=None, http_port=_free_port(), forward_interval_s=0.1, token_secret=TokenSource(token=SECRET)
+        socket=None, http_port=free_port(), forward_interval_s=0.1, token_secret=TokenSource(token=SECRET)
     )
     events: list[Event] = []
     metrics = AgentMetrics()
