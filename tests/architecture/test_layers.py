@@ -23,6 +23,7 @@ ORDER: tuple[str, ...] = (
     "extras",  # names the optional extra an import needs
     "progress",  # a command's progress line on a terminal
     "yamlfile",  # YAML read strictly (no key twice), with positions and "did you mean"
+    "shortlist",  # a long list shown by its first items and how many more
     # the vocabulary: one typed class per event kind, the wire format, the Xid catalog, settings types; the
     # shipped rule pack (data)
     "data",
