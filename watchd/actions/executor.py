@@ -100,9 +100,8 @@ class ActionExecutor:
         scheduler = GatedScheduler(scheduler, leader) if scheduler is not None else None
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._deciding: set[asyncio.Future[str | None]] = (
-            set()
-        )  # of the decisions submitted, not yet recorded
+        # of the decisions submitted, not yet recorded: why not, once it is known (None: recorded)
+        self._deciding: set[asyncio.Future[str | None]] = set()
         self._batcher = (
             DrainBatcher(scheduler, lambda result: metrics.drain_store_failures.labels(result).inc())
             if scheduler is not None
