@@ -12,7 +12,7 @@ Real ``watchd agent`` processes (GPU backend ``nvml``, interval 1 s, kmsg off) s
 * the RSS floor: a Python process with the agent's imports and ``nvmlInit()`` (the stand-in's), idle.
 
 Also printed: the modelled NVML CPU per GPU per round (the stand-in's own count over 60 rounds in-process:
-what the same rounds cost on the H200 in NVML calls alone). Targets (issue 20): <= 1 ms CPU per GPU per
+what the same rounds cost on the H200 in NVML calls alone). Targets: <= 1 ms CPU per GPU per
 round; RSS <= floor + 15 MiB. On real GPUs, ``benchmarks/gpu_check.sh`` measures the same against real NVML.
 Run: ``.venv/bin/python benchmarks/agent_cost.py [--seconds 30]``.
 """

@@ -1,4 +1,4 @@
-"""What a round of active checks over a 200-node partition costs the engine (issue 21).
+"""What a round of active checks over a 200-node partition costs the engine.
 
 1. Planning (pure, ``watchd.checks.plan.pick``): one pick over 200 candidates with their availability and
    state rows, the share cap at 10% (20 at once). Floor, same run: sorting the 200 names by last run and one

@@ -66,7 +66,7 @@ class Scenario:
     duration_s: float = 420.0
     fault_at: float = 200.0
     fault_for_s: float | None = None
-    trainlog: bool = False  # issue 19: the job's own lines arrive too
+    trainlog: bool = False  # the job's own lines arrive too
     ib: bool = False  # the agents' InfiniBand port conditions (watchd.ib) arrive too
 
 
@@ -91,7 +91,7 @@ SCENARIOS = [
     Scenario("evaluation pause (60 s)", "eval", None, False, False, fault_for_s=60.0),
     Scenario("pipeline-stage imbalance", "pipeline", None, False, False, duration_s=680.0, fault_at=60.0),
     Scenario("job start and stop", "transients", None, False, False, duration_s=600.0),
-    # issue 19: the training stack's lines; 900 s runs so the watchdog (600 s) fires inside them
+    # the training stack's lines; 900 s runs so the watchdog (600 s) fires inside them
     Scenario("hang, NIC fails (every rank spins)", "hang_nic", "nccl_hang", False, False, duration_s=900.0),
     Scenario(
         "hang, NIC fails + training logs",
@@ -372,7 +372,7 @@ def report(outcomes: list[Outcome]) -> None:
 
 
 def trainlog_effect(outcomes: list[Outcome]) -> None:
-    """Issue 19: per scenario with training logs, against the same seeds without them."""
+    """Per scenario with training logs, against the same seeds without them."""
     rows = []
     for s in SCENARIOS:
         if not s.trainlog:

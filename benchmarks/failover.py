@@ -1,4 +1,4 @@
-"""Failover time of an HA pair: two real ``watchd engine`` processes on one real PostgreSQL (issue 22).
+"""Failover time of an HA pair: two real ``watchd engine`` processes on one real PostgreSQL.
 
 Per round, with the follower warm:
 - crash: ``kill -9`` of the leader -> the follower answers ``/readyz`` 200 (it holds the lease), and -> the

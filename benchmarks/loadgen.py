@@ -1,4 +1,4 @@
-"""A load generator that stands in for thousands of watchd agents on one machine (issue 35 item 1).
+"""A load generator that stands in for thousands of watchd agents on one machine.
 
 Each simulated node is what a real agent on an 8-GPU node sends, byte for byte, on its own keep-alive
 connection:

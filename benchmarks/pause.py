@@ -1,4 +1,4 @@
-"""The pause a GPU failure costs a job, measured on the real Slurm test cluster (issue 17): from the Xid line
+"""The pause a GPU failure costs a job, measured on the real Slurm test cluster: from the Xid line
 to the requeued job RUNNING again, on a hot spare and without one.
 
 Each run: 4 slurmds (gpu-1..gpu-4); a 1-node victim job and exclusive filler jobs; a watchd agent (in this

@@ -1,4 +1,4 @@
-"""What reliability accounting (issue 17, docs/reliability.md) costs the engine.
+"""What reliability accounting (docs/reliability.md) costs the engine.
 
 1. The hot path: ``Reliability.observe`` for every event before evaluation, on 1,000,000 GPU summaries of
    12,500 nodes x 8 GPUs (100,000 GPUs). Floor, same run: ``Correlator.observe`` on the same events (the

@@ -1,4 +1,4 @@
-"""Scale: what a big fleet and many held actions cost a real ``watchd engine`` (issue 16 items 6-8).
+"""Scale: what a big fleet and many held actions cost a real ``watchd engine``.
 
 Nodes (dry-run): the fleet grows to each checkpoint (default 1,000 / 10,000 / 100,000 nodes); every node
 reports one gpu_summary, one application Xid (13, no rule fires) and every tenth node two lost GPUs. At each
@@ -9,8 +9,8 @@ Held actions (enforce, the fake scheduler of tests/fault/fake_slurm.py, breaker 
 nodes are held, up to each checkpoint (default 100 / 1,000 / 10,000 held). At each: seconds to decide a batch
 of 20 more, GET /api/v1/status time, per-event ingest cost of the probe batch.
 
-Each figure is printed beside its floor, measured in the same run on the empty engine. Issue 16 asks both
-curves to be flat. ``--quick``: nodes 500/2,000/5,000 and held 50/150/300 (a reduced size: say so).
+Each figure is printed beside its floor, measured in the same run on the empty engine. Both curves
+should be flat. ``--quick``: nodes 500/2,000/5,000 and held 50/150/300 (a reduced size: say so).
 
     python benchmarks/scale.py --quick
 """

@@ -1,4 +1,4 @@
-"""One engine for 100,000 GPUs, measured with real connections (issue 35 item 2).
+"""One engine for 100,000 GPUs, measured with real connections.
 
 A real ``watchd engine`` process started from the CLI (``watchd engine --config FILE``), its state in SQLite
 (a file) or in PostgreSQL (a private server, tests/harness/postgres.py), fed by benchmarks/loadgen.py:
@@ -29,7 +29,7 @@ Phases, each on a fresh engine per store:
    meanwhile, and every drop counter the engine has (ingest refusals by reason, invalid events, ack
    timeouts, fleet evictions) and the generator's (undelivered, refused, timeouts).
 
-The goals (issue 35): the engine at 100,000 GPUs on at most one core; Xid-to-decision p99 under load within
+The goals: the engine at 100,000 GPUs on at most one core; Xid-to-decision p99 under load within
 2x idle; nothing dropped. A generator that fell behind its schedule makes the run no measurement: said, and
 exit 1.
 

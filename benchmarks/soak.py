@@ -9,7 +9,7 @@ held release/discard with odd ids, hostile heartbeats and GETs to the agent.
 
 Reports: 5xx count (by input kind), tracebacks in each daemon's log, lost audit records (an Xid 79 event
 answered 200 whose id is not in GET /api/v1/actions, or not in the state database), valid events accepted
-vs sent, RSS of both daemons over time. Issue 16's done-when asks 0 5xx, 0 tracebacks, 0 lost, bounded memory.
+vs sent, RSS of both daemons over time. The goal: 0 5xx, 0 tracebacks, 0 lost, bounded memory.
 
     python benchmarks/soak.py --quick
     python benchmarks/soak.py --inputs 1200000 --dedup-max-ids 20000 --max-state-mib 16 \

@@ -1,4 +1,4 @@
-"""The usage report over 30 days of a 1,000-node (8 GPUs each) cluster's accounting (issue 18).
+"""The usage report over 30 days of a 1,000-node (8 GPUs each) cluster's accounting.
 
 Synthetic finished jobs (one after another on every node, 1 to 16 nodes x 8 GPUs, 20 accounts, lognormal
 durations around 4 h) are inserted as rows into the real slurmdbd's MariaDB job table of a test cluster with

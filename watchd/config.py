@@ -141,15 +141,15 @@ class EngineConfig(_Strict):
     alertmanager: AlertmanagerConfig = AlertmanagerConfig()
     jobs: JobsConfig = JobsConfig()
     detectors: DetectorsConfig = DetectorsConfig()
-    checks: ChecksConfig = ChecksConfig()  # issue 21: active checks (docs/checks.md)
+    checks: ChecksConfig = ChecksConfig()  # active checks (docs/checks.md)
     reliability: ReliabilityConfig = ReliabilityConfig()
-    drains: DrainsConfig = DrainsConfig()  # issue 17
-    spares: SparesConfig = SparesConfig()  # issue 17
+    drains: DrainsConfig = DrainsConfig()
+    spares: SparesConfig = SparesConfig()
     log: LogConfig = LogConfig()
-    reports: ReportsConfig = ReportsConfig()  # issue 18
+    reports: ReportsConfig = ReportsConfig()
 
     @model_validator(mode="after")
-    def _one_election(self) -> EngineConfig:  # issue 22: the database lease fences the shared store
+    def _one_election(self) -> EngineConfig:  # the database lease fences the shared store
         if self.state.kind == "postgres" and self.kubernetes.leader_election.enabled:
             raise ValueError(
                 "kubernetes.leader_election: with state.kind postgres the engines elect through the database "
@@ -166,7 +166,7 @@ class EngineConfig(_Strict):
     @field_validator("auth", mode="before")
     @classmethod
     def _shared_token_only(cls, value: Any) -> Any:
-        # a plain TokenSource (the shared token alone, as before issue 22) is an EngineAuth with no roles
+        # a plain TokenSource (the shared token alone) is an EngineAuth with no roles
         if isinstance(value, TokenSource) and not isinstance(value, EngineAuth):
             return value.model_dump(exclude_unset=True)
         return value

@@ -1,7 +1,7 @@
 """``watchd drains``: ``sinfo -R`` for the whole fleet, from the running engine (``GET /api/v1/drains``):
 every node out of service with its owner class, reason, who, since when and for how long; for watchd's own
 the rule, the evidence, the jobs requeued and the actions held; then each partition's availability and
-its hot spares (issue 17)."""
+its hot spares."""
 
 from __future__ import annotations
 

@@ -369,7 +369,7 @@ async def serve(
         await runner.cleanup()
 
 
-# --------------------------------------------------------------------- credentials and TLS (issue 22)
+# --------------------------------------------------------------------- credentials and TLS
 
 #: what a request needs: the agents' ingest, a read, an operator's call, /metrics, /healthz and /readyz, an
 #: agent's read of its job's advice, an agent's own call (its commands and their results)

@@ -1,5 +1,5 @@
 """``watchd reliability``: the engine's reliability accounting and checkpoint advice, printed for people
-(issue 17; docs/reliability.md). A call to a running engine's ``GET /api/v1/reliability``."""
+(docs/reliability.md). A call to a running engine's ``GET /api/v1/reliability``."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ class ActionExecutor:
         self._clock = clock
         self._metrics = metrics
         self.leader_gate = leader = LeaderGate(leadership)
-        # every change to the cluster is asked through the gate right before the call (issue 22: fencing)
+        # every change to the cluster is asked through the gate right before the call (fencing)
         scheduler = GatedScheduler(scheduler, leader) if scheduler is not None else None
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -190,7 +190,7 @@ class ActionExecutor:
         return self
 
     async def take_over(self) -> None:
-        """This engine was just elected over a shared store (issue 22): what the previous leader left (its
+        """This engine was just elected over a shared store: what the previous leader left (its
         unfinished actions, the audit records and requeues a crash kept from following, the alerts it had
         firing) is now this one's to finish, as after a restart."""
         self._recovery.start()

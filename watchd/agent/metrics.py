@@ -64,7 +64,7 @@ class AgentMetrics:
             ["outcome"],
             registry=r,
         )
-        self.xid_untrusted = Counter(  # issue 22
+        self.xid_untrusted = Counter(
             "watchd_agent_xid_untrusted",
             "Xid lines refused as evidence: not written by the kernel, or from a file not trusted "
             "(docs/security.md), by source.",
@@ -85,7 +85,7 @@ class AgentMetrics:
             ["source"],
             registry=r,
         )
-        self.heartbeats_rejected = Counter(  # issue 22
+        self.heartbeats_rejected = Counter(
             "watchd_agent_heartbeats_rejected",
             "Heartbeat reports refused as evidence: not from the job they name, by reason "
             "(docs/security.md).",

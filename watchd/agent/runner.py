@@ -112,7 +112,7 @@ class Agent:
             timeout=config.engine.timeout_s,
             tls=engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
         )
-        # issue 19: training-stack lines (any source) and Flight Recorder dumps, bounded per job and kind
+        # training-stack lines (any source) and Flight Recorder dumps, bounded per job and kind
         training = config.sources.training
         self.trainlog_limit = EventLimiter(training.max_events_per_minute, 60.0)
         self.event_sources: list[EventSource] = (
@@ -248,7 +248,7 @@ class Agent:
         )
 
     def _trainlog(self, source: LogSource, line: LogLine) -> None:
-        """The training-stack event of ``line``, if it is one (issue 19), within the per-job bound."""
+        """The training-stack event of ``line``, if it is one, within the per-job bound."""
         record = parse_trainlog_line(line.text, job=line.job, gathered=line.gathered)
         if record is None:
             return
@@ -313,7 +313,7 @@ class Agent:
                     if not line.trusted:
                         self._refuse_untrusted(source.name, untrusted.feed(line.text))
                         # a job's own output is untrusted as kernel evidence, and is what the training
-                        # stack says (issue 19): its lines are read as such
+                        # stack says: its lines are read as such
                         self._trainlog(source, line)
                         continue
                     for index, record in enumerate(parser.feed(line.text)):

@@ -64,7 +64,7 @@ class HeartbeatConfig(Strict):
     # on 127.0.0.1 only; 0: off. With verify, each job needs its token (token_secret; docs/security.md)
     http_port: Port = 0
     # reports count only from the job they name (the socket peer's cgroup, or the job's token over TCP);
-    # false: any local process may report for any job (before issue 22; not for production)
+    # false: any local process may report for any job (not for production)
     verify: bool = True
     token_secret: TokenSource = TokenSource()  # the node secret the per-job TCP tokens derive from
     identity: Literal["proc", "fake"] = "proc"  # who a socket peer is: /proc/<pid>/cgroup (fake: tests)

@@ -1,4 +1,4 @@
-"""Active checks (issue 21): nccl-tests, ``dcgmi diag`` and site commands run as scheduler jobs on idle nodes,
+"""Active checks: nccl-tests, ``dcgmi diag`` and site commands run as scheduler jobs on idle nodes,
 judged against baselines and peers, and the validated return to service of nodes watchd drained.
 
 The kinds of check, one row each: :mod:`~watchd.checks.kinds` (name, default command, judge, figures).

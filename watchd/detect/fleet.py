@@ -113,7 +113,7 @@ class FleetState:
         # counted for watchd_fleet_evicted_total{what}: node (to stay within max_nodes and max_bytes) and gpu
         # (an index past max_gpus_per_node, refused)
         self.evicted: dict[str, int] = {"node": 0, "gpu": 0}
-        # issue 19: what the training stack said (watchdog timeouts, NCCL WARN lines, Flight Recorder dumps)
+        # what the training stack said (watchdog timeouts, NCCL WARN lines, Flight Recorder dumps)
         self.training = TrainingEvidence(self.topology.job_of, rank_node=self._rank_node)
 
     def _charge(self, node: str, n: int) -> None:

@@ -79,7 +79,7 @@ def judge(
         nvml_onset = _nvml_onset(ms, spins, p)
     training = [r for r in ranks if r.phase == "train" and r.steps_seen >= params.heartbeat.min_steps]
     hb_onset = _heartbeat_onset(ms, training, now, params.heartbeat, p.enabled and bool(spins))
-    # issue 19: a watchdog timeout in the job's own output is a hang too (it began when that collective did)
+    # a watchdog timeout in the job's own output is a hang too (it began when that collective did)
     tl_onset = cycle.fleet.training.timeout_onset(job.id, now - cycle.fleet.history_s)
     onsets = (("nvml", nvml_onset), ("heartbeat", hb_onset), ("trainlog", tl_onset))
     if all(x is None for _, x in onsets):
@@ -184,7 +184,7 @@ def to_finding(job: JobView, v: Verdict, now: float, revision: int) -> Finding:
             "gpus": v.gpus,
             "gpus_matching": v.matching,
             "detail": c.detail,
-            # issue 19: which other evidence confirmed the culprit, which named another node
+            # which other evidence confirmed the culprit, which named another node
             **({"corroborated": ",".join(c.corroborated)} if c.corroborated else {}),
             **({"contradicted": ",".join(c.contradicted)} if c.contradicted else {}),
         },

@@ -1,4 +1,4 @@
-"""The agents' sub-window hang signature as the detectors keep it (``gpu_health`` ``nccl_spin``, issue 35).
+"""The agents' sub-window hang signature as the detectors keep it (``gpu_health`` ``nccl_spin``).
 Pure.
 
 An agent reports ``nccl_spin`` on a GPU a couple of samples after it starts spinning (utilization high, power

@@ -1,4 +1,4 @@
-"""What the training stack said about each job, kept for the hang detector (issue 19). Pure.
+"""What the training stack said about each job, kept for the hang detector. Pure.
 
 Fed the training-log kinds (:mod:`watchd.model.trainlog`) by :class:`~watchd.detect.fleet.FleetState`:
 

@@ -1,5 +1,5 @@
 """The engine's garbage-collector policy: what lives long is frozen, so a full collection passes over what is
-new, not over the whole fleet's state (issue 35).
+new, not over the whole fleet's state.
 
 The detectors keep about 60 windows per GPU (``detectors.history_s``), each an object CPython's cyclic
 collector tracks; at 100,000 GPUs, millions. A fleet's windows are replaced at a steady rate, so a full

@@ -1,5 +1,5 @@
 """The engine's evaluation queue, in two lanes: an event that can become an action first, the summary stream
-after it (issue 35).
+after it.
 
 At 100,000 GPUs the agents send 20,000 per-GPU window summaries a second, all within about two seconds of each
 5 s window's end (their windows are aligned to the epoch). Behind such a burst an Xid waited for every summary

@@ -1,4 +1,4 @@
-"""The ``drains:`` and ``spares:`` sections of the engine config (issue 17; docs/drains.md): the poll of
+"""The ``drains:`` and ``spares:`` sections of the engine config (docs/drains.md): the poll of
 every node of the fleet, and the hot spares kept per partition."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Each field is *probed* once per GPU at :meth:`NvmlBackend.open`: a field whose f
 
 The fields, the calls reading each and their cadence are one table, :mod:`watchd.gpu.nvml_fields`.
 
-Cadence (issue 20: a 1 s round must cost <= 1 ms CPU per GPU on real NVML): :data:`CADENCE` says how often
+Cadence (a 1 s round must cost <= 1 ms CPU per GPU on real NVML): :data:`CADENCE` says how often
 each field is read. ``static`` fields (rated SM clock, link maximums) are read once at the probe; ``slow``
 ones (power limit, link width/generation, PCIe replays, NVLink state/errors, aggregate ECC) every
 ``slow_interval_s``; ``energy`` (4 ms a call on an H200) every ``energy_interval_s``, with the integral of the

@@ -22,7 +22,7 @@ class GpuSourceConfig(Strict):
     dcgm_url: Annotated[str, Field(pattern=r"^https?://")] = "http://127.0.0.1:9400/metrics"
     xid_dedup_window_s: Seconds = 10.0
     proc_root: Path = Path("/proc")
-    # nvml backend cadences (issue 20, docs/gpu-nvml-cost.md): slow-changing fields, and the energy counter
+    # nvml backend cadences (docs/gpu-nvml-cost.md): slow-changing fields, and the energy counter
     # (4 ms CPU a read on an H200; the power integral in between)
     nvml_slow_interval_s: Seconds = 10.0
     nvml_energy_interval_s: Annotated[float, Field(ge=1.0, le=300.0)] = 30.0

@@ -1,4 +1,4 @@
-"""Leader election through a lease row in the shared PostgreSQL store, with a fencing token (issue 22: HA on
+"""Leader election through a lease row in the shared PostgreSQL store, with a fencing token (HA on
 bare metal, no Kubernetes needed).
 
 The row ``leader_lease(name, holder, token, acquired_at, expires_at)`` (migration 4 of

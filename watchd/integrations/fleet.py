@@ -1,4 +1,4 @@
-"""What the whole-fleet view (``watchd drains``) and the hot spares ask of a scheduler (issue 17): one small
+"""What the whole-fleet view (``watchd drains``) and the hot spares ask of a scheduler: one small
 protocol, with a real implementation per scheduler (Slurm: ``sinfo``/``scontrol`` reservations;
 Kubernetes: Node objects and a taint) and a faithful fake, chosen from :data:`FLEETS` by the scheduler's
 name. Kept apart from :class:`~watchd.integrations.base.Scheduler`: a scheduler that has none still drains.

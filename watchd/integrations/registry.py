@@ -97,7 +97,7 @@ def build_scheduler(config: IntegrationsConfig) -> Scheduler | None:
 
 def build_leadership(config: IntegrationsConfig) -> ElectedLeadership | None:
     """The elector when engine replicas elect a leader: the database lease with a shared PostgreSQL store
-    (``state.postgres.leader_election``, issue 22), the Kubernetes Lease (``kubernetes.leader_election``);
+    (``state.postgres.leader_election``), the Kubernetes Lease (``kubernetes.leader_election``);
     None for a lone engine (it always leads)."""
     pg = config.state.postgres
     if config.state.kind == "postgres" and pg.leader_election.enabled:

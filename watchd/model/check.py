@@ -1,5 +1,5 @@
 """The ``check_result`` kind: the outcome of one active check (nccl-tests, ``dcgmi diag``, a site's
-command) on one node, judged against its baseline and its peers (issue 21; :mod:`watchd.checks`).
+command) on one node, judged against its baseline and its peers (:mod:`watchd.checks`).
 
 On the checked node; ``source`` ``watchd:checks``. ``outcome``: ``passed``; ``failed`` (the tool ran and
 found the node wanting: low bandwidth, ``#wrong`` values, a failed diagnostic, a crash); ``timeout`` (it ran

@@ -75,7 +75,7 @@ _MAX_KEY = 128
 #: Integers in attrs fit SQLite's (and every consumer's) signed 64 bits.
 _INT_MIN = -(2**63)
 _INT_MAX = 2**63 - 1
-#: Attributes with a shape the vocabulary knows: a value that is not one is refused (issue 16 item 8).
+#: Attributes with a shape the vocabulary knows: a value that is not one is refused.
 _PCI_FIELDS = frozenset({"pci_bus_id"})
 
 

@@ -36,15 +36,15 @@ KINDS: Mapping[str, type[Attrs]] = MappingProxyType(
         gpu.SUMMARY_KIND: gpu.GpuSummary,
         heartbeat.KIND: heartbeat.Heartbeat,
         action.KIND: action.ActionFeedback,
-        unavailable.KIND: unavailable.NodeUnavailable,  # issue 17: drains by others
+        unavailable.KIND: unavailable.NodeUnavailable,  # drains by others
         **{kind: finding.Detection for kind in finding.KINDS},
-        check.KIND: check.CheckResult,  # issue 21: active checks
-        reliability.KIND: reliability.CheckpointInterval,  # issue 17: checkpoint advice
+        check.KIND: check.CheckResult,  # active checks
+        reliability.KIND: reliability.CheckpointInterval,  # checkpoint advice
         reboot.REBOOTED_KIND: reboot.NodeRebooted,  # a reboot watchd asked for is over
         reboot.OVERDUE_KIND: reboot.NodeRebootOverdue,
         ib.KIND: ib.IbPortHealth,  # InfiniBand/RoCE ports, from the agent's sysfs reader
         reboot.GPU_RESET_KIND: reboot.NodeGpuReset,  # the node's agent reset its GPUs as watchd asked
-        # issue 19: what the training stack says (PyTorch watchdog, NCCL, Flight Recorder)
+        # what the training stack says (PyTorch watchdog, NCCL, Flight Recorder)
         **{cls.KIND: cls for cls in trainlog.KINDS},
     }
 )

@@ -1,4 +1,4 @@
-"""The ``checkpoint_interval`` kind (issue 17): a running job checkpoints far less often than advised.
+"""The ``checkpoint_interval`` kind: a running job checkpoints far less often than advised.
 
 Raised by the engine's reliability accounting (watchd.reliability, docs/reliability.md) on the job's first
 node, source ``reliability``; informational: the shipped rule (findings.yaml) notifies at severity info.

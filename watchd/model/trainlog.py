@@ -1,4 +1,4 @@
-"""Training-stack kinds (issue 19): what PyTorch's NCCL process group, NCCL itself and the Flight Recorder
+"""Training-stack kinds: what PyTorch's NCCL process group, NCCL itself and the Flight Recorder
 say about a hang, read from the job's own output (:mod:`watchd.trainlog`).
 
 ``collective_timeout``  the watchdog caught a collective that ran past its timeout (one rank, one sequence)

@@ -1,4 +1,4 @@
-"""The ``node_unavailable`` kind (issue 17): a node someone other than watchd took out of service (an
+"""The ``node_unavailable`` kind: a node someone other than watchd took out of service (an
 admin's drain, Node Health Check, the scheduler itself), seen by the engine's poll of the whole fleet, so
 that rules and reports can see drains watchd did not make. Sent once per drain (node, reason and its
 time), and again while it lasts (``reminder``, ``overdue``, with its age) once it is older than

@@ -1,4 +1,4 @@
-"""Reliability accounting and checkpoint advice (issue 17): pure code over data, clock injected.
+"""Reliability accounting and checkpoint advice: pure code over data, clock injected.
 
 - :mod:`.estimate`: MTBF from exposure and failures, with an exact (chi-square / Poisson) confidence interval.
 - :mod:`.checkpoint`: Young's and Daly's checkpoint intervals and the expected share of compute lost.

@@ -1,4 +1,4 @@
-"""The ``reliability:`` section of the engine config (issue 17; docs/reliability.md): what is tracked and
+"""The ``reliability:`` section of the engine config (docs/reliability.md): what is tracked and
 kept, the MTBF's confidence, what makes a lemon, and the checkpoint advice's inputs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from watchd.strict import Strict
 
 
 class ReliabilityConfig(Strict):
-    """Reliability accounting and checkpoint advice (issue 17; docs/reliability.md)."""
+    """Reliability accounting and checkpoint advice (docs/reliability.md)."""
 
     gap_s: Seconds = 300.0  # a node silent longer than this is not in service meanwhile
     # nodes whose service is tracked in memory; the least recently seen forgotten first (its open interval

@@ -1,4 +1,4 @@
-"""The engine's side of reliability accounting and checkpoint advice (issue 17): feeds the pure trackers
+"""The engine's side of reliability accounting and checkpoint advice: feeds the pure trackers
 (:mod:`watchd.reliability`) from the event stream and the actions' feedback, keeps the durable record in the
 state database, and serves the report, the advice, the metrics and the ``checkpoint_interval`` findings.
 

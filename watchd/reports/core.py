@@ -1,4 +1,4 @@
-"""The usage report (issue 18), pure: accounting records + fair-share rows + pending jobs + what watchd
+"""The usage report, pure: accounting records + fair-share rows + pending jobs + what watchd
 observed -> one row per group (account, user, partition or a combination) for a window ``[start, end)``.
 
 - GPU-hours: each run's GPUs x the part of ``[start, end or now]`` inside the window (``sacct -D``: every run

@@ -1,4 +1,4 @@
-"""What watchd observes itself for the usage report (issue 18), pure: each ``gpu_summary`` window of a GPU
+"""What watchd observes itself for the usage report, pure: each ``gpu_summary`` window of a GPU
 that ran a job adds its energy (mean power x window length), its length, and its length again when its
 mean utilization was under the idle threshold, to that job's GPU on that day; each rank leaving the
 ``checkpoint`` phase records a checkpoint of the job (the work up to the phase's start is saved).

@@ -1,4 +1,4 @@
-"""What a usage report is made of (issue 18): accounting records, fair-share rows, pending jobs, what watchd
+"""What a usage report is made of: accounting records, fair-share rows, pending jobs, what watchd
 observed itself on each GPU, infrastructure faults, and the report's rows. Plain data; times are float
 seconds since the epoch, GPU-hours are GPU count x hours."""
 

@@ -1,4 +1,4 @@
-"""The ``reports:`` section of the engine config (issue 18; docs/reports.md): what is observed and kept, and
+"""The ``reports:`` section of the engine config (docs/reports.md): what is observed and kept, and
 the usage metrics read from Slurm accounting."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from watchd.strict import Strict
 
 
 class ReportsConfig(Strict):
-    """Issue 18: per-team usage, waits, energy and lost GPU-hours (docs/reports.md)."""
+    """Per-team usage, waits, energy and lost GPU-hours (docs/reports.md)."""
 
     observe: bool = True  # record energy and idle time per job GPU and the jobs' checkpoints in the state
     metrics: bool = False  # publish watchd_usage_* (reads Slurm accounting every metrics_interval_s)

@@ -160,6 +160,6 @@ async def run_demo(nodes: int, out: TextIO) -> int:
         say(f"nodes without faults were left alone: {', '.join(untouched) or '(none)'}")
         say("in enforce mode the drain goes to Slurm: scontrol update NodeName=... State=DRAIN Reason=...")
     say()
-    from watchd.sim.demo_loop import run_loop_act  # issue 17: hang -> culprit -> requeue onto a spare
+    from watchd.sim.demo_loop import run_loop_act  # hang -> culprit -> requeue onto a spare
 
     return await run_loop_act(say)

@@ -1,9 +1,9 @@
-"""The second act of ``watchd demo`` (issue 17): the operator's loop, in enforce mode on a simulated Slurm.
+"""The second act of ``watchd demo``: the operator's loop, in enforce mode on a simulated Slurm.
 
 A 4-node job hangs in a collective because one GPU fell off the bus; the detectors name the culprit, the
 rules drain it and requeue the job, watchd releases the hot spare it kept idle, the requeued job starts on
 it, and ``watchd drains`` shows what is out and why. The checkpoint advice is printed when the engine offers
-it (:func:`checkpoint_advice`, the reliability part of issue 17); without it the demo says where it goes.
+it (:func:`checkpoint_advice`); without it the demo says where it goes.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ JOB = "4343"
 
 
 def checkpoint_advice(engine: Engine, job: str) -> dict[str, Any] | None:
-    """The engine's checkpoint advice for ``job`` when this build has it (issue 17, reliability: the
+    """The engine's checkpoint advice for ``job`` when this build has it (reliability: the
     engine's ``reliability.advice(job)``, an object with ``to_dict()``), else None. The demo prints through
     this hook only; it imports nothing of the reliability part."""
     reliability = getattr(engine, "reliability", None)

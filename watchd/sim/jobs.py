@@ -22,7 +22,7 @@ Fault = Literal[
     "hang_compute",  # one rank stuck in compute, the others spin
     "hang_lost",  # one GPU falls off the bus, the others spin
     "hang_nvlink",  # one GPU's NVLink goes down, every rank spins
-    "hang_nic",  # one node's NIC fails (NET/IB completion errors, issue 19): every rank spins, no Xid
+    "hang_nic",  # one node's NIC fails (NET/IB completion errors): every rank spins, no Xid
     "host_stall",  # every rank idle at once (data loader, storage)
     "thermal",  # one GPU throttles (thermal): clock 0.7x
     "power_brake",  # one GPU power-braked: clock 0.35x

@@ -1,4 +1,4 @@
-"""What the training stack of a simulated job writes when it hangs (issue 19), with the delays it really has:
+"""What the training stack of a simulated job writes when it hangs, with the delays it really has:
 the lines a :class:`~watchd.sim.jobs.JobRun` would print, as the events the agent makes of them.
 
 * ``hang_nic``: NET/IB completion errors (status 12, retry exceeded) on the culprit's NIC once the IB

@@ -26,7 +26,7 @@ class LogLine:
     time: float  # when it was observed (the kernel's timestamp where the source has one)
     key: str  # identifies the line at its source, stable across re-reads: the base of the event id
     seq: int | None = None  # the kmsg record's sequence number
-    job: str | None = None  # the job whose output the line is (Slurm output files, pod logs: issue 19)
+    job: str | None = None  # the job whose output the line is (Slurm output files, pod logs)
     #: the kernel wrote it (kmsg facility 0, journald _TRANSPORT=kernel), or the source is trusted by config
     #: (a file with ``trust: any-writer``); an untrusted line is never Xid evidence (docs/security.md)
     trusted: bool = True

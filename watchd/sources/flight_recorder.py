@@ -1,4 +1,4 @@
-"""Read the Flight Recorder dumps jobs on this node write (issue 19) and ship one event per rank and process
+"""Read the Flight Recorder dumps jobs on this node write and ship one event per rank and process
 group: the last collective sequence enqueued, started and completed.
 
 Watches folders (``sources.training.flight_recorder_dirs``: where the jobs'

@@ -1,4 +1,4 @@
-"""A changing set of followed files merged into one stream of lines, each tagged with its job (issue 19).
+"""A changing set of followed files merged into one stream of lines, each tagged with its job.
 
 The Slurm job-output and pod-log sources decide which files to follow (the jobs running on the node); this
 class follows each with :class:`~watchd.sources.filefollow.FileFollowSource` (from the end of a file already

@@ -1,4 +1,4 @@
-"""Follow systemd units' journal (issue 19): training jobs run as units (``systemd-run``, a launcher
+"""Follow systemd units' journal: training jobs run as units (``systemd-run``, a launcher
 service) write their output there.
 
 Runs ``journalctl --follow --lines=0 --output=json --unit=<u> ...`` (from now on: what is already in the

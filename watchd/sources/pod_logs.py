@@ -1,4 +1,4 @@
-"""Follow the container logs of the pods on this node under ``/var/log/pods`` (issue 19).
+"""Follow the container logs of the pods on this node under ``/var/log/pods``.
 
 The kubelet writes each container's output to ``/var/log/pods/<namespace>_<pod>_<uid>/<container>/<n>.log``
 (``n``: the restart count) in the CRI format ``<RFC3339Nano time> <stdout|stderr> <F|P> <text>``: ``P``

@@ -5,9 +5,9 @@ here): each entry builds the sources its part of the ``sources:`` config asks fo
     files  one followed file per ``sources.files`` entry (untrusted unless ``trust: any-writer``)
     journald  the journal's kernel lines (``sources.journald``, when ``enabled``)
     fake   the kernel log a fake GPU writes its driver lines to (``sources.gpu.backend: fake``)
-    slurm-jobs  the output files of the Slurm jobs on the node (``sources.training.slurm_jobs``, issue 19)
-    pods        the container logs under ``sources.training.pods_dir`` (issue 19)
-    journald-units  the journal of ``sources.training.journald_units`` (issue 19)
+    slurm-jobs  the output files of the Slurm jobs on the node (``sources.training.slurm_jobs``)
+    pods        the container logs under ``sources.training.pods_dir``
+    journald-units  the journal of ``sources.training.journald_units``
 
 and the sources of events (not lines), by name too:
 

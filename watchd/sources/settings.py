@@ -1,6 +1,6 @@
 """The agent's ``sources:`` section: the kernel log (kmsg, journald), followed files, the GPU backend
 (:mod:`watchd.gpu.settings`), the InfiniBand/RoCE ports (:mod:`watchd.ib.settings`) and the training
-stack's own output (issue 19)."""
+stack's own output."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class JournaldConfig(Strict):
     cursor_file: Path | None = Path("/var/lib/watchd/journald.cursor")
 
 
-# issue 19: where the training stack's own output is read (docs/training-logs.md)
+# where the training stack's own output is read (docs/training-logs.md)
 class TrainingLogsConfig(Strict):
     slurm_jobs: bool = False  # follow the StdOut/StdErr files of the Slurm jobs running on this node
     slurm_node: str | None = None  # this node's name in Slurm (default: the agent's node)
@@ -62,4 +62,4 @@ class SourcesConfig(Strict):
     files: list[FileSourceConfig] = Field(default_factory=list)
     gpu: GpuSourceConfig = GpuSourceConfig()
     ib: IbConfig = IbConfig()  # InfiniBand/RoCE ports from sysfs
-    training: TrainingLogsConfig = TrainingLogsConfig()  # issue 19
+    training: TrainingLogsConfig = TrainingLogsConfig()

@@ -1,4 +1,4 @@
-"""Active checks (issue 21): each round of a check, each run on a node (started, with its scheduler job, then
+"""Active checks: each round of a check, each run on a node (started, with its scheduler job, then
 finished with its outcome), and where each node stands per check (last round, last result, last success, the
 back-off). A restart reads it back: an unfinished run is followed to its end (the job keeps running), a round
 is resumed, never repeated for a node that already has its result."""

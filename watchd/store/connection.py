@@ -146,7 +146,7 @@ class Tx:
 
 
 class Fenced(StoreError):
-    """A write refused because this engine's fencing token is no longer the lease's (issue 22: a deposed
+    """A write refused because this engine's fencing token is no longer the lease's (a deposed
     leader that wakes up late writes nothing)."""
 
 

@@ -89,9 +89,9 @@ class Store:
         self.rule_state = RuleStates(self._db)
         self.breaker = BreakerWindow(self._db)
         self.meta = Meta(self._db)
-        self.checks = CheckRuns(self._db)  # issue 21: active checks
-        self.reliability = ReliabilityRecord(self._db)  # issue 17
-        self.usage = JobUsage(self._db)  # issue 18: the usage report's observations
+        self.checks = CheckRuns(self._db)  # active checks
+        self.reliability = ReliabilityRecord(self._db)
+        self.usage = JobUsage(self._db)  # the usage report's observations
         self.health = StoreHealth()
         self._listeners: list[Callable[[str, StoreError], None]] = []
         self._db.on_error = self._failed

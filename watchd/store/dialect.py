@@ -1,5 +1,5 @@
 """The SQL dialects of the state database: the repositories and the migrations are written once, in SQLite's
-dialect; PostgreSQL (the shared store for HA, issue 22) runs them through the translations here.
+dialect; PostgreSQL (the shared store for HA) runs them through the translations here.
 
 Everything here is plain text in, text out (no driver), so every migration is translated and checked by a
 test without a server (and applied on a real one by another). The translations are mechanical, so a

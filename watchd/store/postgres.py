@@ -1,4 +1,4 @@
-"""The state database on PostgreSQL (issue 22: the shared store of an HA pair of engines), through psycopg 3.
+"""The state database on PostgreSQL (the shared store of an HA pair of engines), through psycopg 3.
 
 The repositories are synchronous on the event loop (see :mod:`watchd.store.database`), so this driver is
 psycopg's synchronous connection, in autocommit mode with explicit transactions, as the SQLite driver: one

@@ -1,4 +1,4 @@
-"""Reliability accounting in the state database (issue 17): node service intervals, failures, and what is
+"""Reliability accounting in the state database: node service intervals, failures, and what is
 known of each node (GPU model and count, partitions, out of service since). Rows are plain tuples: the
 accounting itself (:mod:`watchd.reliability`) turns them into its own data."""
 

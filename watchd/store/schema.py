@@ -83,7 +83,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX held_resolved ON held (resolved_at) WHERE status != 'held'",
         "CREATE INDEX disruptions_pool_node_at ON disruptions (pool, node, at)",
     ),
-    (  # issue 21: active checks (nccl-tests, dcgmi diag, commands): rounds, runs, and where each node stands
+    (  # active checks (nccl-tests, dcgmi diag, commands): rounds, runs, and where each node stands
         """CREATE TABLE check_rounds (
             check_name TEXT NOT NULL,
             round TEXT NOT NULL,
@@ -123,7 +123,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (check_name, node)
         ) WITHOUT ROWID""",
     ),
-    (  # issue 17 (reliability accounting): node-hours in service, failures, what is known of each node
+    (  # reliability accounting: node-hours in service, failures, what is known of each node
         """CREATE TABLE service_intervals (
             node TEXT NOT NULL,
             started_at REAL NOT NULL,
@@ -152,7 +152,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             out_since REAL
         ) WITHOUT ROWID""",
     ),
-    (  # issue 22 (HA): the database lease of the elected engine; its token fences every write
+    (  # HA: the database lease of the elected engine; its token fences every write
         """CREATE TABLE leader_lease (
             name TEXT PRIMARY KEY,
             holder TEXT NOT NULL DEFAULT '',
@@ -161,7 +161,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             expires_at REAL NOT NULL DEFAULT 0
         ) WITHOUT ROWID""",
     ),
-    (  # issue 18 (usage report): what watchd observed per job GPU and day (energy, idle), job checkpoints
+    (  # usage report: what watchd observed per job GPU and day (energy, idle), job checkpoints
         """CREATE TABLE job_gpu_usage (
             job TEXT NOT NULL,
             node TEXT NOT NULL,

@@ -1,4 +1,4 @@
-"""The state database's config section (``state:``): SQLite, or PostgreSQL shared by engines (HA, issue 22)
+"""The state database's config section (``state:``): SQLite, or PostgreSQL shared by engines (HA)
 with its database lease. Pydantic and watchd's vocabulary only: psycopg is not imported to load a config."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class PostgresConfig(Strict):
 
 
 class StateConfig(Strict):
-    kind: Literal["sqlite", "postgres"] = "sqlite"  # postgres: shared by engines (HA, issue 22)
+    kind: Literal["sqlite", "postgres"] = "sqlite"  # postgres: shared by engines (HA)
     path: Path | None = None  # sqlite; None: in memory (not durable; the shipped config sets a file)
     postgres: PostgresConfig = PostgresConfig()
     audit_retention_days: Annotated[float, Field(gt=0)] = 90.0

@@ -1,4 +1,4 @@
-"""What watchd observed per job for the usage report (issue 18): energy, observed and idle GPU-seconds per
+"""What watchd observed per job for the usage report: energy, observed and idle GPU-seconds per
 job, node, GPU and day; the job's checkpoints. Written by the engine from :class:`watchd.reports.ledger.
 UsageLedger`; read by ``watchd report usage``."""
 

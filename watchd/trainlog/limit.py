@@ -1,4 +1,4 @@
-"""A bound on the events one job's log can make (issue 19). Pure, with an injected clock.
+"""A bound on the events one job's log can make. Pure, with an injected clock.
 
 A job that prints the same NCCL warning in a loop must not flood the shipper or the engine: each (job, kind)
 may make ``per_window`` events per ``window_s``; beyond it events are dropped and counted. At most

@@ -1,4 +1,4 @@
-"""The fleet of a :class:`~watchd.integrations.fake.scheduler.FakeScheduler` (issue 17), with Slurm's
+"""The fleet of a :class:`~watchd.integrations.fake.scheduler.FakeScheduler`, with Slurm's
 semantics: a spare is a node in watchd's reservation, a node with a running job cannot become one (the
 call fails, as ``scontrol create reservation`` does with "Requested nodes are busy"), and a requeued job
 starts on a node only when it is idle and not a spare (:meth:`FakeFleet.schedule`, what slurmctld does on

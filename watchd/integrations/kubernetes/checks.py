@@ -1,4 +1,4 @@
-"""Active checks on Kubernetes (issue 21): each check is a batch/v1 Job pinned to its node (``nodeName``: no
+"""Active checks on Kubernetes: each check is a batch/v1 Job pinned to its node (``nodeName``: no
 scheduler in the way, every GPU of the node requested, ``backoffLimit: 0``, ``activeDeadlineSeconds`` as the
 time limit), its output read from its pod's log, its end from the Job's conditions.
 

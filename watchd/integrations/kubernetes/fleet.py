@@ -1,4 +1,4 @@
-"""The fleet as Kubernetes sees it (issue 17): every Node (of ``node_selector``) with its pool (the
+"""The fleet as Kubernetes sees it: every Node (of ``node_selector``) with its pool (the
 breaker's ``pool_label``), and why it takes no work: cordoned (``spec.unschedulable``), not ready, or a
 ``node.kubernetes.io/*`` taint of the control plane. Whose: watchd's when its ``watchd.io/drain``
 annotation records the cordon, the control plane's for its own taints, an admin's for any other cordon.

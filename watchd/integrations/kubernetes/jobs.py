@@ -86,7 +86,7 @@ def jobs_from_pods(pods: Sequence[Any]) -> list[JobInfo]:
             continue
         nodes.setdefault(ref, {})[node] = None
         named = pod_job_label(pod.metadata.namespace or "default", getattr(pod.metadata, "name", "") or "")
-        if named is not None and named != f"k8s:{ref.id}":  # what dcgm-exporter's pod labels give (issue 20)
+        if named is not None and named != f"k8s:{ref.id}":  # what dcgm-exporter's pod labels give
             uids.setdefault(ref, []).append(named)
         uid = getattr(pod.metadata, "uid", None)
         if uid:

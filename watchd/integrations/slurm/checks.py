@@ -1,4 +1,4 @@
-"""Active checks on Slurm (issue 21): each check is a batch job pinned to its node (``sbatch -w NODE
+"""Active checks on Slurm: each check is a batch job pinned to its node (``sbatch -w NODE
 --exclusive``, the configured partition, QOS, reservation and account, a time limit), its output collected
 from the job's output file, its end from ``scontrol show job``.
 

@@ -1,4 +1,4 @@
-"""The fleet as Slurm sees it (issue 17): every node with its partitions, state, reason, who set it and when
+"""The fleet as Slurm sees it: every node with its partitions, state, reason, who set it and when
 (``sinfo -N -h -o '%N|%R|%T|%u|%H|%E'``, the fields of ``sinfo -R``), and the hot spares as one
 reservation per partition that watchd owns (``watchd_spares_<partition>``).
 
