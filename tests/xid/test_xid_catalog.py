@@ -43,6 +43,26 @@ EXPECTED_BUCKETS = {
     155: "RESET_GPU",
     156: "RESET_GPU",
     158: "RESET_GPU",
+    # the catalog's "Unused" Xids, its NVENC3 and DLA ones
+    1: "CONTACT_SUPPORT",
+    9: "CONTACT_SUPPORT",
+    24: "CONTACT_SUPPORT",
+    73: "CONTACT_SUPPORT",
+    118: "CONTACT_SUPPORT",
+    138: "CONTACT_SUPPORT",
+    142: "CONTACT_SUPPORT",
+    152: "IGNORE",
+    153: "IGNORE",
+    # the catalog names 162-172 without a bucket, 173 comes later: watchd's choices (docs/rules.md)
+    **{x: "IGNORE" for x in range(162, 166)},  # power smoothing
+    166: "CONTACT_SUPPORT",  # confidential computing
+    167: "RESTART_BM",  # PCIe fatal timeout
+    168: "RESTART_BM",  # errors in the write-protected region: boot again
+    169: "RESET_GPU",  # micro-controller halt, as Xid 62
+    170: "CONTACT_SUPPORT",  # confidential computing
+    171: "WORKFLOW_XID_48",  # the DRAM detail of an Xid 48
+    172: "WORKFLOW_XID_48",  # the SRAM detail of an Xid 48
+    173: "RESTART_BM",  # C2C fatal link failure
 }
 
 
@@ -73,6 +93,15 @@ def test_bucket(xid: int, bucket: str) -> None:
         (120, "GSP"),
         (140, "unrecovered ECC error"),
         (154, "GPU recovery action changed"),
+        (1, "unused"),
+        (163, "power smoothing"),
+        (166, "confidential-computing"),
+        (167, "PCIe fatal timeout"),
+        (168, "write-protected region"),
+        (169, "micro-controller halt"),
+        (171, "DRAM"),
+        (172, "SRAM"),
+        (173, "C2C fatal link failure"),
     ],
 )
 def test_meaning(xid: int, words: str) -> None:
@@ -89,13 +118,21 @@ def test_meaning(xid: int, words: str) -> None:
         (95, "reset the GPU"),
         (119, "reset the GPU"),
         (45, "fabric manager"),
+        (163, "no GPU reset required"),
+        (167, "drain node and reboot"),
+        (172, "SRAM DBE threshold"),
+        (173, "drain node and reboot"),
     ],
 )
 def test_action(xid: int, words: str) -> None:
     assert words in lookup(xid).action
 
 
-@pytest.mark.parametrize("xid", [0, -1, 9, 999, 10**9])
+def test_every_number_of_the_catalog_through_173_is_known() -> None:
+    assert set(range(1, 174)) <= known_xids()
+
+
+@pytest.mark.parametrize("xid", [0, -1, 174, 999, 10**9])
 def test_unknown(xid: int) -> None:
     assert lookup(xid) == XidInfo(xid, "unknown Xid", "UNKNOWN", "consult the NVIDIA Xid catalog")
 

@@ -212,6 +212,52 @@ def test_prefixes_on_every_form(prefix: str) -> None:
     ]
 
 
+# --- MIG ------------------------------------------------------------------------------------------
+
+MIG_GI = (
+    "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No"
+)
+MIG_GI_CI = "NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:02): 94, pid=7194, name=python3, Contained: SM (0x1)."
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_mig_xids_name_their_gpu_instance_and_compute_instance(prefix: str) -> None:
+    gi, gi_ci = feed_all([prefix + MIG_GI, prefix + MIG_GI_CI])
+    assert (gi.xid, gi.pci_bus_id, gi.gpu_instance, gi.compute_instance, gi.pid) == (
+        94,
+        "0000:01:00.0",
+        5,
+        None,
+        7194,
+    )
+    assert gi.message == "Contained: CE User Channel (0x9). RST: No, D-RST: No"
+    assert gi.raw == MIG_GI
+    assert (gi_ci.gpu_instance, gi_ci.compute_instance, gi_ci.process) == (1, 2, "python3")
+    assert gi_ci.message == "Contained: SM (0x1)."
+
+
+def test_a_gpu_not_in_mig_mode_names_no_instance() -> None:
+    rec = one(FULL)
+    assert (rec.gpu_instance, rec.compute_instance) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NVRM: Xid (PCI:0000:01:00 GPU-I:xx): 94, text",  # not a number
+        "NVRM: Xid (PCI:0000:01:00 GPU-CI:02 GPU-I:01): 94, text",  # the driver prints GPU-I first
+        "NVRM: Xid (PCI:0000:01:00 junk): 94, text",
+    ],
+)
+def test_malformed_mig_attribution_is_not_an_xid(line: str) -> None:
+    assert XidParser().feed(line) == []
+
+
+def test_mig_xids_with_the_uuid_of_their_gpu() -> None:
+    (rec,) = feed_all(["NVRM: GPU at PCI:0000:01:00: " + UUID, MIG_GI])
+    assert (rec.uuid, rec.gpu_instance) == (UUID, 5)
+
+
 @pytest.mark.parametrize(
     "prefix",
     [

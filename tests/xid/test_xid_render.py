@@ -186,3 +186,49 @@ def test_run_xid_missing_file(tmp_path: Path) -> None:
 def test_run_xid_directory(tmp_path: Path) -> None:
     with pytest.raises(UsageError):
         run_xid([str(tmp_path)], True, io.StringIO(), io.StringIO())
+
+
+MIG_LOG = "\n".join(
+    [
+        "Dec  2 10:00:01 gpu-node-17 kernel: NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: "
+        "CE User Channel (0x9). RST: No, D-RST: No",
+        "[Wed Dec  2 10:00:02 2026] NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:02): 95, pid=7, Uncontained",
+        "Dec  2 10:00:03 gpu-node-17 kernel: NVRM: Xid (PCI:0000:3b:00): 167, PCIe fatal timeout",
+    ]
+)
+
+
+def test_run_xid_names_the_mig_instances(tmp_path: Path) -> None:
+    path = tmp_path / "kern.log"
+    path.write_text(MIG_LOG)
+    stdout = io.StringIO()
+    assert run_xid([str(path)], False, io.StringIO(), stdout) == 0
+    header, gi, gi_ci, plain = stdout.getvalue().splitlines()
+    assert header.split()[:3] == ["PCI", "MIG", "XID"]
+    assert gi.startswith("0000:01:00.0  GI 5       94")
+    assert gi_ci.startswith("0000:01:00.0  GI 1 CI 2  95")
+    assert plain.startswith("0000:3b:00.0  -          167")
+    assert "PCIe fatal timeout" in plain
+
+
+def test_the_table_has_no_mig_column_without_mig_xids() -> None:
+    assert render_table(records()).split("\n")[0].split() == [
+        "PCI",
+        "XID",
+        "PID",
+        "PROCESS",
+        "MEANING",
+        "ACTION",
+    ]
+
+
+def test_run_xid_json_names_the_mig_instances(tmp_path: Path) -> None:
+    path = tmp_path / "kern.log"
+    path.write_text(MIG_LOG)
+    stdout = io.StringIO()
+    assert run_xid([str(path)], True, io.StringIO(), stdout) == 0
+    gi, gi_ci, plain = (json.loads(line) for line in stdout.getvalue().splitlines())
+    assert (gi["xid"], gi["gpu_instance"], "compute_instance" in gi) == (94, 5, False)
+    assert (gi_ci["xid"], gi_ci["gpu_instance"], gi_ci["compute_instance"]) == (95, 1, 2)
+    assert "gpu_instance" not in plain and "compute_instance" not in plain
+    assert (plain["xid"], plain["bucket"], plain["meaning"]) == (167, "RESTART_BM", "PCIe fatal timeout")

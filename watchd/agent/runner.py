@@ -318,9 +318,20 @@ class Agent:
                         continue
                     for index, record in enumerate(parser.feed(line.text)):
                         _log.info(
-                            "xid_seen", xid=record.xid, pci_bus_id=record.pci_bus_id, source=source.name
+                            "xid_seen",
+                            xid=record.xid,
+                            pci_bus_id=record.pci_bus_id,
+                            gpu_instance=record.gpu_instance,
+                            compute_instance=record.compute_instance,
+                            source=source.name,
                         )
-                        if not self.dedup.first(record.pci_bus_id, record.xid, source.name):
+                        if not self.dedup.first(
+                            record.pci_bus_id,
+                            record.xid,
+                            source.name,
+                            record.gpu_instance,
+                            record.compute_instance,
+                        ):
                             continue  # NVML's event API reported this one already
                         event = xid_event(self.node, source.name, line, record, index)
                         source.hold(line)  # read again after a restart until delivered

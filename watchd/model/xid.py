@@ -3,7 +3,8 @@
 :meth:`Xid.build` is the one builder of both paths: it adds the catalog's ``meaning``, ``bucket`` and
 ``action`` (:mod:`watchd.xid.catalog`). The two paths fill different fields: the kernel log knows the
 process (``pid``, ``process``: null when the driver printed ``<unknown>`` or nothing), the whole line
-(``raw``) and what some messages decode to (Xid 154, NVLink5, the multi-line Xid 79); NVML's event knows
+(``raw``), what some messages decode to (Xid 154, NVLink5, the multi-line Xid 79) and, on a MIG GPU, the
+GPU instance and compute instance the driver attributed the Xid to; NVML's event knows
 the GPU's index (``gpu``) and gives no process (``pid``, ``process`` null).
 """
 
@@ -30,6 +31,9 @@ class Xid(Attrs):
     pci_bus_id: str | None = None  # normalized dddd:bb:dd.f, lower case; always sent by the agents
     uuid: str | None = keep_none()  # when the driver printed it (kernel log) or NVML knows it
     gpu: int | None = None  # GPU index on the node: NVML only
+    # MIG: the GPU instance (GPU-I) and compute instance (GPU-CI) the kernel line attributed it to
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
     pid: int | None = keep_none()
     process: str | None = keep_none()
     message: str | None = None  # the Xid's own text
@@ -58,6 +62,8 @@ class Xid(Attrs):
         pci_bus_id: str,
         uuid: str | None = None,
         gpu: int | None = None,
+        gpu_instance: int | None = None,
+        compute_instance: int | None = None,
         pid: int | None = None,
         process: str | None = None,
         message: str,
@@ -79,6 +85,8 @@ class Xid(Attrs):
             pci_bus_id=pci_bus_id,
             uuid=uuid,
             gpu=gpu,
+            gpu_instance=gpu_instance,
+            compute_instance=compute_instance,
             pid=pid,
             process=process,
             message=message,

@@ -5,7 +5,8 @@ Buckets are NVIDIA's "Resolution Bucket (Immediate Action)" from the Xid catalog
 ``RESET_GPU``, ``RESTART_BM`` (restart bare metal: reboot the node), ``WORKFLOW_XID_45``,
 ``WORKFLOW_XID_48``, ``WORKFLOW_NVLINK_ERR``, ``WORKFLOW_NVLINK5_ERR``, ``XID_154``, ``CHECK_MECHANICALS``,
 ``UPDATE_SWFW``, ``RESTART_VM``, ``CHECK_UVM`` and ``CONTACT_SUPPORT`` (used by the catalog for Xids that
-are unused on current GPUs). An Xid this module does not know gets the bucket ``UNKNOWN``. The buckets, their
+are unused on current GPUs). Every number from 1 to 173 is described (where each range comes from is said
+at its table); an Xid this module does not know gets the bucket ``UNKNOWN``. The buckets, their
 class (hardware, application) and default advice are rows of :data:`watchd.model.conditions.XID_BUCKETS`.
 
 Application Xids (``RESTART_APP``: 13, 31, 43, ...) are not hardware faults on their own; repeated on one GPU
@@ -192,6 +193,7 @@ _ENTRIES: Final[dict[int, tuple[str, str] | tuple[str, str, str]]] = {
         "drain the node and reset the GPU; contact the vendor if it persists",
     ),
     141: ("CUDA fast path error", "IGNORE"),
+    142: ("NVENC3 (video encoder) error", "CONTACT_SUPPORT"),
     143: (
         "GPU initialization failure",
         "RESET_GPU",
@@ -205,6 +207,8 @@ _ENTRIES: Final[dict[int, tuple[str, str] | tuple[str, str, str]]] = {
     149: ("NVLink5 NETIR error", "WORKFLOW_NVLINK5_ERR"),
     150: ("NVLink5 MSE error", "WORKFLOW_NVLINK5_ERR"),
     151: ("key rotation error", "RESTART_VM"),
+    152: ("DLA SMMU error", "IGNORE"),
+    153: ("DLA timeout error", "IGNORE"),
     154: ("GPU recovery action changed", "XID_154"),
     155: ("NVLink software-defined error (intentional link down)", "RESET_GPU"),
     156: ("resource retirement event", "RESET_GPU"),
@@ -217,11 +221,135 @@ _ENTRIES: Final[dict[int, tuple[str, str] | tuple[str, str, str]]] = {
     159: ("CHI non-data error (C2C)", "CHECK_UVM"),
     160: ("channel retirement event", "IGNORE"),
     161: ("channel retirement failure", "IGNORE"),
+    # NVIDIA's catalog (analyzing-xid-catalog.html, the version that runs to 172) names 162-172 and gives
+    # no resolution bucket for any of them: its bucket cells are empty or hold advice, quoted in the action
+    # where there is some. The buckets below are watchd's choice, each from the nearest Xid the catalog
+    # does bucket; docs/rules.md lists them. 173 is not in that version: its name is from the Go copy of the
+    # catalog in github.com/leptonai/gpud (its Xid table), its bucket is watchd's choice like the others.
+    162: ("power smoothing circuitry capability re-engaged", "IGNORE"),
+    163: (
+        "power smoothing circuitry capability disengaged",
+        "IGNORE",
+        "no GPU reset required; for power smoothing, resolve the thermal events; if it was disabled by a "
+        "timeout, reload the driver or reset the GPU",
+    ),
+    164: (
+        "power smoothing circuitry low lifetime reached",
+        "IGNORE",
+        "watch power swings; power smoothing will be disabled soon: plan to replace the GPU if it is needed",
+    ),
+    165: (
+        "power smoothing circuitry lifetime exhausted",
+        "IGNORE",
+        "power smoothing is disabled and power swings will occur: replace the GPU if they are not acceptable",
+    ),
+    166: (
+        "confidential-computing NVLink traffic before the link was configured for encryption",
+        "CONTACT_SUPPORT",
+        "confidential-computing mode only: collect nvidia-bug-report.sh and contact NVIDIA support",
+    ),
+    167: (
+        "PCIe fatal timeout",
+        "RESTART_BM",
+        "drain node and reboot; check PCIe AER and SEL logs, RMA if it recurs",
+    ),
+    168: (
+        "reduced GPU memory capacity: errors in the write-protected region (WPR)",
+        "RESTART_BM",
+        "drain node and reboot to retry the boot with a shifted WPR; seen with ECC disabled: enable ECC so "
+        "rows can be remapped",
+    ),
+    169: ("internal micro-controller halt (SEC2)", "RESET_GPU"),
+    170: (
+        "interrupt in confidential-computing mode",
+        "CONTACT_SUPPORT",
+        "confidential-computing mode only: collect nvidia-bug-report.sh and contact NVIDIA support",
+    ),
+    171: (
+        "uncorrectable DRAM error (detail of an Xid 48)",
+        "WORKFLOW_XID_48",
+        "follow the Xid 48 it details: drain the node and reset the GPU; check row-remap counters",
+    ),
+    172: (
+        "uncorrectable SRAM error (detail of an Xid 48)",
+        "WORKFLOW_XID_48",
+        "follow the Xid 48 it details: drain the node and reset the GPU; check the SRAM DBE threshold "
+        "(nvidia-smi), run field diagnostics and RMA if it is exceeded",
+    ),
+    173: (
+        "C2C fatal link failure",
+        "RESTART_BM",
+        "drain node and reboot; contact the vendor if the C2C link fails again",
+    ),
+}
+
+# The catalog's "Unused" Xids (bucket CONTACT_SUPPORT: not raised on Ampere and newer GPUs), by mnemonic.
+_UNUSED: Final[dict[int, str]] = {
+    1: "FIFO method error",
+    2: "FIFO software method error",
+    3: "FIFO unknown method error",
+    4: "FIFO channel busy",
+    5: "FIFO runout overflow",
+    6: "FIFO parse error",
+    7: "FIFO PTE error",
+    9: "graphics instance error",
+    10: "graphics single-step error",
+    12: "graphics software method error",
+    15: "scanline timeout",
+    16: "vblank callback timeout",
+    17: "parameter error",
+    18: "bus master timeout",
+    19: "display missed notifier",
+    20: "MPEG software method error",
+    21: "motion estimation software method error",
+    22: "video processor software method error",
+    23: "RC logging enabled",
+    24: "graphics semaphore timeout",
+    26: "FIFO FBI state timeout",
+    27: "video processor error",
+    28: "video processor 2 error",
+    29: "BSP error",
+    30: "bad address access",
+    33: "SEC error",
+    34: "MSVLD error",
+    35: "MSPDEC error",
+    36: "MSPPP error",
+    42: "VIC error",
+    47: "NVENC0 error",
+    49: "silent running: constant level set by registry",
+    50: "silent running: level transition on RC error",
+    51: "silent running: stress test failure",
+    52: "silent running: level transition on temperature rise",
+    53: "silent running: clocks reduced for temperature",
+    55: "silent running: temperature read error",
+    59: "PMU error",
+    73: "NVENC2 error",
+    81: "VGA subsystem error",
+    87: "telemetry driver report",
+    90: "LTC error",
+    91: "reserved",
+    111: "display bundle error",
+    112: "display supervisor error",
+    113: "DP link training failure",
+    114: "display head underflow",
+    115: "display core channel registers",
+    116: "display window channel registers",
+    117: "display cursor channel registers",
+    118: "display head registers",
+    122: "SPI PMU RPC read failure",
+    123: "SPI PMU RPC write failure",
+    124: "SPI PMU RPC erase failure",
+    125: "InfoROM file system error",
+    138: "DLA error",
 }
 
 
 def _build() -> dict[int, XidInfo]:
     table: dict[int, XidInfo] = {}
+    for xid, name in _UNUSED.items():
+        table[xid] = XidInfo(
+            xid, f"unused on current GPUs ({name})", "CONTACT_SUPPORT", _ACTIONS["CONTACT_SUPPORT"]
+        )
     for xid, entry in _ENTRIES.items():
         meaning, bucket = entry[0], entry[1]
         action = entry[2] if len(entry) == 3 else _ACTIONS[bucket]

@@ -13,6 +13,10 @@ facts span lines.
 * The driver usually reports one fall-off-the-bus in several of these forms. See :meth:`XidParser.feed`
   for the de-duplication rule.
 
+On a GPU in MIG mode the driver names the GPU instance and compute instance the Xid is attributed to
+(``NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, ...``, ``NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:02): 94,
+...``): they become the record's ``gpu_instance`` and ``compute_instance``.
+
 Accepted line prefixes, stripped (repeatedly, in any combination) before the ``NVRM:`` message: syslog
 (``Dec  2 10:00:01 host kernel: ``, ``2026-12-02T10:00:01.123456+00:00 host kernel: ``; also
 ``journalctl -k`` short, short-precise, short-iso and short-full), the kernel uptime ``[12345.678901] ``,
@@ -66,6 +70,9 @@ class XidRecord:
     raw: str  # the kernel message line(s) with any log prefix removed ("\n"-joined for multi-line)
     uuid: str | None = None  # "GPU-..." when an earlier "NVRM: GPU at PCI:... GPU-<uuid>" line mapped it
     details: Mapping[str, int | str] = field(default_factory=dict)  # decoded extras (Xid 154, 144-150, ...)
+    # MIG: the GPU instance (``GPU-I:05``) and compute instance (``GPU-CI:02``) the driver attributed it to
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 # --- line prefixes --------------------------------------------------------------------------------
@@ -118,7 +125,9 @@ def strip_prefix(line: str) -> str | None:
 # --- NVRM messages --------------------------------------------------------------------------------
 
 _XID_RE = re.compile(
-    r"NVRM:\s*Xid\s*\(\s*(?P<pci>[^()\s]{1,40})\s*\)\s*:\s*(?P<xid>[0-9]{1,6})(?![0-9])\s*,?\s*(?P<rest>.*)",
+    r"NVRM:\s*Xid\s*\(\s*(?P<pci>[^()\s]{1,40})"
+    r"(?:\s+GPU-I:\s*(?P<gi>[0-9]{1,5}))?(?:\s+GPU-CI:\s*(?P<ci>[0-9]{1,5}))?"  # MIG attribution
+    r"\s*\)\s*:\s*(?P<xid>[0-9]{1,6})(?![0-9])\s*,?\s*(?P<rest>.*)",
     re.ASCII | re.DOTALL,
 )
 _PID_RE = re.compile(r"pid\s*=\s*(?P<pid>'<unknown>'|<unknown>|'?[0-9]{1,10}'?)(?:\s*,\s*|\s*$)", re.ASCII)
@@ -147,6 +156,10 @@ _NVL_UNIT_RE = re.compile(r"(?P<unit>[A-Z][A-Z0-9_]{1,63})(?![A-Za-z0-9_])", re.
 _NVL_SEVERITY_RE = re.compile(r"\b(?P<sev>fatal|non-?fatal)\b", re.ASCII | re.IGNORECASE)
 _NVL_LINK_RE = re.compile(r"\bLink\s+(?P<link>[0-9]{1,3})\b", re.ASCII)
 _NVL_INTR_RE = re.compile(r"[(\[]\s*(?P<intr>0x[0-9A-Fa-f]{1,16})\b", re.ASCII)
+
+
+def _instance(digits: str | None) -> int | None:
+    return None if digits is None else int(digits)
 
 
 def _decode_pid(text: str) -> int | None:
@@ -328,6 +341,8 @@ class XidParser:
             raw=body,
             uuid=self._uuid(pci),
             details=_details(xid, message),
+            gpu_instance=_instance(m.group("gi")),
+            compute_instance=_instance(m.group("ci")),
         )
         return [rec]
 

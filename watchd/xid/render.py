@@ -11,9 +11,10 @@ from watchd.model.xid import Xid
 from watchd.xid.catalog import lookup
 from watchd.xid.parser import XidParser, XidRecord
 
-__all__ = ["record_to_json", "render_table", "run_xid", "xid_of_record"]
+__all__ = ["mig_instance", "record_to_json", "render_table", "run_xid", "xid_of_record"]
 
 _COLUMNS = ("PCI", "XID", "PID", "PROCESS", "MEANING", "ACTION")
+_MIG_COLUMN = "MIG"  # after PCI, only when a record names a MIG instance
 NO_XID_FOUND = "no Xid found"
 
 
@@ -24,17 +25,29 @@ def _cell(value: object) -> str:
     return " ".join(str(value).split()) or "-"
 
 
+def mig_instance(rec: XidRecord) -> str | None:
+    """``GI 5 CI 2`` (or ``GI 5``) for an Xid the driver attributed to a MIG instance; None otherwise."""
+    if rec.gpu_instance is None:
+        return None
+    gi = f"GI {rec.gpu_instance}"
+    return gi if rec.compute_instance is None else f"{gi} CI {rec.compute_instance}"
+
+
 def render_table(records: Sequence[XidRecord]) -> str:
-    """An aligned table (PCI, XID, PID, PROCESS, MEANING, ACTION), one row per record; ``-`` for None.
+    """An aligned table (PCI, XID, PID, PROCESS, MEANING, ACTION), one row per record; ``-`` for None. When
+    a record names a MIG instance, a MIG column (``GI 5 CI 2``) follows PCI.
 
     No trailing newline; just the header row when ``records`` is empty.
     """
-    rows: list[tuple[str, ...]] = [_COLUMNS]
+    mig = any(rec.gpu_instance is not None for rec in records)
+    header = (_COLUMNS[0], _MIG_COLUMN, *_COLUMNS[1:]) if mig else _COLUMNS
+    rows: list[tuple[str, ...]] = [header]
     for rec in records:
         info = lookup(rec.xid)
-        values = (rec.pci_bus_id, rec.xid, rec.pid, rec.process, info.meaning, info.action)
-        rows.append(tuple(_cell(v) for v in values))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+        values: tuple[object, ...] = (rec.xid, rec.pid, rec.process, info.meaning, info.action)
+        first: tuple[object, ...] = (rec.pci_bus_id, mig_instance(rec)) if mig else (rec.pci_bus_id,)
+        rows.append(tuple(_cell(v) for v in (*first, *values)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join(lines)
 
@@ -50,6 +63,8 @@ def xid_of_record(rec: XidRecord) -> Xid:
         message=rec.message,
         raw=rec.raw,
         details=rec.details,
+        gpu_instance=rec.gpu_instance,
+        compute_instance=rec.compute_instance,
     )
 
 
