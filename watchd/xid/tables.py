@@ -7,7 +7,7 @@ from __future__ import annotations
 from watchd.model.conditions import GPU_CONDITIONS, XID_BUCKETS
 from watchd.xid.catalog import known_xids, lookup
 
-__all__ = ["buckets_markdown", "conditions_markdown"]
+__all__ = ["buckets_markdown", "conditions_markdown", "numbers"]
 
 
 def conditions_markdown() -> str:
@@ -18,6 +18,19 @@ def conditions_markdown() -> str:
     return "\n".join(rows)
 
 
+def numbers(xids: list[int]) -> str:
+    """Sorted Xid numbers, three or more in a row as a range: ``1–7, 9, 10``."""
+    runs: list[list[int]] = []
+    for xid in xids:
+        if runs and xid == runs[-1][-1] + 1:
+            runs[-1].append(xid)
+        else:
+            runs.append([xid])
+    return ", ".join(
+        f"{run[0]}–{run[-1]}" if len(run) >= 3 else ", ".join(str(x) for x in run) for run in runs
+    )
+
+
 def buckets_markdown() -> str:
     """The Xid bucket table of docs/rules.md, with the catalog's Xids of each bucket."""
     xids: dict[str, list[int]] = {}
@@ -25,7 +38,7 @@ def buckets_markdown() -> str:
         xids.setdefault(lookup(xid).bucket, []).append(xid)
     rows = ["| bucket | Xids | detectors | shipped rule |", "|---|---|---|---|"]
     for b in XID_BUCKETS:
-        listed = ", ".join(str(x) for x in xids.get(b.name, [])) or "any other"
+        listed = numbers(xids.get(b.name, [])) or "any other"
         rows.append(f"| `{b.name}` | {listed} | {b.evidence} | {b.response} |")
     return "\n".join(rows)
 
