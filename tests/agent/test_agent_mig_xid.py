@@ -17,7 +17,9 @@ from watchd.sources.kmsg import KmsgSource
 
 #: What the driver prints for a contained ECC error in a GPU instance, and for one attributed to a
 #: compute instance too (NVIDIA's A100 memory error management guide; kernel_rc.c).
-MIG_94 = "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No"
+MIG_94 = (
+    "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No"
+)
 MIG_95 = "NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:02): 95, pid=7201, name=python3, Uncontained: SM (0x1)."
 
 MIG_RULE = """
@@ -68,4 +70,5 @@ async def test_mig_xids_from_kmsg_reach_the_engine_with_their_instances(
         ]
         # the pack: Xid 95 drains the node and resets the GPU, Xid 94 (contained) does not
         drains = [a for a in scheduler_actions(engine.audit.entries) if a.action == "drain"]
-        assert [d.params["reason"] for d in drains] == ["Xid95 01:00 uncontained ECC error (GPU 0000:01:00.0)"]
+        reasons = [d.params["reason"] for d in drains]
+        assert reasons == ["Xid95 01:00 uncontained ECC error (GPU 0000:01:00.0)"]

@@ -9,6 +9,8 @@ from watchd.xid.catalog import known_xids, lookup
 
 __all__ = ["buckets_markdown", "conditions_markdown", "numbers"]
 
+_EN_DASH = "\u2013"
+
 
 def conditions_markdown() -> str:
     """The condition table of docs/rules.md."""
@@ -19,7 +21,8 @@ def conditions_markdown() -> str:
 
 
 def numbers(xids: list[int]) -> str:
-    """Sorted Xid numbers, three or more in a row as a range: ``1–7, 9, 10``."""
+    """Sorted Xid numbers, three or more in a row as a range with an en dash, as the docs write them:
+    ``1\u20137, 9, 10``."""
     runs: list[list[int]] = []
     for xid in xids:
         if runs and xid == runs[-1][-1] + 1:
@@ -27,7 +30,7 @@ def numbers(xids: list[int]) -> str:
         else:
             runs.append([xid])
     return ", ".join(
-        f"{run[0]}–{run[-1]}" if len(run) >= 3 else ", ".join(str(x) for x in run) for run in runs
+        f"{run[0]}{_EN_DASH}{run[-1]}" if len(run) >= 3 else ", ".join(str(x) for x in run) for run in runs
     )
 
 
