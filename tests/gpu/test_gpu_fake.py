@@ -112,7 +112,7 @@ def test_xid_fault_writes_kernel_line_once_and_comes_out_of_wait_xids() -> None:
     assert lines[1].startswith("NVRM: Xid (PCI:0000:3a:00): 13, pid=")
     assert len(lines) == 2
     notices = backend.wait_xids(0)
-    assert [(g.index, code) for g, code, _text in notices] == [(2, 13)]
+    assert [(n.gpu.index, n.xid) for n in notices] == [(2, 13)]
     assert backend.wait_xids(0) == []
     records = list(parse_text(lines))
     assert [(r.xid, r.pci_bus_id, r.uuid) for r in records] == [(13, gpu.pci_bus_id, gpu.uuid)]
@@ -132,7 +132,7 @@ def test_fall_off_bus() -> None:
         "NVRM: Xid (PCI:0000:9a:00): 79, pid=<unknown>, name=<unknown>, GPU has fallen off the bus."
     ]
     assert [r.xid for r in parse_text(lines)] == [79]
-    assert [(g.index, x) for g, x, _ in backend.wait_xids(0)] == [(4, 79)]
+    assert [(n.gpu.index, n.xid) for n in backend.wait_xids(0)] == [(4, 79)]
 
 
 def test_fall_off_bus_with_duration_comes_back() -> None:
@@ -239,7 +239,7 @@ def test_wait_xids_wakes_on_sample_from_another_thread() -> None:
     waiter.start()
     _at(backend, 0, 6)
     waiter.join(2.5)
-    assert [x for _g, x, _t in got] == [31]
+    assert [notice.xid for notice in got] == [31]
     backend.close()
     assert backend.wait_xids(5.0) == []  # closed: returns at once
 
@@ -254,7 +254,7 @@ def test_wait_xids_uses_the_clock() -> None:
     )
     assert backend.wait_xids(0.01) == []
     clock.advance(6)
-    assert [x for _g, x, _t in backend.wait_xids(0.01)] == [79]
+    assert [n.xid for n in backend.wait_xids(0.01)] == [79]
     assert len(lines) == 2
 
 

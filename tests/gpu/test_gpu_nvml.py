@@ -42,7 +42,7 @@ class FakeNvml:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
         self.calls: Counter[str] = Counter()
-        self.events: list[tuple[int, int]] = []  # (gpu index, xid)
+        self.events: list[tuple[int, ...]] = []  # (gpu index, xid[, gpu instance, compute instance])
         self.init_error: type[Exception] | None = None
         self.events_supported = True
         self.mig_handles: dict[int, tuple[int, int]] = {}
@@ -219,10 +219,11 @@ class FakeNvml:
     def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> Any:
         if not self.events:
             raise pynvml.NVMLError_Timeout()
-        index, xid = self.events.pop(0)
+        index, xid, *instance = self.events.pop(0)
+        gi, ci = instance or (0xFFFFFFFF, 0xFFFFFFFF)  # (index, xid[, gpu instance, compute instance])
         return SimpleNamespace(
             device=index, eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid,
-            gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF,
+            gpuInstanceId=gi, computeInstanceId=ci,
         )  # fmt: skip
 
     def nvmlEventSetFree(self, event_set: str) -> None:
@@ -432,8 +433,23 @@ def test_wait_xids(monkeypatch: pytest.MonkeyPatch) -> None:
     assert backend.wait_xids(0.01) == []
     nvml.events = [(1, 79), (0, 48)]
     got = backend.wait_xids(0.01)
-    assert [(g, x) for g, x, _t in got] == [(ids[1], 79), (ids[0], 48)]
-    assert "79" in got[0][2]
+    assert [(n.gpu, n.xid) for n in got] == [(ids[1], 79), (ids[0], 48)]
+    assert "79" in got[0].text
+    assert [(n.gpu_instance, n.compute_instance) for n in got] == [(None, None), (None, None)]
+    backend.close()
+
+
+def test_wait_xids_names_the_mig_instance_of_an_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakeNvml(monkeypatch, _gpus())
+    backend = NvmlBackend()
+    ids = backend.open()
+    nvml.events = [(0, 94, 5, 2), (0, 94, 1, 0xFFFFFFFF)]
+    got = backend.wait_xids(0.01)
+    assert [(n.gpu, n.xid, n.gpu_instance, n.compute_instance) for n in got] == [
+        (ids[0], 94, 5, 2),
+        (ids[0], 94, 1, None),
+    ]
+    assert "GPU instance 5, compute instance 2" in got[0].text
     backend.close()
 
 

@@ -12,6 +12,7 @@ from importlib import resources
 
 import pytest
 
+from watchd.gpu.backend import XidNotice
 from watchd.gpu.model import GpuLostError, GpuSample
 from watchd.gpu.nvml import CADENCE, NvmlBackend
 from watchd.gpu.nvml_standin import StandinGpu, StandinNvml, load_costs
@@ -163,7 +164,7 @@ def test_xid_events_block_for_their_timeout_then_arrive() -> None:
     gpu = backend.open()[0]
     assert backend.wait_xids(0.01) == []
     lib.queue_xid(0, 79)
-    assert backend.wait_xids(0.01) == [(gpu, 79, "Xid 79 reported by NVML")]
+    assert backend.wait_xids(0.01) == [XidNotice(gpu, 79, "Xid 79 reported by NVML")]
 
 
 def test_the_cost_table_is_data_with_its_source() -> None:

@@ -15,6 +15,7 @@ from watchd.agent.settings import EngineEndpoint, HeartbeatConfig
 from watchd.agent.xid_dedup import XidDeduplicator
 from watchd.clock import FakeClock
 from watchd.config import AgentConfig
+from watchd.gpu.backend import XidNotice
 from watchd.gpu.metrics import GpuCollector, dcgm_mapping_markdown
 from watchd.gpu.model import BackendUnavailable, GpuIdentity
 from watchd.gpu.sampler import GpuSampler
@@ -215,3 +216,32 @@ async def test_an_xid_seen_by_the_kernel_log_and_nvml_reaches_the_engine_once(tm
         await asyncio.sleep(1.5)  # both witnesses have spoken by now
         total = received.labels("kmsg", "xid")._value.get() + received.labels("fake", "xid")._value.get()
         assert total == 1 and agent.dedup.suppressed == 1
+
+
+async def test_nvml_xids_of_two_mig_instances_are_two_events_with_their_instances() -> None:
+    gpu = GpuIdentity(0, "GPU-aaaa", "0000:01:00.0", mig_mode=True)
+
+    class MigBackend:
+        name = "nvml"
+        rounds = [
+            [
+                XidNotice(gpu, 94, "Xid 94 reported by NVML", 1, 0),
+                XidNotice(gpu, 94, "Xid 94 reported by NVML", 2, 0),
+            ]
+        ]
+
+        def wait_xids(self, timeout_s: float) -> list[XidNotice]:
+            if self.rounds:
+                return self.rounds.pop(0)
+            raise RuntimeError("stop")  # ends the sampler's Xid loop
+
+    clock = FakeClock(START)
+    dedup = XidDeduplicator(clock)
+    events: list[Event] = []
+    sampler = GpuSampler(MigBackend(), "n", events.append, xid_filter=dedup.first, clock=clock)  # type: ignore[arg-type]
+    await sampler._watch_xids()
+    assert [(e.attrs["gpu_instance"], e.attrs["compute_instance"]) for e in events] == [(1, 0), (2, 0)]
+    assert events[0].id != events[1].id  # the engine drops a repeated id: two instances are two faults
+    # the kernel's line of instance 1 is the same fault; instance 3's is another
+    assert not dedup.first(gpu.pci_bus_id, 94, "kmsg", 1, 0)
+    assert dedup.first(gpu.pci_bus_id, 94, "kmsg", 3, 0)

@@ -80,8 +80,11 @@ class _StubBackend:
 
     def __init__(self) -> None:
         self.xids: list[list[XidNotice]] = [
-            [(GPUS[0], 79, "GPU has fallen off the bus"), (GPUS[1], 48, "Xid 48 reported by NVML")],
-            [(GPUS[3], 154, "")],
+            [
+                XidNotice(GPUS[0], 79, "GPU has fallen off the bus"),
+                XidNotice(GPUS[1], 48, "Xid 48 reported by NVML"),
+            ],
+            [XidNotice(GPUS[3], 154, "")],
         ]
 
     def open(self) -> list[GpuIdentity]:

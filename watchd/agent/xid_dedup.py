@@ -1,9 +1,9 @@
 """One Xid, two witnesses: the kernel log and NVML's event API both report it. Keep the first.
 
 Only reports from *different* sources are merged: the same Xid logged twice by the kernel is two events
-(repeated application Xids are what some rules count). On a MIG GPU the kernel names the GPU instance and
-compute instance of each Xid: reports naming different instances of one GPU are different faults, never
-merged. A report that names no instance (NVML's events, a GPU not in MIG mode) is merged with a report of
+(repeated application Xids are what some rules count). On a MIG GPU the kernel and NVML name the GPU
+instance and compute instance of each Xid: reports naming different instances of one GPU are different
+faults, never merged. A report that names no instance (DCGM's, a GPU-wide Xid) is merged with a report of
 any instance of that GPU and Xid."""
 
 from __future__ import annotations

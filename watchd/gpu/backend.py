@@ -13,14 +13,22 @@ by every implementation here:
 
 from __future__ import annotations
 
-from typing import Protocol, TypeAlias
+from typing import NamedTuple, Protocol
 
 from watchd.gpu.model import GpuIdentity, GpuSample
 
 __all__ = ["GpuBackend", "XidNotice"]
 
-#: One Xid reported by the backend itself (not the kernel log): the GPU, the Xid number, a short text.
-XidNotice: TypeAlias = tuple[GpuIdentity, int, str]
+
+class XidNotice(NamedTuple):
+    """One Xid reported by the backend itself (not the kernel log): the GPU, the Xid number, a short text,
+    and on a GPU in MIG mode the GPU instance and compute instance it was attributed to (when known)."""
+
+    gpu: GpuIdentity
+    xid: int
+    text: str
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 class GpuBackend(Protocol):

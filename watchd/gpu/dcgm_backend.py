@@ -90,7 +90,7 @@ class DcgmBackend:
             return []
         seen = self._xids_seen or {}
         notices = [
-            (self._gpus[uuid], xid, "reported by DCGM (DCGM_FI_DEV_XID_ERRORS)")
+            XidNotice(self._gpus[uuid], xid, "reported by DCGM (DCGM_FI_DEV_XID_ERRORS)")
             for uuid, xid in latest.items()
             if xid and xid != seen.get(uuid) and uuid in self._gpus
         ]

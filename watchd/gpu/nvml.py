@@ -50,6 +50,17 @@ _log = get_logger("watchd.gpu.nvml")
 
 _XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 _NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
+
+
+def _instance(value: object) -> int | None:
+    """A MIG instance id of an NVML event, None for "no instance" (or a value that is not one)."""
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+    return None if number == _NO_INSTANCE else number
+
+
 _MAX_EVENTS_PER_WAIT = 256
 
 #: The fields probed per GPU, in sampling order (names as :meth:`NvmlBackend.supported_fields` gives them).
@@ -369,11 +380,11 @@ class NvmlBackend:
                 continue
             xid = int(data.eventData)
             text = f"Xid {xid} reported by NVML"
-            gi = int(getattr(data, "gpuInstanceId", _NO_INSTANCE))
-            ci = int(getattr(data, "computeInstanceId", _NO_INSTANCE))
-            if gi != _NO_INSTANCE:
-                text += f" (GPU instance {gi}, compute instance {ci})"
-            out.append((gpu, xid, text))
+            gi = _instance(getattr(data, "gpuInstanceId", _NO_INSTANCE))
+            ci = _instance(getattr(data, "computeInstanceId", _NO_INSTANCE))
+            if gi is not None:
+                text += f" (GPU instance {gi}, compute instance {'-' if ci is None else ci})"
+            out.append(XidNotice(gpu, xid, text, gi, ci))
         return out
 
     def _event_gpu(self, handle: Any) -> GpuIdentity | None:

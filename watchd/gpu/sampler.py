@@ -21,7 +21,8 @@ from watchd.model.xid import Xid
 _log = get_logger("watchd.gpu")
 
 Emit = Callable[[Event], None]
-XidFilter = Callable[[str, int, str], bool]  # (pci_bus_id, xid, source) -> keep it
+#: (pci_bus_id, xid, source, gpu_instance, compute_instance) -> keep it
+XidFilter = Callable[[str, int, str, int | None, int | None], bool]
 
 
 class GpuSampler:
@@ -47,7 +48,7 @@ class GpuSampler:
         self._clock = clock or SystemClock()
         self.collector = collector
         self._jobs = jobs
-        self._xid_filter = xid_filter or (lambda pci, xid, source: True)
+        self._xid_filter = xid_filter or (lambda pci, xid, source, gi, ci: True)
         self._on_up = on_up or (lambda up: None)
         self.health = HealthDeriver(source=backend.name, report_interval_s=health_report_interval_s)
         self.summaries = WindowSummarizer(window_s=summary_window_s, source=backend.name)
@@ -138,14 +139,21 @@ class GpuSampler:
                 _log.warning("gpu_xid_events_unavailable", backend=self.backend.name, error=str(exc))
                 return
             now = self._clock.now()
-            for gpu, xid, text in found:
-                if not self._xid_filter(gpu.pci_bus_id, xid, self.backend.name):
+            for gpu, xid, text, gi, ci in found:
+                if not self._xid_filter(gpu.pci_bus_id, xid, self.backend.name, gi, ci):
                     continue
+                instance = () if gi is None else (gi, ci)  # two MIG instances' Xids: two ids
                 self._emit(
                     Xid.build(
-                        xid=xid, pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid, gpu=gpu.index, message=text
+                        xid=xid,
+                        pci_bus_id=gpu.pci_bus_id,
+                        uuid=gpu.uuid,
+                        gpu=gpu.index,
+                        gpu_instance=gi,
+                        compute_instance=ci,
+                        message=text,
                     ).to_event(
-                        id=stable_id(self.node, self.backend.name, "xid", gpu.uuid, xid, now),
+                        id=stable_id(self.node, self.backend.name, "xid", gpu.uuid, xid, now, *instance),
                         node=self.node,
                         source=self.backend.name,
                         time=now,

@@ -4,8 +4,8 @@
 ``action`` (:mod:`watchd.xid.catalog`). The two paths fill different fields: the kernel log knows the
 process (``pid``, ``process``: null when the driver printed ``<unknown>`` or nothing), the whole line
 (``raw``), what some messages decode to (Xid 154, NVLink5, the multi-line Xid 79) and, on a MIG GPU, the
-GPU instance and compute instance the driver attributed the Xid to; NVML's event knows
-the GPU's index (``gpu``) and gives no process (``pid``, ``process`` null).
+GPU instance and compute instance the driver attributed the Xid to; NVML's event knows the GPU's index
+(``gpu``), the MIG instance too, and gives no process (``pid``, ``process`` null).
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ class FakeGpuBackend:
                         bdf = emission.gpu.pci_bus_id[:-2]
                         lines.append(f"NVRM: GPU at PCI:{bdf}: {emission.gpu.uuid}")
                     lines.extend(emission.lines)
-                    self._xids.extend((emission.gpu, code, text) for code, text in emission.xids)
+                    self._xids.extend(XidNotice(emission.gpu, code, text) for code, text in emission.xids)
             if due:
                 self._cond.notify_all()
             self.kernel_log.extend(lines)
