@@ -39,7 +39,8 @@ async def test_three_remediations_a_week_then_left_for_a_person() -> None:
         clock.advance(5 * 86400)  # the first two are out of the week now: the node's mark still holds
         later = await executor.act("reboot", "gpu-1", {}, rule="xid")
         assert later.outcome == "left_for_a_person" and "marked left for a person" in later.detail
-        assert (await executor.act("unmark", "gpu-1", {"why": "RMA 42"}, rule="operator")).outcome == "cleared"
+        unmarked = await executor.act("unmark", "gpu-1", {"why": "RMA 42"}, rule="operator")
+        assert unmarked.outcome == "cleared"
         assert (await executor.act("reboot", "gpu-1", {}, rule="xid")).outcome == "rebooting"
 
 
