@@ -235,7 +235,29 @@ def test_a_second_hardware_failure_leaves_the_node_for_a_person(
         assert sum(a["action"] == "validate" for a in _actions(engine)) == 1
         history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
         assert [i["state"] for i in history] == ["left_for_a_person", "returned"]
+        assert [m["mark"] for m in engine.get_json(f"/api/v1/nodes/{NODE}/marks")["open"]] == ["lemon"]
+
+        # the flapping GPU goes on: 300 more lines, four audit records each, bury the lemon's drain under
+        # more than the thousand records the limit was once read from; the node's mark still holds
+        before = _refused_reboots(engine)
+        with open(kernel_log, "a") as f:
+            f.writelines(XID79.replace("pid=1234", f"pid={20000 + i}") + "\n" for i in range(300))
+        _wait(lambda: _refused_reboots(engine) - before >= 300, 120, "300 reboots refused", engine, cluster)
+        time.sleep(5)  # a reboot let through would be asked now
+        assert [e["event"] for e in cluster.reboot_events(NODE)].count("called") - called_before <= 2
+        assert cluster.node_state(NODE).startswith(("IDLE+DRAIN", "DOWN")), cluster.node_state(NODE)
+        assert (cluster.reason(NODE) or "").startswith("watchd: lemon, RMA suspected")
+        assert not [a for a in _actions(engine) if a["action"] in ("validate", "resume")]
     finally:
         agent.stop()
         engine.stop()
         cluster.reset_nodes([NODE])
+
+
+def _refused_reboots(engine: Daemon) -> float:
+    """The reboots the engine refused for a mark or the limit (``watchd_actions_total``)."""
+    wanted = 'watchd_actions_total{action="reboot",mode="enforce",outcome="left_for_a_person"}'
+    for line in engine.get("/metrics").splitlines():
+        if line.startswith(wanted):
+            return float(line.split()[-1])
+    return 0.0
