@@ -129,6 +129,14 @@ def _operate(args: argparse.Namespace) -> int:
         from watchd.checks_cli import run_checks
 
         return run_checks(args.verb, args.nodes, args.check, client, args.json, args.timeout, out)
+    if args.command == "node" and args.node_command == "unmark":
+        from watchd.operator_cli import run_unmark
+
+        return run_unmark(args.name, args.why, args.mark or "", client, args.json, out)
+    if args.command == "node" and args.node_command == "marks":
+        from watchd.operator_cli import run_marks
+
+        return run_marks(args.name, client, args.json, out)
     if args.command == "node" and args.node_command == "history":
         from watchd.operator_cli import run_history
 

@@ -136,6 +136,23 @@ def _node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _json(v, "the engine's answer: every check's verdict and the outcome")
     add_reach_arguments(v)
 
+    um = nsub.add_parser(
+        "unmark", help="clear a node's lemon or left-for-a-person mark so watchd may remediate and return it"
+    )
+    um.add_argument("name")
+    um.add_argument("--why", required=True, help="why it is cleared (e.g. the RMA ticket): audited")
+    um.add_argument("--mark", choices=["lemon", "left_for_a_person"], help="only this mark (default: all)")
+    _by(um)
+    _json(um, "the engine's answer")
+    add_reach_arguments(um)
+
+    mk = nsub.add_parser(
+        "marks", help="the marks that keep nodes out (every marked node, or one node's history)"
+    )
+    mk.add_argument("name", nargs="?")
+    _json(mk, "the raw document")
+    add_reach_arguments(mk)
+
     hi = nsub.add_parser("history", help="the node's incidents: evidence, every step, the return to service")
     hi.add_argument("name")
     hi.add_argument("--limit", type=int, default=20, help="incidents to show, newest first")

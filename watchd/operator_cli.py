@@ -163,6 +163,43 @@ def run_resume(node: str, client: EngineClient, as_json: bool, out: TextIO) -> i
     return exit_for(answer, ("resumed", "not_drained"))
 
 
+def run_unmark(node: str, why: str, mark: str, client: EngineClient, as_json: bool, out: TextIO) -> int:
+    """Ask the running engine to clear the marks of ``node`` (the ``unmark`` action, audited). Exit 0 when
+    the node carries no such mark afterwards."""
+    answer = client.post(f"/api/v1/nodes/{quote(node, safe='')}/unmark", {"why": why, "mark": mark})
+    result = answer.doc
+    if as_json:
+        print_json({"node": node, **result}, out)
+    else:
+        detail = f" ({result['detail']})" if result.get("detail") else ""
+        print(f"{node}: {result.get('outcome', result.get('error', ''))}{detail}", file=out)
+    return exit_for(answer, ("cleared", "not_marked"))
+
+
+def run_marks(node: str | None, client: EngineClient, as_json: bool, out: TextIO) -> int:
+    """``watchd node marks [NODE]``: every open mark of the fleet, or one node's marks, cleared ones too."""
+    doc = client.get(f"/api/v1/nodes/{quote(node, safe='')}/marks" if node else "/api/v1/marks")
+    if as_json:
+        print_json(doc, out)
+        return 0
+    marks = doc.get("history", []) if node else doc.get("marks", [])
+    if not marks:
+        print(f"{node}: no mark" if node else "no node is marked", file=out)
+    for m in marks:
+        state = (
+            "open"
+            if m.get("cleared_at") is None
+            else f"cleared {_when(m['cleared_at'])} by {m['cleared_by']}"
+        )
+        print(
+            f"{m['node']}: {m['mark']} since {_when(m['set_at'])} ({state}): rule {m['rule']}: {m['detail']}",
+            file=out,
+        )
+        if m.get("cleared_why"):
+            print(f"  why: {m['cleared_why']}", file=out)
+    return 0
+
+
 def run_history(node: str, client: EngineClient, limit: int, as_json: bool, out: TextIO) -> int:
     """``watchd node history NODE``: the node's incidents, newest first, each from the evidence that took it
     out to its return to service, with every step between."""

@@ -36,7 +36,11 @@ async def test_three_remediations_a_week_then_left_for_a_person() -> None:
         fourth = await executor.act("reboot", "gpu-1", {"max_per_node": 3, "window": 7 * 86400}, rule="xid")
         assert fourth.outcome == "left_for_a_person" and "3 automatic remediations in 7 d" in fourth.detail
         assert [c for c in fake.calls if c[0] == "reboot"] == [("reboot", "gpu-1")] * 3
-        clock.advance(5 * 86400)  # the first two are out of the week now
+        clock.advance(5 * 86400)  # the first two are out of the week now: the node's mark still holds
+        later = await executor.act("reboot", "gpu-1", {}, rule="xid")
+        assert later.outcome == "left_for_a_person" and "marked left for a person" in later.detail
+        unmarked = await executor.act("unmark", "gpu-1", {"why": "RMA 42"}, rule="operator")
+        assert unmarked.outcome == "cleared"
         assert (await executor.act("reboot", "gpu-1", {}, rule="xid")).outcome == "rebooting"
 
 

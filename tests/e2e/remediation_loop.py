@@ -20,10 +20,14 @@ REAL_SCONTROL = shutil.which("scontrol") or "scontrol"
 
 
 def start_engine(
-    cluster: SlurmCluster, standins: Path, tmp_path: Path, env: dict[str, str] | None = None
+    cluster: SlurmCluster,
+    standins: Path,
+    tmp_path: Path,
+    env: dict[str, str] | None = None,
+    configure: Callable[[dict[str, Any]], None] | None = None,
 ) -> Daemon:
     """A real engine on the defaults, with checks; its scontrol the kill -9 test's wrapper when ``env``
-    names the real one."""
+    names the real one; ``configure`` changes its config."""
     scontrol = tmp_path / "scontrol" if env else Path(REAL_SCONTROL)
     if env:
         scontrol.write_text(WRAPPER)
@@ -32,6 +36,8 @@ def start_engine(
     config["auth"] = {"token_file": str(tmp_path / "token")}
     (tmp_path / "token").write_text(TOKEN)
     (tmp_path / "token").chmod(0o600)
+    if configure is not None:
+        configure(config)
     engine = Daemon("engine", config, tmp_path, env)
     engine.wait_ready()
     return engine

@@ -33,6 +33,7 @@ from tests.support import real_components_required, wait_for
 pytestmark = [pytest.mark.slurm, pytest.mark.real]
 
 NODE = "gpu-1"
+COOLDOWN_S = 5.0
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 
 
@@ -53,9 +54,13 @@ def _actions(engine: Daemon) -> list[dict[str, Any]]:
 
 
 def _start(
-    cluster: SlurmCluster, standins: Path, tmp_path: Path, env: dict[str, str] | None = None
+    cluster: SlurmCluster,
+    standins: Path,
+    tmp_path: Path,
+    env: dict[str, str] | None = None,
+    configure: Any = None,
 ) -> tuple[Daemon, Daemon, Path]:
-    engine = start_engine(cluster, standins, tmp_path, env)
+    engine = start_engine(cluster, standins, tmp_path, env, configure)
     agent, kernel_log = start_agent(engine, tmp_path, NODE)
     return engine, agent, kernel_log
 
@@ -216,7 +221,12 @@ def test_a_second_hardware_failure_leaves_the_node_for_a_person(
     cluster.reset_nodes([NODE])
     behave(standins, gpu_1="pass")
     called_before = [e["event"] for e in cluster.reboot_events(NODE)].count("called")
-    engine, agent, kernel_log = _start(cluster, standins, tmp_path)
+
+    def short_cooldown(config: dict[str, Any]) -> None:
+        # the flood below then reaches the reboot again within the test, not 10 minutes later (the default)
+        config.setdefault("actions", {})["cooldown_s"] = COOLDOWN_S
+
+    engine, agent, kernel_log = _start(cluster, standins, tmp_path, configure=short_cooldown)
     try:
         kernel_says(kernel_log, XID79)
         _wait(lambda: _back_in_service(cluster, engine), 150, "the first remediation", engine, cluster)
@@ -235,7 +245,39 @@ def test_a_second_hardware_failure_leaves_the_node_for_a_person(
         assert sum(a["action"] == "validate" for a in _actions(engine)) == 1
         history = engine.get_json(f"/api/v1/nodes/{NODE}/history")["incidents"]
         assert [i["state"] for i in history] == ["left_for_a_person", "returned"]
+        assert [m["mark"] for m in engine.get_json(f"/api/v1/nodes/{NODE}/marks")["open"]] == ["lemon"]
+
+        # the flapping GPU goes on: 300 more lines, four audit records each, bury the lemon's drain under
+        # more than the thousand records the limit was once read from; past the cooldown the next line
+        # reaches the reboot again, and the node's mark still holds
+        drains = _counted(engine, "drain")
+        with open(kernel_log, "a") as f:
+            f.writelines(XID79.replace("pid=1234", f"pid={20000 + i}") + "\n" for i in range(300))
+        _wait(lambda: _counted(engine, "drain") - drains >= 300, 120, "300 drains decided", engine, cluster)
+        refused = _counted(engine, "reboot", "left_for_a_person")
+        time.sleep(COOLDOWN_S + 1)
+        kernel_says(kernel_log, XID79.replace("pid=1234", "pid=54321"))
+        _wait(
+            lambda: _counted(engine, "reboot", "left_for_a_person") > refused,
+            30,
+            "a reboot refused",
+            engine,
+            cluster,
+        )
+        time.sleep(5)  # a reboot let through would be asked now
+        assert [e["event"] for e in cluster.reboot_events(NODE)].count("called") - called_before <= 2
+        assert cluster.node_state(NODE).startswith(("IDLE+DRAIN", "DOWN")), cluster.node_state(NODE)
+        assert (cluster.reason(NODE) or "").startswith("watchd: lemon, RMA suspected")
+        assert not [a for a in _actions(engine) if a["action"] in ("validate", "resume")]
     finally:
         agent.stop()
         engine.stop()
         cluster.reset_nodes([NODE])
+
+
+def _counted(engine: Daemon, action: str, outcome: str = "") -> float:
+    """The actions of ``action`` the engine decided (with ``outcome``, or any): ``watchd_actions_total``."""
+    wanted = f'watchd_actions_total{{action="{action}",mode="enforce",outcome="{outcome}'
+    return sum(
+        float(line.split()[-1]) for line in engine.get("/metrics").splitlines() if line.startswith(wanted)
+    )

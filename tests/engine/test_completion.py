@@ -60,7 +60,7 @@ def test_bash_completes_commands_verbs_options_and_values(bash_script: Path, tmp
     assert "status" in commands and "completion" in commands
     assert bash(bash_script, "") == commands
     assert bash(bash_script, "re") == ["reliability", "report"]
-    assert bash(bash_script, "node", "") == ["history", "resume", "validate"]
+    assert bash(bash_script, "node", "") == ["history", "marks", "resume", "unmark", "validate"]
     assert bash(bash_script, "actions", "") == ["discard", "list", "release"]
     assert bash(bash_script, "actions", "--to") == ["--token-file"]
     assert bash(bash_script, "status", "--url", "http://x", "--j") == ["--json"]
@@ -112,7 +112,7 @@ def test_zsh_loads_the_same_script_through_bashcompinit(tmp_path: Path) -> None:
     assert res.returncode == 0 and res.stderr == "", res.stderr
     lines = res.stdout.splitlines()
     assert lines[0] == "comps=_bash_complete -F _watchd"
-    assert lines[1].split() == ["resume", "validate", "history"]
+    assert lines[1].split() == ["resume", "validate", "unmark", "marks", "history"]
     assert lines[2].split() == ["table", "csv", "json", "markdown", "html", "prometheus"]
     assert "--token-file" in lines[3].split() and "list" not in lines[3].split()
 

@@ -84,6 +84,7 @@ async def test_start_then_cleanup_in_reverse_order(tmp_path: Path) -> None:
             "usage-flush": 30.0,  # the usage report's observations to the state (issue 18)
             "usage-prune": 3600.0,
             "reboot-watch": cfg.remediation.poll_s,  # the reboots watchd asked for, until each node is back
+            "marks-refresh": 10.0,  # the nodes' open marks (lemons, left for a person)
             "heap-freeze": 2.0,  # the collector's policy: what lives frozen (engine/heap.py)
         }
         with pytest.raises(RuntimeError, match="already started"):
@@ -102,6 +103,7 @@ async def test_status_document_has_the_same_shape(tmp_path: Path) -> None:
         doc = engine.status()
     assert set(doc) == {
         "reliability",  # issue 17
+        "marks",  # the marked nodes
         "mode",
         "pid",
         "nodes",

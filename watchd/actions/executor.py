@@ -122,6 +122,7 @@ class ActionExecutor:
             generator_url,
             audit=self.store.audit,
             intents=self.store.intents,
+            nodes=self.store.nodes,
         )
 
         # the pipelines, assembled here once; every one starts by recording (the one place an action is

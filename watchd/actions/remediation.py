@@ -21,7 +21,6 @@ from typing import Any
 from aiohttp import web
 
 from watchd.actions.audit import AuditRecord
-from watchd.actions.handlers.remediation_guard import reason_replaced
 from watchd.actions.incidents import incidents
 from watchd.actions.runtime import AuditReader
 from watchd.actions.settings import RemediationConfig
@@ -33,6 +32,7 @@ from watchd.model.action import KIND as FEEDBACK_KIND
 from watchd.model.events import Event, stable_id
 from watchd.model.nodes import describe
 from watchd.model.reboot import SOURCE, NodeGpuReset, NodeRebooted, NodeRebootOverdue
+from watchd.store.node_records import Mark
 from watchd.subsystem import Component, Job, Operator
 
 __all__ = ["Remediation", "awaiting_from"]
@@ -107,8 +107,10 @@ class Remediation(Component):
         clock: Clock,
         emit: Callable[[Event], Awaitable[None]],
         leading: Callable[[], bool],
+        marks: Callable[[str], Sequence[Mark]] = lambda node: (),
     ) -> None:
         self._scheduler = scheduler
+        self._marks = marks
         self._audit = audit
         self._config = config
         self._clock = clock
@@ -176,11 +178,9 @@ class Remediation(Component):
                 if "NOT_RESPONDING" in st.flags:
                     continue  # registered once, not answering now: not back yet
                 del self.awaited[node]
-                replaced = reason_replaced(self._audit.recent(1000, node=node), awaited.requested_at)
-                if replaced is not None:  # e.g. a lemon: its rule paged; validation would not answer it
-                    _log.warning(
-                        "node_rebooted_left_out", node=node, rule=replaced.rule, reason=replaced.detail
-                    )
+                if marks := self._marks(node):  # e.g. a lemon: its rule paged; validation would not answer it
+                    mark = marks[0]
+                    _log.warning("node_rebooted_left_out", node=node, rule=mark.rule, reason=mark.detail)
                     continue
                 _log.info("node_rebooted", node=node, after_s=after, boot_id=st.boot_id)
                 back = NodeRebooted(requested_at=awaited.requested_at, after_s=after, boot_id=st.boot_id)
@@ -203,9 +203,8 @@ class Remediation(Component):
         now = self._clock.now()
         for node, done in list(self.resets.items()):
             del self.resets[node]
-            replaced = reason_replaced(self._audit.recent(1000, node=node), done.requested_at)
-            if replaced is not None:  # a lemon since: its rule paged; validation would not answer it
-                _log.warning("node_gpu_reset_left_out", node=node, rule=replaced.rule, reason=replaced.detail)
+            if marks := self._marks(node):  # a lemon since: its rule paged; validation would not answer it
+                _log.warning("node_gpu_reset_left_out", node=node, rule=marks[0].rule, reason=marks[0].detail)
                 continue
             after = round(done.done_at - done.requested_at, 3)
             _log.info("node_gpu_reset", node=node, after_s=after, gpus=done.gpus, command=done.command)

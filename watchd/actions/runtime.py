@@ -18,6 +18,7 @@ from watchd.integrations.webhook.sender import WebhookSender
 from watchd.model.commands import Command, CommandResult
 from watchd.model.validation import Validation
 from watchd.store.intents import Intent
+from watchd.store.node_records import NodeRecords
 
 SchedulerCall = Callable[[Scheduler, DrainBatcher], Awaitable[ActionResult]]
 
@@ -106,6 +107,8 @@ class Runtime:
     intents: IntentReader | None = None
     #: the commands to the agents (a GPU reset), attached by the engine
     commands: CommandPath | None = None
+    #: what is held of each node: remediations claimed, marks, watchd's drain generation
+    nodes: NodeRecords | None = None
 
     async def scheduled(self, kind: str, call: SchedulerCall) -> ActionResult:
         """One call to the scheduler, timed (``watchd_action_duration_seconds``); a SchedulerError is the

@@ -20,7 +20,10 @@ from watchd.actions.agent_commands import AgentCommands
 from watchd.actions.audit import MemoryAudit
 from watchd.actions.executor import ActionExecutor, Pools
 from watchd.actions.handler import Mode
+from watchd.actions.handlers.unmark import HANDLER as UNMARK
 from watchd.actions.handlers.validate import HANDLER as VALIDATE
+from watchd.actions.marks import NodeMarks
+from watchd.actions.outcome import ActionResult
 from watchd.actions.remediation import Remediation
 from watchd.actions.safety import BreakerLimits
 from watchd.checks.metrics import CheckMetrics
@@ -270,6 +273,13 @@ class Engine:
             self.reliability.restored(node, self.clock.now())
         return {"outcome": result.outcome, "detail": result.detail}
 
+    async def _unmark(self, node: str, params: dict[str, Any], who: str, event_id: str) -> ActionResult:
+        """The ``unmark`` action (an operator's, or the engine's own when a marked GPU was replaced)."""
+        rule = "operator" if who.startswith("by ") else "watchd"
+        return await self.executor.act(
+            UNMARK.kind, node, params, rule=rule, note=who, mode="enforce", event_id=event_id
+        )
+
     async def validate(self, node: str, note: str, mode: Mode | None = "enforce") -> dict[str, Any]:
         """``watchd node validate`` (an operator: enforce), or ``checks.auto_validate`` (None: the engine's
         mode): the ``validate`` action, the check suite, then back in service only if every check passed."""
@@ -479,13 +489,15 @@ class Engine:
             service.gate(self.executor.leader_gate.now)
             self.checks = service
             subsystems.append(Checks(service, self.validate, frozenset(config.checks.auto_validate)))
-        audit, remediation = self.store.audit, config.remediation
+        audit, remediation, marks = self.store.audit, config.remediation, self.store.nodes.open_marks
         self.commands = AgentCommands(
             self.clock, self.metrics.registry, max_pending=remediation.max_commands, leading=leading
         )
+        self.marks = NodeMarks(self.store.nodes, self._unmark, self.clock, leading, self.metrics.registry)
         subsystems += [
             self.usage,
-            Remediation(self.scheduler, audit, remediation, self.clock, self.emit, leading),
+            self.marks,  # lemons and nodes left for a person: out until cleared
+            Remediation(self.scheduler, audit, remediation, self.clock, self.emit, leading, marks),
             self.commands,  # the agents' commands (a GPU reset): in memory, their actions' intents durable
             LoopLag(self.metrics.registry),
             HeapPolicy(),  # last: it starts with everything built, and freezes it

@@ -53,6 +53,7 @@ from watchd.store.dialect import POSTGRES, identity_tables
 from watchd.store.held import HeldActions
 from watchd.store.intents import Intents
 from watchd.store.meta import Meta
+from watchd.store.node_records import NodeRecords
 from watchd.store.reliability import ReliabilityRecord
 from watchd.store.rule_state import RuleStates
 from watchd.store.schema import MIGRATIONS, SCHEMA_VERSION
@@ -92,6 +93,7 @@ class Store:
         self.checks = CheckRuns(self._db)  # active checks
         self.reliability = ReliabilityRecord(self._db)
         self.usage = JobUsage(self._db)  # the usage report's observations
+        self.nodes = NodeRecords(self._db)  # remediations done, marks, drain generations
         self.health = StoreHealth()
         self._listeners: list[Callable[[str, StoreError], None]] = []
         self._db.on_error = self._failed

@@ -188,5 +188,40 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # a check job's output is taken only when it begins with the secret its script printed first
         "ALTER TABLE check_runs ADD COLUMN job_nonce TEXT NOT NULL DEFAULT ''",
     ),
+    (  # what is held of each node for its remediations: those done, its marks, watchd's drain generation
+        """CREATE TABLE node_remediations (
+            id INTEGER PRIMARY KEY,
+            node TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            claim TEXT NOT NULL UNIQUE,
+            rule TEXT NOT NULL,
+            at REAL NOT NULL,
+            outcome TEXT NOT NULL DEFAULT ''
+        )""",
+        "CREATE INDEX node_remediations_node_at ON node_remediations (node, at)",
+        "CREATE INDEX node_remediations_at ON node_remediations (at)",
+        """CREATE TABLE node_marks (
+            id INTEGER PRIMARY KEY,
+            node TEXT NOT NULL,
+            mark TEXT NOT NULL CHECK (mark IN ('lemon', 'left_for_a_person')),
+            rule TEXT NOT NULL,
+            detail TEXT NOT NULL,
+            set_at REAL NOT NULL,
+            gpu TEXT NOT NULL DEFAULT '',
+            uuid TEXT NOT NULL DEFAULT '',
+            gpus TEXT NOT NULL DEFAULT '{}',
+            cleared_at REAL,
+            cleared_by TEXT NOT NULL DEFAULT '',
+            cleared_why TEXT NOT NULL DEFAULT ''
+        )""",
+        # at most one open mark of each kind per node, enforced by the database itself
+        "CREATE UNIQUE INDEX node_marks_open ON node_marks (node, mark) WHERE cleared_at IS NULL",
+        "CREATE INDEX node_marks_node ON node_marks (node, id)",
+        """CREATE TABLE node_drains (
+            node TEXT PRIMARY KEY,
+            generation INTEGER NOT NULL,
+            drained_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from watchd.actions.handler import ActionParams, Handler
-from watchd.actions.outcome import ActionResult
+from watchd.actions.outcome import ActionResult, Outcome
 from watchd.model.nodes import drain_reason
 from watchd.store import keys
 
@@ -23,7 +23,8 @@ class DrainParams(ActionParams):
     reason: str = Field("{{ kind }} on {{ node }}", description="template; shown by sinfo -R")
     replace_reason: bool = Field(
         False,
-        description="a node watchd already drained for another reason gets this one instead (lemon nodes)",
+        description="a node watchd already drained for another reason gets this one instead, and is marked "
+        "a lemon: no automatic remediation or return to service until an operator clears the mark",
     )
 
 
@@ -46,9 +47,26 @@ class DrainHandler(Handler):
         action = attempt.action
         reason = str(action.params.get("reason", ""))
         replace = bool(action.params.get("replace_reason"))
-        return await runtime.scheduled(
+        if replace and runtime.nodes is not None:
+            # the lemon rule's verdict holds from its decision on, before the drain's round: a reset or a
+            # validation of the node racing it finds the mark
+            gpu, uuid = _gpu_of(attempt)
+            why = drain_reason(reason)
+            runtime.nodes.mark(action.node, "lemon", attempt.rule, why, attempt.now, gpu, uuid)
+        result = await runtime.scheduled(
             self.kind, lambda _, rounds: rounds.drain(action.node, reason, attempt.gate, replace)
         )
+        if result.outcome == Outcome.DRAINED and runtime.nodes is not None:
+            runtime.nodes.drained(action.node, attempt.now)  # a command issued under an older drain lapses
+        return result
+
+
+def _gpu_of(attempt: Attempt) -> tuple[str, str]:
+    """The GPU slot (PCI bus id) and UUID the decision's event names, if it names one."""
+    if attempt.decision is None:
+        return "", ""
+    attrs = attempt.decision.event.attrs
+    return str(attrs.get("pci_bus_id") or ""), str(attrs.get("uuid") or "")
 
 
 HANDLER = DrainHandler()

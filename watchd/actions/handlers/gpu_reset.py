@@ -4,8 +4,9 @@ service; once the agent reports the reset done the engine announces ``node_gpu_r
 ``checks.auto_validate`` naming it (the default), validation returns the node to service only on a pass.
 
 Like ``reboot``: only a node watchd drained (never someone else's drain), at most ``max_per_node``
-automatic remediations of a node in ``window`` (reboots and resets together), never a node whose reason the
-lemon rule replaced, nothing without checks to validate it after. A node that still runs a job after
+automatic remediations of a node in ``window`` (reboots and resets together, held in the node's record),
+never a marked node (a lemon, or one left for a person), nothing without checks to validate it after. A
+node that still runs a job after
 ``wait_idle`` (one that could not be requeued): the node stays drained, left for a person
 (``left_for_a_person``; the shipped rules page). An agent that refuses or fails the reset, or one that does
 not answer within ``timeout``: ``not_reset``, the node stays drained and the rules say what next (the shipped
@@ -87,8 +88,9 @@ class GpuResetHandler(RemediationHandler):
         gpu = normalize_pci(gpu_text) if gpu_text else ""
         if gpu is None:
             return ActionResult(Outcome.FAILED, f"gpu: {gpu_text!r} is not a PCI bus id (e.g. 0000:3b:00.0)")
-        if (refused := _GUARD.left_for_a_person(attempt, runtime)) is not None:
-            return refused
+        claim = _GUARD.claim(attempt, runtime, self.key(attempt.action))
+        if isinstance(claim, ActionResult):
+            return claim
         command_id, requested_at = self._command_id(attempt, runtime)
         command = Command(command_id, node, GPU_RESET, {"gpu": gpu}, issued_at=requested_at)
         commands = runtime.commands
@@ -99,10 +101,14 @@ class GpuResetHandler(RemediationHandler):
             refusal = await _wait_until_idle(scheduler, node, wait_idle, runtime)
             if refusal is not None:
                 return refusal
+            if (marked := _GUARD.still_unmarked(node, runtime)) is not None:
+                return marked
             answer = await commands.run(command, timeout)
             return _result(answer, command, requested_at)
 
-        return await runtime.scheduled(self.kind, call)
+        result = await runtime.scheduled(self.kind, call)
+        _GUARD.settle(runtime, claim, result)
+        return result
 
     def _command_id(self, attempt: Attempt, runtime: Runtime) -> tuple[str, float]:
         """The command's id and when the reset was decided, from the action's open intent: the same for

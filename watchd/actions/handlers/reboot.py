@@ -51,9 +51,11 @@ class RebootHandler(RemediationHandler):
 
     async def run(self, attempt: Attempt, runtime: Runtime) -> ActionResult:
         node, params = attempt.action.node, attempt.action.params
-        refused = _GUARD.unvalidated(runtime) or _GUARD.left_for_a_person(attempt, runtime)
-        if refused is not None:
-            return refused
+        if (unvalidated := _GUARD.unvalidated(runtime)) is not None:
+            return unvalidated
+        claim = _GUARD.claim(attempt, runtime, self.key(attempt.action))
+        if isinstance(claim, ActionResult):
+            return claim
         reason = str(params.get("reason", ""))
 
         async def call(scheduler: Scheduler, _: DrainBatcher) -> ActionResult:
@@ -63,12 +65,16 @@ class RebootHandler(RemediationHandler):
                 if st is not None and (st.reboot_pending or down_by_watchd(st)):
                     data["boot_id"] = st.boot_id if st.reboot_pending else None
                     return ActionResult(Outcome.REBOOTING, "asked before the engine restarted", data)
+            if (marked := _GUARD.still_unmarked(node, runtime)) is not None:
+                return marked
             result = await scheduler.reboot(node, reason)
             if result.outcome == "rebooting":
                 data["boot_id"] = result.boot_id
             return ActionResult(_OUTCOMES[result.outcome], result.detail, data)
 
-        return await runtime.scheduled(self.kind, call)
+        result = await runtime.scheduled(self.kind, call)
+        _GUARD.settle(runtime, claim, result)
+        return result
 
 
 HANDLER = RebootHandler()

@@ -1,22 +1,21 @@
 """What ``reboot`` and ``gpu_reset`` ask before they remediate a node (docs/remediation.md): checks to
-validate it after, the reason it is out for not replaced by the lemon rule, and at most ``max_per_node``
-automatic remediations of the node in ``window``, reboots and resets together. A re-drive after a crash
-finishes what was decided before: neither is asked again."""
+validate it after, no mark on the node (the lemon rule's, or its remediations spent), and at most
+``max_per_node`` automatic remediations of the node in ``window``, reboots and resets together. Both are
+held in the node's record and claimed in one transaction, never counted from the audit trail; the marks are
+asked again right before the cluster is touched. A re-drive after a crash finds its claim again."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from watchd.actions.audit import AuditRecord
 from watchd.actions.handler import ActionParams, Handler
-from watchd.actions.incidents import REMEDIATIONS
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.model.durations import Duration
 from watchd.store import keys
+from watchd.store.node_records import Claimed, Mark
 
 if TYPE_CHECKING:
     from watchd.actions.handler import Attempt
@@ -60,47 +59,65 @@ class RemediationGuard:
             )
         return None
 
-    def left_for_a_person(self, attempt: Attempt, runtime: Runtime) -> ActionResult | None:
-        """``left_for_a_person`` when the lemon rule replaced the node's reason or the node had its
-        remediations in the window, else None."""
-        params = attempt.action.params
-        limit = int(params.get("max_per_node", 3))
-        window = float(params.get("window", DEFAULT_WINDOW_S))
-        records = runtime.audit.recent(1000, node=attempt.action.node) if runtime.audit is not None else []
-        done = remediations(records, attempt.now - window)
-        if not attempt.redrive and (replaced := reason_replaced(records)) is not None:
+    def claim(self, attempt: Attempt, runtime: Runtime, key: str) -> str | ActionResult:
+        """Claim the remediation in the node's record (:mod:`watchd.store.node_records`), in one
+        transaction with the reads that allow it: its id, or ``left_for_a_person`` when the node is marked
+        (a lemon, or its remediations spent) or had ``max_per_node`` remediations in ``window`` (which marks
+        it). A re-drive of the same decision finds its claim again and is not counted twice."""
+        node, params = attempt.action.node, attempt.action.params
+        claim = claim_id(attempt, runtime, key)
+        if runtime.nodes is None:
+            return claim
+        answer = runtime.nodes.claim(
+            node,
+            attempt.handler.kind,
+            claim,
+            attempt.rule,
+            attempt.now,
+            window_s=float(params.get("window", DEFAULT_WINDOW_S)),
+            limit=int(params.get("max_per_node", 3)),
+        )
+        if isinstance(answer, Claimed):
+            return claim
+        if answer.limit_reached:
             return ActionResult(
                 Outcome.LEFT_FOR_A_PERSON,
-                f"taken out again by rule {replaced.rule} ({replaced.detail}): {self.remedy} does not answer "
-                "it",
+                f"{answer.mark.detail}: {self.not_done}, left for a person (marked until an operator clears "
+                f"it: watchd node unmark {node})",
+                {"remediations": answer.count, "mark": answer.mark.mark},
             )
-        if done >= limit and not attempt.redrive:
-            return ActionResult(
-                Outcome.LEFT_FOR_A_PERSON,
-                f"{done} automatic remediations in {window / 86400:g} d (at most {limit}): left for a person",
-                {"remediations": done},
-            )
-        return None
+        return self.refused_by(answer.mark)
+
+    def refused_by(self, mark: Mark) -> ActionResult:
+        return ActionResult(
+            Outcome.LEFT_FOR_A_PERSON,
+            f"{mark.describe()}: {self.remedy} does not answer it, {self.not_done}",
+            {"mark": mark.mark},
+        )
+
+    def still_unmarked(self, node: str, runtime: Runtime) -> ActionResult | None:
+        """Asked again right before the cluster is touched (the wait for the node's jobs can be long): a
+        mark set meanwhile (the lemon rule, following the same drain) stops the remedy."""
+        marks = runtime.nodes.open_marks(node) if runtime.nodes is not None else []
+        return self.refused_by(marks[0]) if marks else None
+
+    def settle(self, runtime: Runtime, claim: str, result: ActionResult) -> None:
+        """Keep the claim counted when the remedy was (or may have been) done; take it back when nothing
+        was touched."""
+        if runtime.nodes is None:
+            return
+        done = result.outcome in (Outcome.REBOOTING, Outcome.RESET)
+        done = done or result.data.get("agent") in _MAY_HAVE_RUN
+        runtime.nodes.settle(claim, result.outcome.value, done)
 
 
-def remediations(records: Sequence[AuditRecord], since: float) -> int:
-    """The automatic remediations in ``records`` (a node's audit trail) done since ``since``."""
-    return sum(
-        1
-        for rec in records
-        if rec.time >= since and rec.mode == "enforce" and REMEDIATIONS.get(rec.action) == rec.outcome
-    )
+#: what the agent may have done though the command did not end ``done``: failed while it ran, or no answer
+_MAY_HAVE_RUN = frozenset({"failed", "unanswered"})
 
 
-def reason_replaced(records: Sequence[AuditRecord], since: float = 0.0) -> AuditRecord | None:
-    """The drain since ``since`` (and since the node was last back in service) that replaced the reason it
-    was out for (the lemon-node rule's): a person's matter, not a reboot's."""
-    found: AuditRecord | None = None
-    for rec in records:
-        if rec.mode != "enforce":
-            continue
-        if rec.outcome == "resumed":
-            found = None
-        elif rec.action == "drain" and rec.outcome == "drained" and rec.params.get("replace_reason"):
-            found = rec if rec.time >= since else None
-    return found
+def claim_id(attempt: Attempt, runtime: Runtime, key: str) -> str:
+    """The claim of one decision: its open intent's (the same for every re-drive of it)."""
+    found = runtime.intents.under(key, limit=1) if runtime.intents is not None else []
+    if found and found[-1].finished_at is None:
+        return f"{key}#{found[-1].id}"
+    return f"{key}@{attempt.event_id}@{attempt.now!r}"

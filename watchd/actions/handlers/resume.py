@@ -1,4 +1,5 @@
-"""resume: return the node to service, only if watchd drained it (never an admin's drain)."""
+"""resume: return the node to service, only if watchd drained it (never an admin's drain) and it carries no
+mark (a lemon, or left for a person: an operator clears the mark first)."""
 
 from __future__ import annotations
 
@@ -32,12 +33,28 @@ class ResumeHandler(Handler):
 
     async def run(self, attempt: Attempt, runtime: Runtime) -> ActionResult:
         node = attempt.action.node
+        if (refused := refuse_marked(node, runtime)) is not None:
+            return refused
 
         async def call(scheduler: Scheduler, _: DrainBatcher) -> ActionResult:
             resumed = await scheduler.resume(node)
             return ActionResult(Outcome(resumed.outcome), resumed.detail)
 
         return await runtime.scheduled(self.kind, call)
+
+
+def refuse_marked(node: str, runtime: Runtime) -> ActionResult | None:
+    """``refused`` for a node with an open mark (a lemon, or left for a person): it stays out of service
+    until an operator clears the mark (``watchd node unmark``), whoever asks to return it."""
+    marks = runtime.nodes.open_marks(node) if runtime.nodes is not None else []
+    if not marks:
+        return None
+    return ActionResult(
+        Outcome.REFUSED,
+        f"{marks[0].describe()}: stays out of service until an operator clears the mark (watchd node unmark "
+        f"{node})",
+        {"mark": marks[0].mark},
+    )
 
 
 HANDLER = ResumeHandler()

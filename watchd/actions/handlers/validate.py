@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from watchd.actions.handler import ActionParams, Handler
+from watchd.actions.handlers.resume import refuse_marked
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.integrations.base import SchedulerError
 from watchd.model.nodes import WATCHD_REASON_PREFIX, down_by_watchd, drained_by_watchd
@@ -71,6 +72,8 @@ class ValidateHandler(Handler):
             st = (await runtime.scheduler.node_states([node])).get(node)
         except SchedulerError as exc:
             return ActionResult(Outcome.FAILED, str(exc))
+        if not attempt.redrive and (marked := refuse_marked(node, runtime)) is not None:
+            return marked  # a pass would return it to service: a lemon stays out until its mark is cleared
         if attempt.redrive:
             # drained (the drain never lifted, or someone drained it since): it stays as it is
             reason = None if st is None or st.drained else INTERRUPTED
