@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from functools import partial
@@ -13,7 +12,8 @@ from types import TracebackType
 from aiohttp import web
 
 from watchd.agent.advice import EngineAdvice
-from watchd.agent.commands import CommandMemory, CommandRunner
+from watchd.agent.command_memory import CommandMemory
+from watchd.agent.commands import CommandRunner
 from watchd.agent.gpu_reset import gpu_reset_executor
 from watchd.agent.heartbeat_server import HeartbeatServer
 from watchd.agent.metrics import AgentMetrics
@@ -173,7 +173,7 @@ class Agent:
             {GPU_RESET: gpu_reset_executor(resetter, self.gpu)},
             poll_s=commands.poll_s,
             timeout_s=e.timeout_s,
-            memory=CommandMemory(commands.state_file, time.time()),
+            memory=CommandMemory(commands.state_file),
             tls=engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
         )
 

@@ -11,7 +11,7 @@ from watchd.store.database import Store
 def prune(store: Store, config: EngineConfig, reliability: Reliability, now: float) -> None:
     """Drop what is past its retention: audit records, breaker counts, expired cooldowns, resolved held
     actions and finished intents past the audit's retention (held ones and unfinished intents are never
-    pruned), check runs, reliability records."""
+    pruned), check runs, the agents' command bindings, reliability records."""
     retention = now - config.state.audit_retention_days * 86400
     store.audit.prune(retention)
     store.breaker.prune(now - max(config.safety.window_s, 86400.0))
@@ -19,4 +19,5 @@ def prune(store: Store, config: EngineConfig, reliability: Reliability, now: flo
     store.held.prune(retention)
     store.intents.prune(retention)
     store.checks.prune(retention)
+    store.command_bindings.prune(retention, now)
     reliability.prune(now)

@@ -481,12 +481,16 @@ class Engine:
             subsystems.append(Checks(service, self.validate, frozenset(config.checks.auto_validate)))
         audit, remediation = self.store.audit, config.remediation
         self.commands = AgentCommands(
-            self.clock, self.metrics.registry, max_pending=remediation.max_commands, leading=leading
+            self.clock,
+            self.metrics.registry,
+            max_pending=remediation.max_commands,
+            leading=leading,
+            bindings=self.store.command_bindings,
         )
         subsystems += [
             self.usage,
             Remediation(self.scheduler, audit, remediation, self.clock, self.emit, leading),
-            self.commands,  # the agents' commands (a GPU reset): in memory, their actions' intents durable
+            self.commands,  # the agents' commands (a GPU reset): their intents and bindings durable
             LoopLag(self.metrics.registry),
             HeapPolicy(),  # last: it starts with everything built, and freezes it
         ]

@@ -48,6 +48,7 @@ from watchd.store.alerts import FiringAlerts
 from watchd.store.audit import AuditLog
 from watchd.store.breaker import BreakerWindow
 from watchd.store.checks import CheckRuns
+from watchd.store.command_bindings import CommandBindings
 from watchd.store.connection import Connection, SqliteDriver, StoreError
 from watchd.store.dialect import POSTGRES, identity_tables
 from watchd.store.held import HeldActions
@@ -92,6 +93,7 @@ class Store:
         self.checks = CheckRuns(self._db)  # active checks
         self.reliability = ReliabilityRecord(self._db)
         self.usage = JobUsage(self._db)  # the usage report's observations
+        self.command_bindings = CommandBindings(self._db)  # which agent run a command was handed to
         self.health = StoreHealth()
         self._listeners: list[Callable[[str, StoreError], None]] = []
         self._db.on_error = self._failed
