@@ -16,6 +16,7 @@ from watchd.agent.command_memory import CommandMemory
 from watchd.agent.commands import CommandRunner
 from watchd.agent.gpu_reset import gpu_reset_executor
 from watchd.agent.heartbeat_server import HeartbeatServer
+from watchd.agent.job_evidence import JobEvidence
 from watchd.agent.metrics import AgentMetrics
 from watchd.agent.settings import AgentConfig
 from watchd.agent.shipper import Shipper
@@ -165,12 +166,13 @@ class Agent:
             return None
         backend = self.gpu.backend if self.gpu is not None else None
         resetter = resetter_from_config(commands.gpu_reset, backend, config.sources.gpu.proc_root)
+        evidence = JobEvidence(commands.gpu_reset.proc_root, commands.gpu_reset.cgroup_root)
         return CommandRunner(
             config.node,
             e.url,
             e.auth.resolve("engine.auth"),
             self.metrics,
-            {GPU_RESET: gpu_reset_executor(resetter, self.gpu)},
+            {GPU_RESET: gpu_reset_executor(resetter, self.gpu, evidence)},
             poll_s=commands.poll_s,
             timeout_s=e.timeout_s,
             memory=CommandMemory(commands.state_file),
