@@ -200,3 +200,17 @@ async def test_an_engine_that_binds_nothing_is_refused_and_no_clock_is_compared(
     assert unbound is not None and unbound[0].outcome == "refused"
     assert "did not bind this command" in unbound[0].detail
     assert ran.outcome == "done" and len(fake.resets) == 1
+
+
+async def test_a_folder_that_cannot_be_made_refuses_every_command_and_the_agent_runs_on(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    memory = CommandMemory(blocker / "agent" / "commands.json")  # cannot be created: no error at start
+    assert memory.unusable
+    fake = _fake()
+    async with Engine() as engine:
+        result = await _ask(engine, runner(engine, fake, memory))
+    assert result.outcome == "refused" and "could not record that it runs this command" in result.detail
+    assert fake.resets == []

@@ -50,16 +50,22 @@ class Unrecorded(Exception):
     """A record that is not on disk (the file cannot be written, or the memory is full): nothing may run."""
 
 
+class FolderUnusable(ConfigError):
+    """The folder cannot be created or looked at (a read-only file system): the agent runs on, refusing every
+    command, rather than stop shipping its node's faults."""
+
+
 def check_folder(folder: Path, uid: int | None = None) -> None:
     """Refuse (ConfigError) a folder for ``commands.state_file`` that others could write: not owned by root
-    or by the agent's user (``uid``), or writable by its group or by anyone. Created (0700) when missing."""
+    or by the agent's user (``uid``), or writable by its group or by anyone. Created (0700) when missing;
+    :class:`FolderUnusable` when that fails."""
     uid = os.geteuid() if uid is None else uid
     where = f"commands.state_file: the folder {folder}"
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
         st = os.stat(folder)
     except OSError as exc:
-        raise ConfigError(f"{where}: {exc.strerror or exc}") from None
+        raise FolderUnusable(f"{where}: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"{where} is not a folder")
     if st.st_uid not in (0, uid):
@@ -81,8 +87,15 @@ class CommandMemory:
         self._instances: list[str] = []
         #: why nothing from before this start is known ("" when the file was read, or there was none)
         self.lost = ""
+        #: why nothing can be recorded (so nothing run) for as long as this process lives ("": it can)
+        self.unusable = "" if path is not None else "no commands.state_file is set"
         if path is not None:
-            check_folder(path.parent)
+            try:
+                check_folder(path.parent)
+            except FolderUnusable as exc:
+                self.unusable = self.lost = str(exc)
+                _log.error("command_memory_unusable", error=str(exc), hint="every command is refused")
+                return
             self._load(path)
 
     # ----------------------------------------------------------------------------------------------- reading
@@ -169,8 +182,8 @@ class CommandMemory:
                 del self._entries[command_id]
 
     def _save(self) -> None:
-        if self.path is None:
-            raise Unrecorded("no commands.state_file is set")
+        if self.path is None or self.unusable:
+            raise Unrecorded(self.unusable)
         data = json.dumps(
             {"version": _VERSION, "instances": self._instances, "commands": self._entries}
         ).encode()
