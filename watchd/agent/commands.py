@@ -85,6 +85,8 @@ class CommandRunner:
         self.memory.adopt(self.instance)
         if self.memory.lost:
             metrics.command_memory_errors.labels("read").inc()
+        if self.memory.unusable:
+            _log.error("commands_all_refused", reason=self.memory.unusable, hint="set commands.state_file")
         self._tls = tls
         self._session = session
         self._unsupported_logged = False
