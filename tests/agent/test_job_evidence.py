@@ -8,7 +8,11 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import IO, Any
 
+import pytest
+
+from watchd.agent import job_evidence
 from watchd.agent.gpu_reset import gpu_reset_executor
 from watchd.agent.job_evidence import JobEvidence
 from watchd.model.commands import Command
@@ -115,3 +119,21 @@ async def test_the_reset_is_refused_naming_the_evidence(tmp_path: Path) -> None:
     (host.proc / "601" / "environ").write_bytes(b"")  # the prolog ended; the job was requeued
     assert (await execute(Command("c-2", "gpu-3", "gpu_reset", {"gpu": GPU}))).outcome == "done"
     assert fake.resets == [(GPU,)]
+
+
+def test_a_process_that_cannot_be_read_is_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = Host(tmp_path)
+    host.process(800, "python3", env={"SLURM_JOB_ID": "5"})
+    (host.cgroup / "system.slice" / "slurmstepd.scope" / "job_5").mkdir(parents=True)
+
+    def as_without_cap_sys_ptrace(path: Path, mode: str = "r") -> IO[Any]:
+        if Path(path).name == "environ":  # another user's, to an agent without CAP_SYS_PTRACE
+            raise PermissionError(13, "Permission denied", str(path))
+        return open(path, mode)
+
+    monkeypatch.setattr(job_evidence, "open", as_without_cap_sys_ptrace, raising=False)
+    assert host.evidence().find(GPU) == [
+        "Slurm job 5's cgroup " + str(host.cgroup / "system.slice" / "slurmstepd.scope" / "job_5")
+    ]

@@ -14,7 +14,10 @@ scheduler's word was read seconds before. Any of these refuses the reset:
   to the GPU before its CUDA context exists. The kubelet's pod-resources API would name the pods a device is
   allocated to even before one opens it; it is not asked (a gRPC socket and client for one check).
 
-Blocking (it reads ``/proc``): called in a thread. The roots are parameters, so tests give fake trees."""
+A process's environment and open files are readable by root only with ``CAP_SYS_PTRACE`` when the process is
+another user's (a job's tasks, most pods); without it those two are not seen (counted in the log line
+``job_evidence_unreadable``), while the cgroups, the ``slurmstepd`` processes and the prolog (root's) still
+are. Blocking (it reads ``/proc``): called in a thread. The roots are parameters, so tests give fake trees."""
 
 from __future__ import annotations
 
@@ -22,7 +25,11 @@ import os
 import re
 from pathlib import Path
 
+from watchd.logs import get_logger
+
 __all__ = ["JobEvidence"]
+
+_log = get_logger("watchd.agent.job_evidence")
 
 _STEPD = re.compile(rb"^slurmstepd: \[(\d+)(?:\.([\w-]+))?\]")
 _DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
@@ -32,11 +39,17 @@ _MAX_READ = 256 * 1024
 MAX_SHOWN = 5
 
 
+class _Unreadable(Exception):
+    """Not ours to read (EACCES, EPERM)."""
+
+
 def _read(path: Path, limit: int = _MAX_READ) -> bytes:
     try:
         with open(path, "rb") as f:
             return f.read(limit)
-    except OSError:  # gone meanwhile, or not ours to read
+    except PermissionError as exc:
+        raise _Unreadable(str(exc)) from None
+    except OSError:  # gone meanwhile
         return b""
 
 
@@ -81,12 +94,21 @@ class JobEvidence:
             pids = sorted(int(p.name) for p in self.proc_root.iterdir() if p.name.isdigit())
         except OSError:
             return found
+        unreadable = 0
         for pid in pids:
             if pid == self._own:
                 continue
-            said = self._process(pid, minor)
+            try:
+                said = self._process(pid, minor)
+            except _Unreadable:
+                unreadable += 1
+                continue
             if said is not None:
                 found.append(said)
+        if unreadable:
+            _log.warning(
+                "job_evidence_unreadable", processes=unreadable, hint="the agent lacks CAP_SYS_PTRACE"
+            )
         return found
 
     def _process(self, pid: int, minor: int | None) -> str | None:
@@ -110,6 +132,8 @@ class JobEvidence:
     def _gpu_open(self, proc: Path, minor: int | None) -> str | None:
         try:
             fds = list((proc / "fd").iterdir())
+        except PermissionError as exc:
+            raise _Unreadable(str(exc)) from None
         except OSError:
             return None
         for fd in fds:
