@@ -193,5 +193,5 @@ async def test_a_later_run_of_the_agent_may_only_say_it_did_not_run_it() -> None
     said = CommandResult("gpu-reset-1", "refused", "fetched by an earlier run of this agent: not run")
     assert queue.report("gpu-1", "agent-b", said) == (200, "accepted")
     result = await waiting
-    assert result.outcome == "unanswered" and "whether it ran is not known" in result.detail
-    assert "fetched by the agent instance agent-a" in result.detail
+    assert result.outcome == "unanswered" and "whether agent-a ran it is not known" in result.detail
+    assert "fetched by the agent instance agent-a, whose result never came" in result.detail

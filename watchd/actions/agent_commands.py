@@ -11,7 +11,7 @@ before a command is first handed out it is bound, in the state database
 (:mod:`watchd.store.command_bindings`), to the agent instance that asked (a random id per agent process), and
 it is handed out with that binding (``bound_to``) at every poll after, by this engine or any other reading the
 same store. A later run of the agent that does not remember the command refuses it instead of running it. A
-result is taken only with the node it is for and from the instance it is bound to; a later instance may only
+result is taken only with the node it is for and from the instance it is bound to; another instance may only
 say it did not run it (which ends the command ``unanswered``: whether the bound instance ran it is not known).
 
 Bounded: at most ``max_pending`` commands across the fleet and ``max_per_node`` per node (more are answered
@@ -300,8 +300,8 @@ class AgentCommands(Component):
     def report(self, node: str, instance: str, result: CommandResult) -> tuple[int, str]:
         """An agent's result: (HTTP status, what to answer). 200 taken; 404 unknown (an engine restarted
         since: the action asks again with the same id if it still waits); 410 no longer waited for; 409 for
-        another node, or from an agent instance the command is not bound to (but a later instance's refusal,
-        which ends it ``unanswered``)."""
+        another node, or from an agent instance the command is not bound to (but another instance's refusal,
+        which ends it ``unanswered``: whether the bound instance ran it is not known)."""
         pending = self._by_id.get(result.id)
         if pending is None:
             if (kind := self._late.get(result.id)) is not None:
@@ -349,8 +349,8 @@ class AgentCommands(Component):
             result = CommandResult(
                 result.id,
                 UNANSWERED,
-                f"fetched by the agent instance {bound}; a later run of the agent ({instance}) did not run "
-                f"it ({result.detail}): whether it ran is not known",
+                f"fetched by the agent instance {bound}, whose result never came; the agent instance "
+                f"{instance} refused it ({result.detail}): whether {bound} ran it is not known",
                 finished_at=result.finished_at,
             )
         self._drop(command)
