@@ -12,6 +12,8 @@ from typing import IO, Any
 
 import pytest
 
+from tests.harness.slurm import SlurmCluster
+from tests.support import wait_for
 from watchd.agent import job_evidence
 from watchd.agent.gpu_reset import gpu_reset_executor
 from watchd.agent.job_evidence import JobEvidence
@@ -137,3 +139,24 @@ def test_a_process_that_cannot_be_read_is_passed_over(
     assert host.evidence().find(GPU) == [
         "Slurm job 5's cgroup " + str(host.cgroup / "system.slice" / "slurmstepd.scope" / "job_5")
     ]
+
+
+@pytest.mark.slurm
+@pytest.mark.real
+def test_a_real_slurm_job_is_seen_on_this_host(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The test cluster's slurmd runs on this host: a real job's slurmstepd and its tasks are in the real
+    /proc, as on a node (no cgroup plugin here; other tests' jobs may be seen too)."""
+    job = slurm_cluster.submit("sleep 600", nodes=1)
+    evidence = JobEvidence(Path("/proc"), tmp_path)
+
+    def task_seen() -> bool:  # the batch script execs its sleep a moment after the job is RUNNING
+        task = f"a process of Slurm job {job} (pid "
+        return any(f.startswith(task) and ", sleep)" in f for f in evidence.find(""))
+
+    try:
+        slurm_cluster.wait_job_running(job)
+        found = evidence.find("")
+        assert any(f.startswith(f"slurmstepd of Slurm job {job} (pid ") for f in found), found
+        wait_for(task_seen, 10, "the job's task seen by its environment")
+    finally:
+        slurm_cluster.cancel(job)
