@@ -97,6 +97,11 @@ def engine_config(port: int, token_file: Path, mode: str, slurm_conf: str | None
 
 
 def agent_config(node: str, engine_port: int, token_file: Path, log_file: Path) -> dict[str, Any]:
+    # hermetic: the node's evidence of a job before a GPU reset is read from a tree of its own, not from this
+    # host's /proc and cgroups (where the test cluster's other nodes run their jobs)
+    host = log_file.parent / f"{node}-host"
+    for tree in ("proc", "cgroup"):
+        (host / tree).mkdir(parents=True, exist_ok=True)
     return {
         "node": node,
         "engine": {"url": f"http://127.0.0.1:{engine_port}", "auth": {"token_file": str(token_file)}},
@@ -109,6 +114,9 @@ def agent_config(node: str, engine_port: int, token_file: Path, log_file: Path) 
         },  # hermetic: not /run/watchd, not 9123
         "shipper": {"backoff_initial_s": 0.05, "backoff_max_s": 1},
         # hermetic: the ids of the commands it ran next to its log, not in /var/lib/watchd-agent
-        "commands": {"state_file": str(log_file.parent / f"{node}-commands.json")},
+        "commands": {
+            "state_file": str(log_file.parent / f"{node}-commands.json"),
+            "gpu_reset": {"proc_root": str(host / "proc"), "cgroup_root": str(host / "cgroup")},
+        },
         "log": {"format": "json"},
     }

@@ -43,13 +43,13 @@ class Agent:
 
     async def _poll(self) -> None:
         while True:
-            for command in self.queue.fetch(self.node):
+            for command in self.queue.fetch(self.node, "agent-a"):
                 if command.id not in self.remembered:
                     self.ran.append(command)
                     self.remembered[command.id] = self.answer(command)
                 result = self.remembered[command.id]
                 if result is not None:
-                    self.queue.report(self.node, result)
+                    self.queue.report(self.node, "agent-a", result)
             await asyncio.sleep(0.005)
 
     def stop(self) -> None:

@@ -1,8 +1,10 @@
 """The agent's side of the command path, over real HTTP against the engine's command queue: a GPU held by a
 process is refused, a free one reset (with the fake's real delay) and reported with the GPUs enumerated after;
 a command asked again (the engine restarted and drove its action again) is answered from memory, across an
-agent restart too (the state file); a command begun by an agent that died is never run again; and without a
-state file a command older than the agent is refused."""
+agent restart too (the state file); a command begun by an agent that died is never run again. At most once,
+really: nothing runs without a durable record that it runs (no state file, a full disk, a folder gone), a
+command bound to an earlier run of the agent that the memory does not cover (deleted, corrupt, empty) is
+refused, and no id is forgotten because newer ones came."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from watchd.actions.agent_commands import AgentCommands
-from watchd.agent.commands import CommandMemory, CommandRunner
+from watchd.agent.command_memory import CommandMemory
+from watchd.agent.commands import CommandRunner
 from watchd.agent.gpu_reset import gpu_reset_executor
 from watchd.agent.metrics import AgentMetrics
 from watchd.clock import SystemClock
@@ -26,13 +29,15 @@ from watchd.model.commands import Command
 from watchd.sim.gpu import FakeGpuBackend
 from watchd.sim.gpu_reset import FakeGpuResetter, for_backend
 from watchd.sim.scenario import Scenario, XidFault
+from watchd.store.database import Store
 
 
 class Engine:
     """The engine's command queue on a real HTTP server."""
 
-    def __init__(self) -> None:
-        self.queue = AgentCommands(SystemClock())
+    def __init__(self, store: Store | None = None) -> None:
+        bindings = store.command_bindings if store is not None else None
+        self.queue = AgentCommands(SystemClock(), bindings=bindings)
         app = web.Application()
         self.queue.routes(app, lambda request: "nobody")
         self.server = TestServer(app)
@@ -49,9 +54,7 @@ class Engine:
         return str(self.server.make_url(""))
 
 
-def runner(
-    engine: Engine, fake: FakeGpuResetter, memory: CommandMemory | None = None, **kw: Any
-) -> CommandRunner:
+def runner(engine: Engine, fake: FakeGpuResetter, memory: CommandMemory, **kw: Any) -> CommandRunner:
     metrics = kw.pop("metrics", None) or AgentMetrics()
     executors = {"gpu_reset": gpu_reset_executor(fake, kw.pop("sampler", None))}
     return CommandRunner("gpu-1", engine.url, None, metrics, executors, poll_s=0.05, memory=memory, **kw)
@@ -66,7 +69,10 @@ async def test_a_held_gpu_is_refused_and_a_free_one_reset_and_reported(tmp_path:
     training = FakeGpuBackend(Scenario.training(gpus=2), time.time())
     metrics = AgentMetrics()
     async with Engine() as engine:
-        agent = asyncio.ensure_future(runner(engine, for_backend(training, 0.0), metrics=metrics).run())
+        memory = CommandMemory(tmp_path / "commands.json")
+        agent = asyncio.ensure_future(
+            runner(engine, for_backend(training, 0.0), memory, metrics=metrics).run()
+        )
         refused = await engine.queue.run(command(1), timeout_s=10)
         assert refused.outcome == "refused", refused
         assert (
@@ -78,7 +84,7 @@ async def test_a_held_gpu_is_refused_and_a_free_one_reset_and_reported(tmp_path:
         fake = for_backend(idle, delay_s=0.5)
         sampler = GpuSampler(idle, "gpu-1", lambda e: None, interval_s=0.05)
         sampling = asyncio.ensure_future(sampler.run())
-        agent = asyncio.ensure_future(runner(engine, fake, sampler=sampler, metrics=metrics).run())
+        agent = asyncio.ensure_future(runner(engine, fake, memory, sampler=sampler, metrics=metrics).run())
         started = time.monotonic()
         done = await engine.queue.run(command(2), timeout_s=10)
         took = time.monotonic() - started
@@ -100,14 +106,14 @@ async def test_asked_again_it_answers_from_memory_across_a_restart(tmp_path: Pat
     backend = FakeGpuBackend(Scenario.idle(gpus=2), time.time())
     fake = for_backend(backend, delay_s=0.0)
     async with Engine() as engine:
-        first = runner(engine, fake, CommandMemory(state, time.time()))
+        first = runner(engine, fake, CommandMemory(state))
         agent = asyncio.ensure_future(first.run())
         done = await engine.queue.run(command(), timeout_s=10)
         agent.cancel()
         await asyncio.gather(agent, return_exceptions=True)
         assert done.outcome == "done" and len(fake.resets) == 1
         # the engine restarted and drives its action again: the same id; the agent restarted too
-        restarted = runner(engine, fake, CommandMemory(state, time.time()))
+        restarted = runner(engine, fake, CommandMemory(state))
         agent = asyncio.ensure_future(restarted.run())
         again = await engine.queue.run(command(), timeout_s=10)
         agent.cancel()
@@ -119,11 +125,11 @@ async def test_asked_again_it_answers_from_memory_across_a_restart(tmp_path: Pat
 
 async def test_a_command_begun_by_an_agent_that_died_is_never_run_again(tmp_path: Path) -> None:
     state = tmp_path / "commands.json"
-    memory = CommandMemory(state, time.time())
-    memory.remember("gpu-reset-1", {"state": "running", "kind": "gpu_reset", "at": time.time()})
+    memory = CommandMemory(state)
+    memory.record("gpu-reset-1", {"state": "running", "kind": "gpu_reset"})
     fake = for_backend(FakeGpuBackend(Scenario.idle(gpus=2), time.time()), delay_s=0.0)
     async with Engine() as engine:
-        agent = asyncio.ensure_future(runner(engine, fake, CommandMemory(state, time.time())).run())
+        agent = asyncio.ensure_future(runner(engine, fake, CommandMemory(state)).run())
         result = await engine.queue.run(command(), timeout_s=10)
         agent.cancel()
         await asyncio.gather(agent, return_exceptions=True)
@@ -131,24 +137,6 @@ async def test_a_command_begun_by_an_agent_that_died_is_never_run_again(tmp_path
         result.outcome == "failed" and "restarted while it ran this command: not run again" in result.detail
     )
     assert fake.resets == []
-
-
-async def test_without_a_state_file_an_older_command_is_refused_and_a_damaged_one_kept_aside(
-    tmp_path: Path,
-) -> None:
-    fake = for_backend(FakeGpuBackend(Scenario.idle(gpus=2), time.time()), delay_s=0.0)
-    async with Engine() as engine:
-        agent = asyncio.ensure_future(runner(engine, fake, CommandMemory(None, time.time())).run())
-        old = await engine.queue.run(command(issued_at=time.time() - 60), timeout_s=10)
-        new = await engine.queue.run(command(2), timeout_s=10)
-        agent.cancel()
-        await asyncio.gather(agent, return_exceptions=True)
-    assert old.outcome == "refused" and "keeps no commands.state_file" in old.detail
-    assert new.outcome == "done" and len(fake.resets) == 1
-    damaged = tmp_path / "commands.json"
-    damaged.write_text("{not json")
-    assert CommandMemory(damaged, 0.0).get("x") is None
-    assert (tmp_path / "commands.json.unreadable").read_text() == "{not json"
 
 
 async def test_an_engine_without_the_command_path_is_said_once() -> None:

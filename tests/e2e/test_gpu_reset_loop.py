@@ -9,7 +9,9 @@ itself (stand-in checks printing real nccl-tests and dcgmi outputs) and only a p
 A GPU held by a process is refused: the node stays drained and left for a person (the shipped rules page).
 ``kill -9`` of the engine after the command is queued, or while the agent runs it: the restarted engine asks
 again with the same command id, the agent answers from memory, the GPU is reset once, and the node is never
-in service without a pass."""
+in service without a pass. The same with the agent restarted and its memory deleted: the command is bound (in
+the engine's state database) to the agent's earlier run, so the new run refuses it, the GPU is reset once, and
+the node stays drained (whether the reset finished is not known: the shipped rules ask for a reboot)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import yaml
 
 from tests.checks.conftest import behave
 from tests.checks.conftest import standins as standins  # the stand-in checks fixture
-from tests.daemons import Daemon
+from tests.daemons import Daemon, free_port
 from tests.e2e import remediation_loop as loop
 from tests.e2e.remediation_loop import REAL_SCONTROL, history_cli, kernel_says, start_agent, start_engine
 from tests.harness.slurm import SlurmCluster
@@ -60,8 +62,9 @@ def _agent(engine: Daemon, tmp_path: Path, load: str = "idle") -> tuple[Daemon, 
 
     def simulated_gpus_and_fake_resets(config: dict[str, Any]) -> None:
         config["sources"]["gpu"] = {"backend": "fake", "scenario": str(scenario), "interval_s": 1.0}
-        config["commands"].update(
-            poll_s=0.5, gpu_reset={"fake_delay_s": RESET_DELAY_S, "fake_log": str(tmp_path / "resets.jsonl")}
+        config["commands"]["poll_s"] = 0.5
+        config["commands"]["gpu_reset"].update(
+            fake_delay_s=RESET_DELAY_S, fake_log=str(tmp_path / "resets.jsonl")
         )
 
     return start_agent(engine, tmp_path, NODE, simulated_gpus_and_fake_resets)
@@ -254,3 +257,53 @@ def test_kill9_never_resets_twice_nor_returns_an_unvalidated_node(
         engine.stop()
         if second is not None:
             second.stop()
+
+
+def test_kill9_of_the_engine_and_an_agent_restarted_without_its_memory_reset_once(
+    cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    behave(standins, gpu_3="pass")
+    engine = start_engine(cluster, standins, tmp_path)
+    agent, kernel_log = _agent(engine, tmp_path)
+    second: Daemon | None = None
+    restarted: Daemon | None = None
+    try:
+        kernel_says(kernel_log, XID95)
+        wait_for(lambda: "command_running" in agent.log_path.read_text(), 30, "the agent running the reset")
+        os.kill(engine.proc.pid, signal.SIGKILL)  # its result never reaches the engine
+        engine.proc.wait()
+        engine.stop()
+        wait_for(lambda: len(_resets(tmp_path)) == 1, 30, "the reset done")
+        os.kill(agent.proc.pid, signal.SIGKILL)
+        agent.proc.wait()
+        agent.stop()
+        state = Path(yaml.safe_load(agent.config_path.read_text())["commands"]["state_file"])
+        state.unlink()  # the agent's memory of the command is gone
+        config = yaml.safe_load(agent.config_path.read_text())
+        config["listen"]["port"] = free_port()
+        config["heartbeat"]["http_port"] = free_port()
+        restarted = Daemon("agent", config, tmp_path)
+        restarted.wait_ready()
+        second = _again(engine, tmp_path, {})
+        _wait(
+            lambda: any(a["action"] == "gpu_reset" for a in _actions(second)),
+            60,
+            "the re-driven reset answered",
+            second,
+            restarted,
+            cluster,
+        )
+        assert len(_resets(tmp_path)) == 1, "reset exactly once"
+        [reset] = [a for a in _actions(second) if a["action"] == "gpu_reset"]
+        assert reset["outcome"] == "not_reset", reset
+        assert "fetched by an earlier run of this agent" in reset["detail"], reset
+        assert "whether it ran is not known" in reset["detail"], reset
+        assert "command_running" not in restarted.log_path.read_text()
+        assert "DRAIN" in cluster.node_state(NODE), "never in service without a pass"
+        assert not any(a["action"] == "validate" for a in _actions(second))
+    finally:
+        agent.stop()
+        engine.stop()
+        for daemon in (restarted, second):
+            if daemon is not None:
+                daemon.stop()

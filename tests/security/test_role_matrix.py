@@ -123,7 +123,7 @@ REQUESTS: dict[str, tuple[str, str]] = {
     "read": ("GET", "/api/v1/status"),
     "operate": ("POST", "/api/v1/held/987654/discard"),  # nothing held: 404 once allowed, nothing changes
     "agent_read": ("GET", "/api/v1/reliability/job?job=slurm:42"),  # no heartbeats of it: 404 once allowed
-    "agent": ("GET", "/api/v1/agent/commands?node=gpu-9"),  # an agent's own call: its node's commands
+    "agent": ("GET", "/api/v1/agent/commands?node=gpu-9&instance=i1"),  # an agent's own call: its commands
     "metrics": ("GET", "/metrics"),
     "health": ("GET", "/healthz"),
 }

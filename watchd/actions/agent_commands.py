@@ -4,7 +4,15 @@ node's agent, in memory, and the two routes the agents call with their token.
 A command exists here only while an action waits for it (``gpu_reset``): the action's intent, written before
 the command is queued, is its durable record. After a ``kill -9`` of the engine the intent is driven again and
 asks again with the same id, and the agent, which runs an id at most once, reports what it remembers instead
-of running it again. So nothing here is written to the state database, and nothing is lost with it.
+of running it again.
+
+What the agent may have forgotten (its ``commands.state_file`` deleted, corrupt, unwritable) the engine keeps:
+before a command is first handed out it is bound, in the state database
+(:mod:`watchd.store.command_bindings`), to the agent instance that asked (a random id per agent process), and
+it is handed out with that binding (``bound_to``) at every poll after, by this engine or any other reading the
+same store. A later run of the agent that does not remember the command refuses it instead of running it. A
+result is taken only with the node it is for and from the instance it is bound to; another instance may only
+say it did not run it (which ends the command ``unanswered``: whether the bound instance ran it is not known).
 
 Bounded: at most ``max_pending`` commands across the fleet and ``max_per_node`` per node (more are answered
 ``not_queued`` at once); each wait is bounded by its action (``timeout``); the nodes whose last poll is kept
@@ -16,8 +24,8 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -27,15 +35,18 @@ from watchd.httputil import BodyError, error_response, json_response, read_json
 from watchd.logs import get_logger
 from watchd.model.commands import (
     COMMANDS_PATH,
+    REFUSED,
     Command,
     CommandResult,
     valid_id,
+    valid_instance,
     valid_node,
 )
 from watchd.model.events import WIRE_VERSION, WireError
+from watchd.store.connection import StoreError
 from watchd.subsystem import Component, Operator
 
-__all__ = ["EXPIRED", "NOT_QUEUED", "UNANSWERED", "AgentCommands"]
+__all__ = ["EXPIRED", "NOT_QUEUED", "UNANSWERED", "AgentCommands", "Bindings", "MemoryBindings"]
 
 _log = get_logger("watchd.agent_commands")
 
@@ -49,12 +60,65 @@ _MAX_RESULT_BYTES = 64 * 1024
 _LATE_KEPT = 1000
 
 
+class Bound(Protocol):
+    @property
+    def instance(self) -> str: ...
+
+
+class Bindings(Protocol):
+    """Which agent instance each command was first handed to: :class:`watchd.store.command_bindings.
+    CommandBindings` (durable, shared by the engines of one store), or :class:`MemoryBindings` (tests)."""
+
+    def bind(self, command_id: str, node: str, instance: str, at: float) -> Bound:
+        """Bind unless bound already; the binding either way. Raises StoreError when it cannot be written."""
+        ...
+
+    def get(self, command_id: str) -> Bound | None: ...
+
+    def finish(self, command_id: str, at: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    instance: str
+
+
+class MemoryBindings:
+    """Bindings in memory only: lost with the engine (an engine without a state database; tests)."""
+
+    def __init__(self) -> None:
+        self._by_id: OrderedDict[str, _Binding] = OrderedDict()
+
+    def bind(self, command_id: str, node: str, instance: str, at: float) -> Bound:
+        bound = self._by_id.setdefault(command_id, _Binding(instance))
+        while len(self._by_id) > MAX_NODES_SEEN:
+            self._by_id.popitem(last=False)
+        return bound
+
+    def get(self, command_id: str) -> Bound | None:
+        return self._by_id.get(command_id)
+
+    def finish(self, command_id: str, at: float) -> None:
+        pass
+
+
 @dataclass(slots=True)
 class _Pending:
     command: Command
     queued_at: float  # monotonic
     future: asyncio.Future[CommandResult]
     fetched_at: float | None = None  # monotonic: the first poll that handed it out
+    bound_to: str = ""  # the agent instance it is bound to, once handed out
+
+
+class CallRefused(Exception):
+    """An agent's call answered with an error: ``status``, ``reason`` (a metric label) and the detail."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.reason = reason
+        self.detail = detail
 
 
 class AgentCommands(Component):
@@ -68,8 +132,10 @@ class AgentCommands(Component):
         max_pending: int = 10_000,
         max_per_node: int = 4,
         leading: Callable[[], bool] = lambda: True,
+        bindings: Bindings | None = None,
     ) -> None:
         self._clock = clock
+        self._bindings: Bindings = bindings if bindings is not None else MemoryBindings()
         self._leading = leading
         self._max_pending = max_pending
         self._max_per_node = max_per_node
@@ -89,6 +155,15 @@ class AgentCommands(Component):
             "watchd_agent_commands_pending", "Commands waiting for their agent's result.", registry=registry
         )
         self.pending.set_function(lambda: float(len(self._by_id)))
+        self.refused = Counter(
+            "watchd_agent_command_calls_refused",
+            "Agents' calls of the command path refused, by call (fetch, result) and reason: no_node, "
+            "no_instance (an agent older than the engine), other_node (a result for another node's command), "
+            "other_instance (a result from an agent run the command is not bound to), not_handed_out, "
+            "not_bound (the binding could not be recorded: the state database).",
+            ["call", "reason"],
+            registry=registry,
+        )
 
     # ------------------------------------------------------------------------------------- the actions'
 
@@ -162,7 +237,16 @@ class AgentCommands(Component):
                 "not known",
             )
         _log.error("agent_command_timed_out", node=command.node, command=command.id, outcome=result.outcome)
+        self._finish_binding(pending)
         return self._ended(command, result)
+
+    def _finish_binding(self, pending: _Pending) -> None:
+        if pending.fetched_at is None:
+            return
+        try:
+            self._bindings.finish(pending.command.id, self._clock.now())
+        except StoreError as exc:  # kept unfinished: pruned after its own bound
+            _log.error("agent_command_binding_not_finished", command=pending.command.id, error=str(exc))
 
     def _ended(self, command: Command, result: CommandResult) -> CommandResult:
         self.finished.labels(command.kind, result.outcome).inc()
@@ -178,24 +262,46 @@ class AgentCommands(Component):
 
     # ------------------------------------------------------------------------------------- the agents'
 
-    def fetch(self, node: str) -> list[Command]:
-        """The commands pending for ``node`` (its agent asks): handed out until their result comes."""
+    def fetch(self, node: str, instance: str) -> list[Command]:
+        """The commands pending for ``node``, whose agent ``instance`` asks: handed out until their result
+        comes, each with the instance it is bound to (the first that fetched it: bound, durably, before it
+        is first handed out). Raises :class:`CallRefused` (503) when a binding cannot be recorded."""
         now = self._clock.monotonic()
         self._last_poll[node] = now
         self._last_poll.move_to_end(node)
         while len(self._last_poll) > MAX_NODES_SEEN:
             self._last_poll.popitem(last=False)
         out = []
-        for pending in self._by_node.get(node, {}).values():
+        for pending in list(self._by_node.get(node, {}).values()):
+            if not pending.bound_to:
+                try:
+                    bound = self._bindings.bind(pending.command.id, node, instance, self._clock.now())
+                except StoreError as exc:  # never handed out unbound: asked again at the next poll
+                    _log.error(
+                        "agent_command_not_bound", node=node, command=pending.command.id, error=str(exc)
+                    )
+                    self.refused.labels("fetch", "not_bound").inc()
+                    raise CallRefused(
+                        503, "not_bound", f"command {pending.command.id}: its binding cannot be recorded"
+                    ) from None
+                pending.bound_to = bound.instance
             if pending.fetched_at is None:
                 pending.fetched_at = now
-                _log.info("agent_command_fetched", node=node, command=pending.command.id)
-            out.append(pending.command)
+                _log.info(
+                    "agent_command_fetched",
+                    node=node,
+                    command=pending.command.id,
+                    instance=instance,
+                    bound_to=pending.bound_to,
+                )
+            out.append(replace(pending.command, bound_to=pending.bound_to))
         return out
 
-    def report(self, node: str | None, result: CommandResult) -> tuple[int, str]:
+    def report(self, node: str, instance: str, result: CommandResult) -> tuple[int, str]:
         """An agent's result: (HTTP status, what to answer). 200 taken; 404 unknown (an engine restarted
-        since: the action asks again with the same id if it still waits); 410 no longer waited for."""
+        since: the action asks again with the same id if it still waits); 410 no longer waited for; 409 for
+        another node, or from an agent instance the command is not bound to (but another instance's refusal,
+        which ends it ``unanswered``: whether the bound instance ran it is not known)."""
         pending = self._by_id.get(result.id)
         if pending is None:
             if (kind := self._late.get(result.id)) is not None:
@@ -209,38 +315,114 @@ class AgentCommands(Component):
                 )
                 return 410, f"command {result.id}: the engine stopped waiting for its result"
             return 404, f"command {result.id}: not pending here"
-        if node is not None and node != pending.command.node:
-            return 409, f"command {result.id} is for {pending.command.node}, not {node}"
-        self._drop(pending.command)
+        command = pending.command
+        if node != command.node:
+            return self._refuse(
+                "other_node",
+                409,
+                f"command {result.id} is for {command.node}, not {node}",
+                node,
+                instance,
+                result,
+            )
+        bound = pending.bound_to
+        if not bound:
+            try:
+                found = self._bindings.get(command.id)
+            except StoreError as exc:
+                return self._refuse("not_bound", 503, str(exc), node, instance, result)
+            bound = found.instance if found is not None else ""
+        if not bound:
+            return self._refuse(
+                "not_handed_out", 409, f"command {result.id} was not handed out yet", node, instance, result
+            )
+        if instance != bound:
+            if result.outcome != REFUSED:
+                return self._refuse(
+                    "other_instance",
+                    409,
+                    f"command {result.id} is bound to the agent instance {bound}, not {instance}",
+                    node,
+                    instance,
+                    result,
+                )
+            result = CommandResult(
+                result.id,
+                UNANSWERED,
+                f"fetched by the agent instance {bound}, whose result never came; the agent instance "
+                f"{instance} refused it ({result.detail}): whether {bound} ran it is not known",
+                finished_at=result.finished_at,
+            )
+        self._drop(command)
         if not pending.future.done():
             pending.future.set_result(result)
         _log.info(
             "agent_command_result",
-            node=pending.command.node,
+            node=command.node,
             command=result.id,
+            instance=instance,
             outcome=result.outcome,
             detail=result.detail,
         )
-        self._ended(pending.command, result)
+        self._finish_binding(pending)
+        self._ended(command, result)
         return 200, "accepted"
+
+    def _refuse(
+        self, reason: str, status: int, detail: str, node: str, instance: str, result: CommandResult
+    ) -> tuple[int, str]:
+        self.refused.labels("result", reason).inc()
+        _log.error(
+            "agent_command_result_refused",
+            reason=reason,
+            node=node,
+            instance=instance,
+            command=result.id,
+            outcome=result.outcome,
+            detail=detail,
+        )
+        return status, detail
 
     # ------------------------------------------------------------------------------------- the subsystem
 
+    def _caller(self, request: web.Request, call: str) -> tuple[str, str]:
+        """The calling agent's node and instance (``?node=N&instance=I``); :class:`CallRefused` (400)."""
+        node, instance = request.query.get("node"), request.query.get("instance")
+        if not valid_node(node):
+            self.refused.labels(call, "no_node").inc()
+            raise CallRefused(400, "no_node", "node: expected ?node=<the agent's node name>")
+        if not valid_instance(instance):
+            self.refused.labels(call, "no_instance").inc()
+            _log.error("agent_command_call_without_instance", call=call, node=node)
+            raise CallRefused(
+                400,
+                "no_instance",
+                "instance: expected ?instance=<the agent's instance id> (an agent older than this engine: "
+                "upgrade it, commands are handed only to an agent that says which run of it asks)",
+            )
+        assert node is not None and instance is not None
+        return node, instance
+
     def routes(self, app: web.Application, operator: Operator) -> None:
         async def fetch(request: web.Request) -> web.Response:
-            node = request.query.get("node")
-            if not valid_node(node):
-                return error_response(400, "node: expected ?node=<the agent's node name>")
-            assert node is not None
-            if not self._leading():  # a deposed leader hands nothing out: the agent asks the leader
-                return error_response(503, "not the leader: ask the leader for commands")
-            commands = self.fetch(node)
+            try:
+                node, instance = self._caller(request, "fetch")
+                if not self._leading():  # a deposed leader hands nothing out: the agent asks the leader
+                    return error_response(503, "not the leader: ask the leader for commands")
+                commands = self.fetch(node, instance)
+            except CallRefused as exc:
+                return error_response(exc.status, exc.detail)
             return json_response({"version": WIRE_VERSION, "commands": [c.to_wire() for c in commands]})
 
         async def result(request: web.Request) -> web.Response:
             command_id = request.match_info["id"]
             if not valid_id(command_id):
                 return error_response(400, "id: not a command id")
+            try:
+                node, instance = self._caller(request, "result")
+            except CallRefused as exc:
+                _log.error("agent_command_result_refused", reason=exc.reason, command=command_id)
+                return error_response(exc.status, exc.detail)
             try:
                 body = await read_json(request, _MAX_RESULT_BYTES)
             except BodyError as exc:
@@ -253,8 +435,7 @@ class AgentCommands(Component):
                 return error_response(400, f"invalid result: {exc}")
             if reported.id != command_id:
                 return error_response(400, f"the body's id {reported.id!r} is not the path's")
-            node = request.query.get("node")
-            status, detail = self.report(node if valid_node(node) else None, reported)
+            status, detail = self.report(node, instance, reported)
             if status != 200:
                 return error_response(status, detail)
             return json_response({"accepted": True})
@@ -273,6 +454,7 @@ class AgentCommands(Component):
                     "args": dict(p.command.args),
                     "waiting_s": round(now - p.queued_at, 1),
                     "fetched": p.fetched_at is not None,
+                    "bound_to": p.bound_to,
                 }
                 for p in list(self._by_id.values())[:100]
             ],

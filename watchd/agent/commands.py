@@ -6,29 +6,32 @@ Pulled, not pushed: the agent already reaches the engine (it ships its events th
 reaches the agents, and an idle node, the very one a reset waits for, may ship nothing for minutes; so the
 agent polls on its own beat rather than waiting for an ingest reply to carry its commands.
 
-At most once: the ids it ran and their results are remembered (``commands.state_file``, written before a
-command runs and after it ends, at most :data:`MAX_REMEMBERED` of them). The engine hands a command out at
-every poll until its result arrives, and asks again with the same id after its own restart: the agent then
-reports what it remembers. A command it began and never finished (the agent died meanwhile) is not run again
-but reported failed: whether the reset happened is not known. Without a state file, a command issued before
-this agent started is refused: its previous incarnation may have run it."""
+At most once (:mod:`watchd.agent.command_memory`): a command runs only once the agent has durably recorded
+that it runs it (``commands.state_file``); otherwise it is refused. The engine hands a command out at every
+poll until its result arrives, and asks again with the same id after its own restart: the agent then reports
+what it remembers. A command it began and never finished (the agent died meanwhile) is not run again but
+reported failed: whether the reset happened is not known.
+
+Each agent process is one *instance* (a random id), sent with every call; the engine binds a command to the
+first instance that fetched it and hands it out with that binding. A command bound to an earlier run of this
+agent that the memory does not cover (the file deleted, corrupt, or that run never recorded) is refused: that
+run may have run it. No clock is compared with another host's."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
+import secrets
 import ssl
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from watchd.agent import engine_call
+from watchd.agent.command_memory import RUNNING, CommandMemory, Unrecorded
 from watchd.agent.engine_call import call, with_session
 from watchd.agent.metrics import AgentMetrics
 from watchd.logs import get_logger
@@ -43,74 +46,15 @@ from watchd.model.commands import (
 )
 from watchd.model.events import WIRE_VERSION, WireError
 
-__all__ = ["CommandMemory", "CommandRunner", "Executor"]
+__all__ = ["CommandRunner", "Executor"]
 
 _log = get_logger("watchd.agent.commands")
 
-#: the ids (and results) the agent keeps; a node gets a few commands a week
-MAX_REMEMBERED = 256
 #: commands taken from one poll, at most (the engine keeps at most a few per node)
 MAX_PER_POLL = 16
 _MAX_REPLY_BYTES = 256 * 1024
-RUNNING = "running"
 
 Executor = Callable[[Command], Awaitable[CommandResult]]
-
-
-class CommandMemory:
-    """The commands this agent ran, by id: ``running`` while one runs, then its result; kept in ``path``
-    (written atomically) when given."""
-
-    def __init__(self, path: Path | None, started_at: float) -> None:
-        self.path = path
-        self.started_at = started_at
-        self._entries: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        if path is not None:
-            self._load(path)
-
-    def _load(self, path: Path) -> None:
-        try:
-            raw = json.loads(path.read_text())
-            entries = raw["commands"]
-            if not isinstance(entries, dict):
-                raise ValueError("commands: not an object")
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            aside = path.with_name(path.name + ".unreadable")
-            try:
-                os.replace(path, aside)
-            except OSError:
-                aside = path
-            _log.error("command_memory_unreadable", path=str(path), error=str(exc), kept_as=str(aside))
-            return
-        for command_id, entry in entries.items():
-            if isinstance(entry, dict):
-                self._entries[str(command_id)] = entry
-
-    def get(self, command_id: str) -> dict[str, Any] | None:
-        return self._entries.get(command_id)
-
-    def remember(self, command_id: str, entry: dict[str, Any]) -> None:
-        self._entries[command_id] = entry
-        self._entries.move_to_end(command_id)
-        while len(self._entries) > MAX_REMEMBERED:
-            self._entries.popitem(last=False)
-        self._save()
-
-    def _save(self) -> None:
-        if self.path is None:
-            return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w") as f:
-                json.dump({"version": 1, "commands": self._entries}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as exc:  # kept in memory: the next write tries again
-            _log.error("command_memory_unwritable", path=str(self.path), error=str(exc))
 
 
 class CommandRunner:
@@ -135,7 +79,14 @@ class CommandRunner:
         self._executors = executors
         self.poll_s = poll_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.memory = memory or CommandMemory(None, time.time())
+        self.memory = memory if memory is not None else CommandMemory(None)
+        #: this process, as the engine knows it: the commands bound to it are this run's to run
+        self.instance = secrets.token_hex(8)
+        self.memory.adopt(self.instance)
+        if self.memory.lost:
+            metrics.command_memory_errors.labels("read").inc()
+        if self.memory.unusable:
+            _log.error("commands_all_refused", reason=self.memory.unusable, hint="set commands.state_file")
         self._tls = tls
         self._session = session
         self._unsupported_logged = False
@@ -157,9 +108,9 @@ class CommandRunner:
         """One poll: fetch the node's commands, run (or recall) each, report each; how many were handled."""
         commands = await self._fetch(session)
         for command in commands[:MAX_PER_POLL]:
-            result = await self._handle(command)
-            if result is not None:
-                await self._report(session, result)
+            handled = await self._handle(command)
+            if handled is not None:
+                await self._report(session, *handled)
         return len(commands)
 
     async def _fetch(self, session: aiohttp.ClientSession) -> list[Command]:
@@ -168,7 +119,7 @@ class CommandRunner:
             session,
             "GET",
             url,
-            params={"node": self.node},
+            params={"node": self.node, "instance": self.instance},
             headers=self._headers,
             timeout=self._timeout,
             read_at_most=_MAX_REPLY_BYTES + 1,
@@ -203,55 +154,79 @@ class CommandRunner:
         self._metrics.command_polls.labels("ok").inc()
         return commands
 
-    async def _handle(self, command: Command) -> CommandResult | None:
-        """The result of ``command``: run now (once), or what the agent remembers of it."""
+    async def _handle(self, command: Command) -> tuple[CommandResult, str] | None:
+        """The result of ``command`` and the instance it is reported as: run now (once), or what the agent
+        remembers of it."""
         if command.node != self.node:
             _log.error("command_for_another_node", command=command.id, node=command.node, agent=self.node)
             return None
         seen = self.memory.get(command.id)
         if seen is not None:
-            if seen.get("state") == RUNNING:
-                # begun by an agent that died before it ended: whether it ran is not known; never again
-                result = CommandResult(
-                    command.id,
-                    FAILED,
-                    "the agent restarted while it ran this command: not run again, its outcome is not known",
-                    finished_at=time.time(),
-                )
-                self._remember(command, result)
-                return result
-            try:
-                return CommandResult.from_wire(seen.get("result"))
-            except WireError as exc:  # a damaged memory: still never run twice
-                return CommandResult(command.id, FAILED, f"ran before; its result is unreadable ({exc})")
-        if self.memory.path is None and command.issued_at < self.memory.started_at:
-            result = CommandResult(
-                command.id,
-                REFUSED,
-                "issued before this agent started, and the agent keeps no commands.state_file: its previous "
-                "run may have done it; not run",
-                finished_at=time.time(),
-            )
-            self._remember(command, result)
-            return result
+            return self._recalled(command, seen), str(seen.get("as") or self.instance)
+        refusal = self._refusal(command)
+        if refusal is not None:
+            return self._ended(command, self._refused(command, refusal), self.instance)
         executor = self._executors.get(command.kind)
         if executor is None:
-            result = CommandResult(
-                command.id, REFUSED, f"this agent does not do {command.kind!r}", finished_at=time.time()
+            return self._ended(command, self._refused(command, f"this agent does not do {command.kind!r}"))
+        # run under the binding: this instance, or an earlier run of it whose every run this memory holds
+        run_as = command.bound_to
+        try:
+            self.memory.record(command.id, {"state": RUNNING, "kind": command.kind, "as": run_as})
+        except Unrecorded as exc:
+            self._metrics.command_memory_errors.labels("write").inc()
+            detail = f"the agent could not record that it runs this command ({exc}): not run"
+            return self._ended(command, self._refused(command, detail), self.instance)
+        _log.warning("command_running", command=command.id, kind=command.kind, args=dict(command.args))
+        started = time.monotonic()
+        try:
+            result = await executor(command)
+        except Exception as exc:  # the executor's bug: reported, never re-run
+            _log.exception("command_crashed", command=command.id)
+            result = CommandResult(command.id, FAILED, f"internal error: {exc!r}", finished_at=time.time())
+        self._metrics.command_seconds.labels(command.kind).observe(time.monotonic() - started)
+        return self._ended(command, result, run_as)
+
+    def _refusal(self, command: Command) -> str | None:
+        """Why ``command`` may not run on this run of the agent, or None."""
+        bound = command.bound_to
+        if not bound:
+            return (
+                "the engine did not bind this command to a run of the agent (an engine older than the "
+                "agent): not run"
             )
-        else:
-            self.memory.remember(command.id, {"state": RUNNING, "kind": command.kind, "at": time.time()})
-            _log.warning("command_running", command=command.id, kind=command.kind, args=dict(command.args))
-            started = time.monotonic()
-            try:
-                result = await executor(command)
-            except Exception as exc:  # the executor's bug: reported, never re-run
-                _log.exception("command_crashed", command=command.id)
-                result = CommandResult(
-                    command.id, FAILED, f"internal error: {exc!r}", finished_at=time.time()
-                )
-            self._metrics.command_seconds.labels(command.kind).observe(time.monotonic() - started)
-        self._remember(command, result)
+        if bound != self.instance and not self.memory.knows(bound):
+            lost = f" (its memory was lost: {self.memory.lost})" if self.memory.lost else ""
+            return (
+                f"fetched by an earlier run of this agent (instance {bound}){lost}; whether it ran is not "
+                "known: not run"
+            )
+        return None
+
+    def _recalled(self, command: Command, seen: Mapping[str, Any]) -> CommandResult:
+        if seen.get("state") == RUNNING:
+            # begun by an agent that died before it ended: whether it ran is not known; never again
+            result = CommandResult(
+                command.id,
+                FAILED,
+                "the agent restarted while it ran this command: not run again, its outcome is not known",
+                finished_at=time.time(),
+            )
+            self._remember(command, result, str(seen.get("as") or self.instance))
+            return result
+        try:
+            return CommandResult.from_wire(seen.get("result"))
+        except WireError as exc:  # a damaged memory: still never run twice
+            return CommandResult(command.id, FAILED, f"ran before; its result is unreadable ({exc})")
+
+    def _refused(self, command: Command, detail: str) -> CommandResult:
+        return CommandResult(command.id, REFUSED, detail, finished_at=time.time())
+
+    def _ended(
+        self, command: Command, result: CommandResult, report_as: str | None = None
+    ) -> tuple[CommandResult, str]:
+        report_as = report_as or self.instance
+        self._remember(command, result, report_as)
         log = _log.info if result.outcome == DONE else _log.error
         log(
             "command_ended",
@@ -261,19 +236,23 @@ class CommandRunner:
             detail=result.detail,
         )
         self._metrics.commands.labels(command.kind, result.outcome).inc()
-        return result
+        return result, report_as
 
-    def _remember(self, command: Command, result: CommandResult) -> None:
-        self.memory.remember(command.id, {"state": "ended", "kind": command.kind, "result": result.to_wire()})
+    def _remember(self, command: Command, result: CommandResult, report_as: str) -> None:
+        entry = {"state": "ended", "kind": command.kind, "as": report_as, "result": result.to_wire()}
+        try:
+            self.memory.record(command.id, entry)
+        except Unrecorded:  # a result not on disk: a later run reports the command failed (it was running)
+            self._metrics.command_memory_errors.labels("write").inc()
 
-    async def _report(self, session: aiohttp.ClientSession, result: CommandResult) -> bool:
+    async def _report(self, session: aiohttp.ClientSession, result: CommandResult, report_as: str) -> bool:
         """Report ``result`` once; a failed report is tried again at the next poll (the engine hands the
         command out until it has the result)."""
         reply = await call(
             session,
             "POST",
             self._base + result_path(result.id),
-            params={"node": self.node},
+            params={"node": self.node, "instance": report_as},
             json=result.to_wire(),
             headers=self._headers,
             timeout=self._timeout,

@@ -1,6 +1,7 @@
-"""The agent's ``gpu_reset`` command: the GPU sampling paused (NVML closed),
-:func:`watchd.gpu.reset.reset_gpus` in a thread (refused while any process holds the GPU), then the GPUs
-enumerated again and the sampling resumed over them."""
+"""The agent's ``gpu_reset`` command: the GPU sampling paused (NVML closed), then in a thread the node's own
+evidence of a job read (:mod:`watchd.agent.job_evidence`: refused when there is any) and
+:func:`watchd.gpu.reset.reset_gpus` run (refused while any process holds the GPU), then the GPUs enumerated
+again and the sampling resumed over them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import time
 from typing import Any
 
 from watchd.agent.commands import Executor
-from watchd.gpu.reset import GpuResetter, ResetFailed, ResetRefused, describe_gpus, reset_gpus
+from watchd.agent.job_evidence import MAX_SHOWN, JobEvidence
+from watchd.gpu.reset import (
+    GpuResetter,
+    ResetFailed,
+    ResetRefused,
+    ResetReport,
+    describe_gpus,
+    reset_gpus,
+)
 from watchd.gpu.sampler import GpuSampler
 from watchd.model.commands import DONE, FAILED, REFUSED, Command, CommandResult
 from watchd.xid.pci import normalize_pci
@@ -18,7 +27,19 @@ from watchd.xid.pci import normalize_pci
 __all__ = ["gpu_reset_executor"]
 
 
-def gpu_reset_executor(resetter: GpuResetter, sampler: GpuSampler | None) -> Executor:
+def _reset_unless_a_job(resetter: GpuResetter, evidence: JobEvidence | None, target: str) -> ResetReport:
+    found = evidence.find(target) if evidence is not None else []
+    if found:
+        more = f" and {len(found) - MAX_SHOWN} more" if len(found) > MAX_SHOWN else ""
+        raise ResetRefused(f"a job is on the node: {'; '.join(found[:MAX_SHOWN])}{more}: not reset")
+    return reset_gpus(resetter, target)
+
+
+def gpu_reset_executor(
+    resetter: GpuResetter, sampler: GpuSampler | None, evidence: JobEvidence | None = None
+) -> Executor:
+    """The executor of ``gpu_reset``: ``evidence`` None reads no evidence of a job but NVML's (tests)."""
+
     async def execute(command: Command) -> CommandResult:
         text = command.args.get("gpu", "")
         target = normalize_pci(text) if text else ""
@@ -29,7 +50,7 @@ def gpu_reset_executor(resetter: GpuResetter, sampler: GpuSampler | None) -> Exe
         pause: Any = sampler.paused() if sampler is not None else contextlib.nullcontext()
         async with pause:
             try:
-                report = await asyncio.to_thread(reset_gpus, resetter, target)
+                report = await asyncio.to_thread(_reset_unless_a_job, resetter, evidence, target)
             except ResetRefused as exc:
                 return CommandResult(command.id, REFUSED, str(exc), finished_at=time.time())
             except ResetFailed as exc:

@@ -134,6 +134,13 @@ class AgentMetrics:
             ["result"],
             registry=r,
         )
+        self.command_memory_errors = Counter(
+            "watchd_agent_command_memory_errors",
+            "commands.state_file failures, by operation: write (a record not on disk: a command about to run "
+            "is refused), read (the file unreadable at start, set aside).",
+            ["operation"],
+            registry=r,
+        )
         self.command_seconds = Histogram(
             "watchd_agent_command_duration_seconds",
             "How long a command took to run on the node (a GPU reset: seconds).",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from functools import partial
@@ -13,9 +12,11 @@ from types import TracebackType
 from aiohttp import web
 
 from watchd.agent.advice import EngineAdvice
-from watchd.agent.commands import CommandMemory, CommandRunner
+from watchd.agent.command_memory import CommandMemory
+from watchd.agent.commands import CommandRunner
 from watchd.agent.gpu_reset import gpu_reset_executor
 from watchd.agent.heartbeat_server import HeartbeatServer
+from watchd.agent.job_evidence import JobEvidence
 from watchd.agent.metrics import AgentMetrics
 from watchd.agent.settings import AgentConfig
 from watchd.agent.shipper import Shipper
@@ -165,15 +166,16 @@ class Agent:
             return None
         backend = self.gpu.backend if self.gpu is not None else None
         resetter = resetter_from_config(commands.gpu_reset, backend, config.sources.gpu.proc_root)
+        evidence = JobEvidence(commands.gpu_reset.proc_root, commands.gpu_reset.cgroup_root)
         return CommandRunner(
             config.node,
             e.url,
             e.auth.resolve("engine.auth"),
             self.metrics,
-            {GPU_RESET: gpu_reset_executor(resetter, self.gpu)},
+            {GPU_RESET: gpu_reset_executor(resetter, self.gpu, evidence)},
             poll_s=commands.poll_s,
             timeout_s=e.timeout_s,
-            memory=CommandMemory(commands.state_file, time.time()),
+            memory=CommandMemory(commands.state_file),
             tls=engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
         )
 

@@ -96,13 +96,13 @@ class HeartbeatConfig(Strict):
 
 class CommandsConfig(Strict):
     """What the engine may ask the agent to do on its node (a GPU reset; docs/remediation.md): the agent
-    asks for its node's commands every ``poll_s``, runs each at most once (the ids it ran are kept in
-    ``state_file``, so a restart does not run one again) and reports the result."""
+    asks for its node's commands every ``poll_s``, runs each at most once (never before ``state_file``
+    durably says it runs it, so a restart does not run one again) and reports the result."""
 
     enabled: bool = True
     poll_s: Seconds = 10.0
-    # the ids run and their results (at most MAX_REMEMBERED); null: in memory only (a restarted agent
-    # refuses a command it may have run before: docs/remediation.md)
+    # the ids handled and their results (the last 30 days), in a folder only root or the agent may write;
+    # null: nothing can be recorded, so every command is refused (docs/remediation.md)
     state_file: Path | None = Path("/var/lib/watchd-agent/commands.json")
     gpu_reset: GpuResetConfig = GpuResetConfig()
 

@@ -11,8 +11,8 @@ from watchd.store.database import Store
 def prune(store: Store, config: EngineConfig, reliability: Reliability, now: float) -> None:
     """Drop what is past its retention: audit records, breaker counts, expired cooldowns, resolved held
     actions and finished intents past the audit's retention (held ones and unfinished intents are never
-    pruned), check runs, the nodes' remediations and cleared marks (open marks are never pruned),
-    reliability records."""
+    pruned), check runs, the nodes' remediations and cleared marks (open marks are never pruned), the
+    agents' command bindings, reliability records."""
     retention = now - config.state.audit_retention_days * 86400
     store.audit.prune(retention)
     store.breaker.prune(now - max(config.safety.window_s, 86400.0))
@@ -21,4 +21,5 @@ def prune(store: Store, config: EngineConfig, reliability: Reliability, now: flo
     store.intents.prune(retention)
     store.checks.prune(retention)
     store.nodes.prune(retention)  # remediations past every window, marks cleared long ago (open ones stay)
+    store.command_bindings.prune(retention, now)
     reliability.prune(now)

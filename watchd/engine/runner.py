@@ -491,14 +491,18 @@ class Engine:
             subsystems.append(Checks(service, self.validate, frozenset(config.checks.auto_validate)))
         audit, remediation, marks = self.store.audit, config.remediation, self.store.nodes.open_marks
         self.commands = AgentCommands(
-            self.clock, self.metrics.registry, max_pending=remediation.max_commands, leading=leading
+            self.clock,
+            self.metrics.registry,
+            max_pending=remediation.max_commands,
+            leading=leading,
+            bindings=self.store.command_bindings,
         )
         self.marks = NodeMarks(self.store.nodes, self._unmark, self.clock, leading, self.metrics.registry)
         subsystems += [
             self.usage,
             self.marks,  # lemons and nodes left for a person: out until cleared
             Remediation(self.scheduler, audit, remediation, self.clock, self.emit, leading, marks),
-            self.commands,  # the agents' commands (a GPU reset): in memory, their actions' intents durable
+            self.commands,  # the agents' commands (a GPU reset): their intents and bindings durable
             LoopLag(self.metrics.registry),
             HeapPolicy(),  # last: it starts with everything built, and freezes it
         ]

@@ -47,3 +47,7 @@ class GpuResetConfig(Strict):
     # the fake: how long a reset takes (seconds on real hardware), and a file it appends each reset to
     fake_delay_s: Annotated[float, Field(ge=0)] = 3.0
     fake_log: Path | None = None
+    # where the agent looks for a job on the node before a reset (Slurm cgroups and processes, a pod's
+    # processes holding the GPU): refused when it finds one (tests point these at fake trees)
+    proc_root: Path = Path("/proc")
+    cgroup_root: Path = Path("/sys/fs/cgroup")

@@ -1,11 +1,18 @@
 """Commands the engine asks an agent to carry out on its own node (a GPU reset), and what the agent reports:
 the wire format both sides share (version 1, as the event batches).
 
-The agent pulls: ``GET /api/v1/agent/commands?node=NODE`` answers the node's pending commands
-(``{"version": 1, "commands": [...]}``), and ``POST /api/v1/agent/commands/<id>/result`` reports how one
-ended. Both need the agents' token. A command is handed out at every poll until its result arrives (at least
-once); its ``id`` is stable (every re-drive of one action after an engine restart asks with the same id), and
-the agent runs an id at most once: asked again, it reports what it remembers."""
+The agent pulls: ``GET /api/v1/agent/commands?node=NODE&instance=I`` answers the node's pending commands
+(``{"version": 1, "commands": [...]}``), and ``POST /api/v1/agent/commands/<id>/result?node=NODE&instance=I``
+reports how one ended. Both need the agents' token. ``I`` is the agent process's own random instance id: the
+engine binds each command to the first instance that fetched it, durably, before handing it out, and hands it
+out with that binding (``bound_to``); a later run of the agent that does not remember the command refuses it,
+and a result is taken only from the node the command is for and the instance it is bound to.
+
+A command is handed out at every poll until its result arrives (at least once); its ``id`` is stable (every
+re-drive of one action after an engine restart asks with the same id), and the agent runs an id at most once:
+asked again, it reports what it remembers. Version 1 readers ignore ``bound_to``; an agent that sends no
+``instance`` (older than its engine) is refused, and an agent given a command without ``bound_to`` (an engine
+older than it) refuses the command."""
 
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ __all__ = [
     "Command",
     "CommandResult",
     "result_path",
+    "valid_instance",
 ]
 
 #: every path under it is an agent's own call (the agents' token; never an operator's or a viewer's)
@@ -44,6 +52,7 @@ FAILED: Final = "failed"
 AGENT_OUTCOMES = frozenset({DONE, REFUSED, FAILED})
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+_INSTANCE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MAX_NODE = 253
 _MAX_DETAIL = 2000
 #: a result's data, as JSON: the GPUs reset and the GPUs seen after (a node has at most a few dozen)
@@ -60,6 +69,11 @@ def valid_id(value: object) -> bool:
     return isinstance(value, str) and _ID.match(value) is not None
 
 
+def valid_instance(value: object) -> bool:
+    """An agent instance id: 1-64 characters [A-Za-z0-9_-]."""
+    return isinstance(value, str) and _INSTANCE.match(value) is not None
+
+
 def valid_node(value: object) -> bool:
     return isinstance(value, str) and 0 < len(value) <= _MAX_NODE and value.isprintable() and " " not in value
 
@@ -73,23 +87,28 @@ def _number(d: Mapping[str, Any], key: str) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Command:
-    """One thing the engine asks of the agent of ``node``. ``args`` of ``gpu_reset``: ``gpu``, the PCI bus
-    id of the GPU to reset (``0000:3b:00.0``), or "" for every GPU of the node."""
+    """One thing the engine asks of the agent of ``node``. ``args`` of ``gpu_reset``: ``gpu``, the PCI bus id
+    of the GPU to reset (``0000:3b:00.0``), or "" for every GPU of the node. ``bound_to``: the agent instance
+    the engine handed it to first ("" until it is handed out; never changed after)."""
 
     id: str
     node: str
     kind: str
     args: Mapping[str, str] = field(default_factory=dict)
     issued_at: float = 0.0
+    bound_to: str = ""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "id": self.id,
             "node": self.node,
             "kind": self.kind,
             "args": dict(self.args),
             "issued_at": self.issued_at,
         }
+        if self.bound_to:
+            wire["bound_to"] = self.bound_to
+        return wire
 
     @classmethod
     def from_wire(cls, d: object) -> Command:
@@ -111,7 +130,10 @@ class Command:
             )
         ):
             raise WireError(f"args: expected at most {MAX_ARGS} string values, got {args!r}"[:300])
-        return cls(str(d["id"]), str(d["node"]), kind, dict(args), _number(d, "issued_at"))
+        bound_to = d.get("bound_to", "")
+        if bound_to != "" and not valid_instance(bound_to):
+            raise WireError(f"bound_to: expected an agent instance id, got {bound_to!r}"[:300])
+        return cls(str(d["id"]), str(d["node"]), kind, dict(args), _number(d, "issued_at"), str(bound_to))
 
 
 @dataclass(frozen=True, slots=True)

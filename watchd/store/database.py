@@ -48,6 +48,7 @@ from watchd.store.alerts import FiringAlerts
 from watchd.store.audit import AuditLog
 from watchd.store.breaker import BreakerWindow
 from watchd.store.checks import CheckRuns
+from watchd.store.command_bindings import CommandBindings
 from watchd.store.connection import Connection, SqliteDriver, StoreError
 from watchd.store.dialect import POSTGRES, identity_tables
 from watchd.store.held import HeldActions
@@ -94,6 +95,7 @@ class Store:
         self.reliability = ReliabilityRecord(self._db)
         self.usage = JobUsage(self._db)  # the usage report's observations
         self.nodes = NodeRecords(self._db)  # remediations done, marks, drain generations
+        self.command_bindings = CommandBindings(self._db)  # which agent run a command was handed to
         self.health = StoreHealth()
         self._listeners: list[Callable[[str, StoreError], None]] = []
         self._db.on_error = self._failed

@@ -223,5 +223,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             drained_at REAL NOT NULL
         ) WITHOUT ROWID""",
     ),
+    (  # which run of a node's agent a command was first handed to (a GPU reset runs at most once)
+        """CREATE TABLE command_bindings (
+            command_id TEXT PRIMARY KEY,
+            node TEXT NOT NULL,
+            instance TEXT NOT NULL,
+            bound_at REAL NOT NULL,
+            finished_at REAL
+        ) WITHOUT ROWID""",
+        "CREATE INDEX command_bindings_bound ON command_bindings (bound_at)",
+        "CREATE INDEX command_bindings_finished ON command_bindings (finished_at)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -14,7 +14,8 @@ pack reboots it).
 
 The command the engine queues for the agent has an id derived from the action's intent, so a re-drive after
 a ``kill -9`` of the engine asks with the same id, and the agent, which runs an id at most once, answers what
-it remembers: a GPU is never reset twice for one decision."""
+it remembers; an agent restarted without that memory refuses the command, which the engine bound to the
+agent's earlier run (:mod:`watchd.actions.agent_commands`): a GPU is never reset twice for one decision."""
 
 from __future__ import annotations
 
@@ -163,7 +164,8 @@ def _result(answer: CommandResult, command: Command, requested_at: float) -> Act
         detail = f"the agent {verb} the reset of {gpus}: {answer.detail}"
         return ActionResult(Outcome.NOT_RESET, detail, {**data, "agent": answer.outcome})
     if answer.outcome in ("expired", "unanswered"):
-        detail = f"no GPU reset: {answer.detail}"
+        said = "no GPU reset" if answer.outcome == "expired" else "no GPU reset confirmed"
+        detail = f"{said}: {answer.detail}"
         return ActionResult(Outcome.NOT_RESET, detail, {**data, "agent": answer.outcome})
     return ActionResult(Outcome.FAILED, answer.detail, data)  # not queued, not the leader: tried again later
 
