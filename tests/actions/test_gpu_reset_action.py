@@ -78,7 +78,7 @@ async def test_an_idle_drained_node_is_reset_through_its_agent() -> None:
     assert result.outcome == "reset", result
     assert "0000:3b:00.0 of gpu-1 reset by its agent: 0000:3b:00.0 reset in 3.1 s" in result.detail
     [ran] = agent.ran
-    assert ran.args == {"gpu": "0000:3b:00.0"} and ran.id.startswith("gpu-reset-")
+    assert ran.args == {"gpu": "0000:3b:00.0", "drain_generation": "0"} and ran.id.startswith("gpu-reset-")
     assert result.data["command"] == ran.id and result.data["gpus"] == ["0000:3b:00.0"]
     [record] = audit.entries
     assert (record.action, record.outcome) == ("gpu_reset", "reset")

@@ -14,6 +14,12 @@ same store. A later run of the agent that does not remember the command refuses 
 result is taken only with the node it is for and from the instance it is bound to; another instance may only
 say it did not run it (which ends the command ``unanswered``: whether the bound instance ran it is not known).
 
+A command is valid only while the reason for it holds: the action that queues it may give a check
+(:data:`Validity`), asked right before the command is first handed out. A command whose reason no longer holds
+(the node resumed, a job put on it, drained again since, marked) is withdrawn then, never handed out, and
+ends ``withdrawn``; a check that cannot answer (the scheduler unreachable) keeps the command back for that
+poll. Once handed out, the agent's own evidence of a job guards the rest.
+
 Bounded: at most ``max_pending`` commands across the fleet and ``max_per_node`` per node (more are answered
 ``not_queued`` at once); each wait is bounded by its action (``timeout``); the nodes whose last poll is kept
 (for the detail of a command never fetched) are at most ``MAX_NODES_SEEN``. Delivery is at least once: a
@@ -36,8 +42,10 @@ from watchd.logs import get_logger
 from watchd.model.commands import (
     COMMANDS_PATH,
     REFUSED,
+    WITHDRAWN,
     Command,
     CommandResult,
+    Validity,
     valid_id,
     valid_instance,
     valid_node,
@@ -46,7 +54,16 @@ from watchd.model.events import WIRE_VERSION, WireError
 from watchd.store.connection import StoreError
 from watchd.subsystem import Component, Operator
 
-__all__ = ["EXPIRED", "NOT_QUEUED", "UNANSWERED", "AgentCommands", "Bindings", "MemoryBindings"]
+__all__ = [
+    "EXPIRED",
+    "NOT_QUEUED",
+    "UNANSWERED",
+    "WITHDRAWN",
+    "AgentCommands",
+    "Bindings",
+    "MemoryBindings",
+    "Validity",
+]
 
 _log = get_logger("watchd.agent_commands")
 
@@ -109,6 +126,8 @@ class _Pending:
     future: asyncio.Future[CommandResult]
     fetched_at: float | None = None  # monotonic: the first poll that handed it out
     bound_to: str = ""  # the agent instance it is bound to, once handed out
+    valid: Validity | None = None  # asked right before it is first handed out
+    held_back: bool = False  # its check could not answer at the last poll: not handed out
 
 
 class CallRefused(Exception):
@@ -173,10 +192,11 @@ class AgentCommands(Component):
         at = self._last_poll.get(node)
         return None if at is None else self._clock.monotonic() - at
 
-    async def run(self, command: Command, timeout_s: float) -> CommandResult:
+    async def run(self, command: Command, timeout_s: float, valid: Validity | None = None) -> CommandResult:
         """Queue ``command`` for its node's agent and wait up to ``timeout_s`` for its result. Never raises
-        for the agent's sake: a command never fetched ends ``expired`` (withdrawn), one fetched and not
-        answered ``unanswered``, one over the bounds ``not_queued``."""
+        for the agent's sake: a command never fetched ends ``expired`` (withdrawn), one whose ``valid`` said
+        its reason no longer holds when the agent asked ``withdrawn``, one fetched and not answered
+        ``unanswered``, one over the bounds ``not_queued``."""
         pending = self._by_id.get(command.id)
         if pending is None:
             node_queue = self._by_node.get(command.node, {})
@@ -189,7 +209,7 @@ class AgentCommands(Component):
                 _log.error("agent_command_not_queued", node=command.node, command=command.id, reason=why)
                 return self._ended(command, CommandResult(command.id, NOT_QUEUED, f"not queued: {why}"))
             future: asyncio.Future[CommandResult] = asyncio.get_running_loop().create_future()
-            pending = _Pending(command, self._clock.monotonic(), future)
+            pending = _Pending(command, self._clock.monotonic(), future, valid=valid)
             self._by_id[command.id] = pending
             self._by_node.setdefault(command.node, {})[command.id] = pending
             _log.info(
@@ -260,6 +280,33 @@ class AgentCommands(Component):
             if not node_queue:
                 del self._by_node[command.node]
 
+    async def withdraw_invalid(self, node: str) -> None:
+        """Ask the check of each command of ``node`` not handed out yet: withdraw those whose reason no
+        longer holds; keep back (not handed out this time) those whose check could not answer."""
+        for pending in list(self._by_node.get(node, {}).values()):
+            if pending.bound_to or pending.valid is None:
+                continue
+            try:
+                why = await pending.valid()
+            except Exception as exc:  # cannot tell now: not handed out, asked again at the next poll
+                _log.warning(
+                    "agent_command_validity_unknown", node=node, command=pending.command.id, error=str(exc)
+                )
+                pending.held_back = True
+                continue
+            pending.held_back = False
+            if why is None or pending.future.done() or pending.bound_to:
+                continue
+            self._drop(pending.command)
+            result = CommandResult(
+                pending.command.id,
+                WITHDRAWN,
+                f"withdrawn before its agent fetched it: {why}; nothing was run",
+            )
+            _log.warning("agent_command_withdrawn", node=node, command=pending.command.id, reason=why)
+            pending.future.set_result(result)
+            self._ended(pending.command, result)
+
     # ------------------------------------------------------------------------------------- the agents'
 
     def fetch(self, node: str, instance: str) -> list[Command]:
@@ -273,6 +320,8 @@ class AgentCommands(Component):
             self._last_poll.popitem(last=False)
         out = []
         for pending in list(self._by_node.get(node, {}).values()):
+            if pending.held_back:
+                continue
             if not pending.bound_to:
                 try:
                     bound = self._bindings.bind(pending.command.id, node, instance, self._clock.now())
@@ -409,6 +458,7 @@ class AgentCommands(Component):
                 node, instance = self._caller(request, "fetch")
                 if not self._leading():  # a deposed leader hands nothing out: the agent asks the leader
                     return error_response(503, "not the leader: ask the leader for commands")
+                await self.withdraw_invalid(node)
                 commands = self.fetch(node, instance)
             except CallRefused as exc:
                 return error_response(exc.status, exc.detail)

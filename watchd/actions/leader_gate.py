@@ -22,7 +22,7 @@ from watchd.integrations.base import (
     Scheduler,
 )
 from watchd.integrations.leadership import AlwaysLeader, Leadership
-from watchd.model.commands import Command, CommandResult
+from watchd.model.commands import Command, CommandResult, Validity
 
 #: the outcome of a command a deposed leader did not queue
 NOT_LEADER = "not_leader"
@@ -97,7 +97,9 @@ class GatedScheduler:
 
 
 class CommandPathLike(Protocol):
-    async def run(self, command: Command, timeout_s: float) -> CommandResult: ...
+    async def run(
+        self, command: Command, timeout_s: float, valid: Validity | None = None
+    ) -> CommandResult: ...
 
     def last_poll_s(self, node: str) -> float | None: ...
 
@@ -110,11 +112,11 @@ class GatedCommands:
         self.inner = commands
         self._gate = gate
 
-    async def run(self, command: Command, timeout_s: float) -> CommandResult:
+    async def run(self, command: Command, timeout_s: float, valid: Validity | None = None) -> CommandResult:
         refusal = await self._gate.now(f"{command.kind} on {command.node}")
         if refusal is not None:
             return CommandResult(command.id, NOT_LEADER, refusal)
-        return await self.inner.run(command, timeout_s)
+        return await self.inner.run(command, timeout_s, valid)
 
     def last_poll_s(self, node: str) -> float | None:
         return self.inner.last_poll_s(node)

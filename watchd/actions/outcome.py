@@ -43,6 +43,8 @@ class Outcome(StrEnum):
     # it began changing the cluster and could not finish (leadership lost, the scheduler refused its last
     # step): its intent stays open, and it is driven again by the engine that leads
     INTERRUPTED = "interrupted"
+    # a command withdrawn before its agent fetched it: the reason for it no longer held; nothing was run
+    WITHDRAWN = "withdrawn"
     CLEARED = "cleared"  # a node's marks were cleared (an operator, or its GPU was replaced)
     NOT_MARKED = "not_marked"  # an unmark of a node that carried no such mark
 

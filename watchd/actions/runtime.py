@@ -15,7 +15,7 @@ from watchd.clock import Clock
 from watchd.engine.metrics import EngineMetrics
 from watchd.integrations.base import Scheduler, SchedulerError
 from watchd.integrations.webhook.sender import WebhookSender
-from watchd.model.commands import Command, CommandResult
+from watchd.model.commands import Command, CommandResult, Validity
 from watchd.model.validation import Validation
 from watchd.store.intents import Intent
 from watchd.store.node_records import NodeRecords
@@ -71,9 +71,10 @@ class AuditReader(Protocol):
 class CommandPath(Protocol):
     """The engine's commands to the agents (:class:`~watchd.actions.agent_commands.AgentCommands`)."""
 
-    async def run(self, command: Command, timeout_s: float) -> CommandResult:
+    async def run(self, command: Command, timeout_s: float, valid: Validity | None = None) -> CommandResult:
         """Queue ``command`` for its node's agent; its result, or the engine's own outcome when none came in
-        ``timeout_s`` (``expired``, ``unanswered``) or it could not be queued (``not_queued``)."""
+        ``timeout_s`` (``expired``, ``unanswered``), ``valid`` said its reason no longer held when the
+        agent asked (``withdrawn``), or it could not be queued (``not_queued``)."""
         ...
 
     def last_poll_s(self, node: str) -> float | None:

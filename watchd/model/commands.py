@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -32,8 +32,10 @@ __all__ = [
     "FAILED",
     "GPU_RESET",
     "REFUSED",
+    "WITHDRAWN",
     "Command",
     "CommandResult",
+    "Validity",
     "result_path",
     "valid_instance",
 ]
@@ -50,6 +52,8 @@ DONE: Final = "done"
 REFUSED: Final = "refused"
 FAILED: Final = "failed"
 AGENT_OUTCOMES = frozenset({DONE, REFUSED, FAILED})
+#: the engine's outcome of a command whose reason no longer held when its agent asked: never handed out
+WITHDRAWN: Final = "withdrawn"
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _INSTANCE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -59,6 +63,11 @@ _MAX_DETAIL = 2000
 MAX_DATA_BYTES = 16 * 1024
 MAX_ARGS = 16
 _MAX_ARG = 256
+
+
+#: whether the reason a command was queued for still holds, asked right before it is handed out: None if
+#: it does, else why not; an exception when it cannot tell now (the command is kept back that time)
+Validity = Callable[[], Awaitable["str | None"]]
 
 
 def result_path(command_id: str) -> str:

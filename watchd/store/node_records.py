@@ -71,6 +71,8 @@ class Claimed:
 
     count: int
     again: bool = False  # claimed before (a re-drive): nothing new was counted
+    #: watchd's drain of the node it was claimed under: a command of it lapses once the node is drained again
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,18 +127,22 @@ class NodeRecords:
             marks = _open_marks(tx, node)
             if marks:
                 return Refused(marks[0])
-            if tx.execute("SELECT 1 FROM node_remediations WHERE claim = ?", (claim,)).fetchone():
-                return Claimed(_count(tx, node, now - window_s), again=True)
+            row = tx.execute("SELECT generation FROM node_remediations WHERE claim = ?", (claim,)).fetchone()
+            if row is not None:
+                return Claimed(_count(tx, node, now - window_s), again=True, generation=int(row[0]))
             done = _count(tx, node, now - window_s)
             if done >= limit:
                 detail = f"{done} automatic remediations in {window_s / 86400:g} d (at most {limit})"
                 mark = _set_mark(tx, node, "left_for_a_person", rule, detail, now)
                 return Refused(mark, done, limit_reached=True)
+            gen = tx.execute("SELECT generation FROM node_drains WHERE node = ?", (node,)).fetchone()
+            generation = 0 if gen is None else int(gen[0])
             tx.execute(
-                "INSERT INTO node_remediations (node, kind, claim, rule, at) VALUES (?, ?, ?, ?, ?)",
-                (node, kind, claim, rule, now),
+                "INSERT INTO node_remediations (node, kind, claim, rule, at, generation)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (node, kind, claim, rule, now, generation),
             )
-            return Claimed(done + 1)
+            return Claimed(done + 1, generation=generation)
 
     def settle(self, claim: str, outcome: str, done: bool) -> None:
         """How a claimed remediation ended: kept in the count with its outcome when it was (or may have

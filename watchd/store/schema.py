@@ -196,7 +196,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             claim TEXT NOT NULL UNIQUE,
             rule TEXT NOT NULL,
             at REAL NOT NULL,
-            outcome TEXT NOT NULL DEFAULT ''
+            outcome TEXT NOT NULL DEFAULT '',
+            generation INTEGER NOT NULL DEFAULT 0
         )""",
         "CREATE INDEX node_remediations_node_at ON node_remediations (node, at)",
         "CREATE INDEX node_remediations_at ON node_remediations (at)",

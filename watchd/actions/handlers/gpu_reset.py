@@ -26,10 +26,19 @@ from pydantic import Field
 
 from watchd.actions.handlers.remediation_guard import RemediationGuard, RemediationHandler, RemediationParams
 from watchd.actions.outcome import ActionResult, Outcome
-from watchd.model.commands import DONE, FAILED, GPU_RESET, REFUSED, Command, CommandResult
+from watchd.model.commands import (
+    DONE,
+    FAILED,
+    GPU_RESET,
+    REFUSED,
+    WITHDRAWN,
+    Command,
+    CommandResult,
+    Validity,
+)
 from watchd.model.durations import Duration
 from watchd.model.events import stable_id
-from watchd.model.nodes import NodeState, describe, refuse_reboot
+from watchd.model.nodes import NodeState, describe, drained_by_watchd, refuse_reboot
 from watchd.xid.pci import normalize_pci
 
 if TYPE_CHECKING:
@@ -93,7 +102,8 @@ class GpuResetHandler(RemediationHandler):
         if isinstance(claim, ActionResult):
             return claim
         command_id, requested_at = self._command_id(attempt, runtime)
-        command = Command(command_id, node, GPU_RESET, {"gpu": gpu}, issued_at=requested_at)
+        args = {"gpu": gpu, "drain_generation": str(claim.generation)}
+        command = Command(command_id, node, GPU_RESET, args, issued_at=requested_at)
         commands = runtime.commands
         wait_idle = float(params.get("wait_idle", 600.0))
         timeout = float(params.get("timeout", 600.0))
@@ -104,7 +114,9 @@ class GpuResetHandler(RemediationHandler):
                 return refusal
             if (marked := _GUARD.still_unmarked(node, runtime)) is not None:
                 return marked
-            answer = await commands.run(command, timeout)
+            answer = await commands.run(
+                command, timeout, reason_holds(scheduler, node, claim.generation, runtime)
+            )
             return _result(answer, command, requested_at)
 
         result = await runtime.scheduled(self.kind, call)
@@ -151,6 +163,39 @@ async def _wait_until_idle(
         await asyncio.sleep(IDLE_POLL_S)
 
 
+def reason_holds(scheduler: Scheduler, node: str, generation: int, runtime: Runtime) -> Validity:
+    """The check of a reset command, asked right before its agent first gets it: the node is still out of
+    service by the drain it was decided under (or inside watchd's validation), runs no job, carries no
+    mark. Raises SchedulerError when the scheduler cannot say (the command is then kept back)."""
+
+    async def check() -> str | None:
+        st = (await scheduler.node_states([node])).get(node)
+        if st is None:
+            return "the scheduler no longer knows the node"
+        if runtime.nodes is not None:
+            if marks := runtime.nodes.open_marks(node):
+                return marks[0].describe()
+            now = runtime.nodes.generation(node)
+            if now != generation:
+                return f"drained again by watchd since (drain {generation} -> {now}): its own decision acts"
+        if not (drained_by_watchd(st) or in_validation(st)):
+            why = f": {st.reason}" if st.reason else ""
+            return (
+                f"no longer out of service by watchd ({describe(st)}{why}): resumed, or someone else's drain"
+            )
+        if runs_a_job(st):
+            return f"a job was put on it ({describe(st)})"
+        return None
+
+    return check
+
+
+def in_validation(st: NodeState) -> bool:
+    """Inside a maintenance reservation, as watchd's validation puts a node (its drain lifted): still out of
+    service."""
+    return "MAINT" in st.flags
+
+
 def _result(answer: CommandResult, command: Command, requested_at: float) -> ActionResult:
     data: dict[str, Any] = {"command": command.id, "requested_at": requested_at, **answer.data}
     gpus = command.args.get("gpu") or "every GPU"
@@ -163,6 +208,8 @@ def _result(answer: CommandResult, command: Command, requested_at: float) -> Act
         verb = "refused" if answer.outcome == REFUSED else "failed"
         detail = f"the agent {verb} the reset of {gpus}: {answer.detail}"
         return ActionResult(Outcome.NOT_RESET, detail, {**data, "agent": answer.outcome})
+    if answer.outcome == WITHDRAWN:
+        return ActionResult(Outcome.WITHDRAWN, answer.detail, {**data, "agent": answer.outcome})
     if answer.outcome in ("expired", "unanswered"):
         said = "no GPU reset" if answer.outcome == "expired" else "no GPU reset confirmed"
         detail = f"{said}: {answer.detail}"

@@ -46,6 +46,14 @@ class RemediationHandler(Handler):
         return keys.action(self.kind, action.node)
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A remediation claimed in the node's record: its id, and watchd's drain it was claimed under."""
+
+    id: str
+    generation: int
+
+
 @dataclass(frozen=True)
 class RemediationGuard:
     remedy: str  # what the outcomes call it: "a reboot"
@@ -59,7 +67,7 @@ class RemediationGuard:
             )
         return None
 
-    def claim(self, attempt: Attempt, runtime: Runtime, key: str) -> str | ActionResult:
+    def claim(self, attempt: Attempt, runtime: Runtime, key: str) -> Claim | ActionResult:
         """Claim the remediation in the node's record (:mod:`watchd.store.node_records`), in one
         transaction with the reads that allow it: its id, or ``left_for_a_person`` when the node is marked
         (a lemon, or its remediations spent) or had ``max_per_node`` remediations in ``window`` (which marks
@@ -67,7 +75,7 @@ class RemediationGuard:
         node, params = attempt.action.node, attempt.action.params
         claim = claim_id(attempt, runtime, key)
         if runtime.nodes is None:
-            return claim
+            return Claim(claim, 0)
         answer = runtime.nodes.claim(
             node,
             attempt.handler.kind,
@@ -78,7 +86,7 @@ class RemediationGuard:
             limit=int(params.get("max_per_node", 3)),
         )
         if isinstance(answer, Claimed):
-            return claim
+            return Claim(claim, answer.generation)
         if answer.limit_reached:
             return ActionResult(
                 Outcome.LEFT_FOR_A_PERSON,
@@ -101,14 +109,14 @@ class RemediationGuard:
         marks = runtime.nodes.open_marks(node) if runtime.nodes is not None else []
         return self.refused_by(marks[0]) if marks else None
 
-    def settle(self, runtime: Runtime, claim: str, result: ActionResult) -> None:
+    def settle(self, runtime: Runtime, claim: Claim, result: ActionResult) -> None:
         """Keep the claim counted when the remedy was (or may have been) done; take it back when nothing
         was touched."""
         if runtime.nodes is None:
             return
         done = result.outcome in (Outcome.REBOOTING, Outcome.RESET)
         done = done or result.data.get("agent") in _MAY_HAVE_RUN
-        runtime.nodes.settle(claim, result.outcome.value, done)
+        runtime.nodes.settle(claim.id, result.outcome.value, done)
 
 
 #: what the agent may have done though the command did not end ``done``: failed while it ran, or no answer
