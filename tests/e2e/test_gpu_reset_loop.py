@@ -307,3 +307,58 @@ def test_kill9_of_the_engine_and_an_agent_restarted_without_its_memory_reset_onc
         for daemon in (restarted, second):
             if daemon is not None:
                 daemon.stop()
+
+
+def test_a_node_an_operator_resumes_before_its_agent_asks_is_never_reset(
+    cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    """The reset is queued while the node's agent does not ask (a slow poll); an operator resumes the node
+    and Slurm starts a user's job there. When the agent asks, the engine withdraws the command: the GPU is
+    not reset, the job runs on, and nothing is asked in its place (no reboot)."""
+    behave(standins, gpu_3="pass")
+    engine = start_engine(cluster, standins, tmp_path)
+    scenario = tmp_path / "gpus-idle.yaml"
+    scenario.write_text(
+        yaml.safe_dump({"seed": 3, "gpus": {"model": "H100-SXM", "count": 8}, "load": "idle"})
+    )
+
+    def slow_poll(poll_s: float) -> Any:
+        def configure(config: dict[str, Any]) -> None:
+            config["sources"]["gpu"] = {"backend": "fake", "scenario": str(scenario), "interval_s": 1.0}
+            config["commands"]["poll_s"] = poll_s
+            config["commands"]["gpu_reset"].update(fake_delay_s=0.1, fake_log=str(tmp_path / "resets.jsonl"))
+
+        return configure
+
+    agent, kernel_log = start_agent(engine, tmp_path, NODE, slow_poll(3600.0))  # asked once, at its start
+    try:
+        kernel_says(kernel_log, XID95)
+
+        def queued() -> bool:
+            return bool(engine.get_json("/api/v1/status")["agent_commands"]["pending"])
+
+        _wait(queued, 30, "the reset queued", engine, agent, cluster)
+        cluster.resume(NODE)  # the operator
+        job = cluster.submit("sleep 600", nodes=1, extra_args=["-w", NODE])
+        cluster.wait_job_running(job)
+        agent.stop()
+        agent, _ = start_agent(engine, tmp_path, NODE, slow_poll(0.5))
+
+        def ended() -> bool:
+            return any(a["action"] == "gpu_reset" for a in _actions(engine))
+
+        _wait(ended, 30, "the reset ended", engine, agent, cluster)
+        [reset] = [a for a in _actions(engine) if a["action"] == "gpu_reset"]
+        assert reset["outcome"] == "withdrawn", reset
+        assert "no longer out of service by watchd (" in reset["detail"], reset
+        assert "MIXED" in reset["detail"] or "ALLOCATED" in reset["detail"], reset  # the user's job there
+        time.sleep(2)  # a command handed out anyway would be run by now
+        assert _resets(tmp_path) == []
+        assert cluster.job(job)["JobState"] == "RUNNING"
+        assert not [a for a in _actions(engine) if a["action"] == "reboot"]
+        assert 'watchd_agent_commands_total{command="gpu_reset",outcome="withdrawn"} 1.0' in engine.get(
+            "/metrics"
+        )
+    finally:
+        agent.stop()
+        engine.stop()
