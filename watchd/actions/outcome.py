@@ -43,6 +43,9 @@ class Outcome(StrEnum):
     # it began changing the cluster and could not finish (leadership lost, the scheduler refused its last
     # step): its intent stays open, and it is driven again by the engine that leads
     INTERRUPTED = "interrupted"
+    # a validation could not check the node's links (no known-good partner was idle): it stays drained, and
+    # is validated again when a partner frees up
+    NOT_CHECKED = "not_checked"
 
 
 #: The node is out of service, by watchd.

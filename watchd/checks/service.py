@@ -41,11 +41,13 @@ from watchd.checks.runner import (
     RunOutput,
 )
 from watchd.checks.schedule import trigger_for
-from watchd.checks.verdict import tag
+from watchd.checks.verdict import NOT_CHECKED, tag, validation_reason
 from watchd.checks.views import CheckViews
+from watchd.checks.waiting import Waiting, page_due
 from watchd.clock import Clock
 from watchd.logs import get_logger
-from watchd.model.events import Event
+from watchd.model import check as check_kind
+from watchd.model.events import Event, stable_id
 from watchd.model.validation import Validation
 from watchd.periodic import Periodic
 from watchd.store.checks import CheckRun
@@ -86,6 +88,8 @@ class CheckService(CheckViews):
         self._failing: dict[
             str, set[str]
         ] = {}  # node -> checks whose last result failed (awaiting validation)
+        #: nodes whose validation could not check their links (no partner): drained, tried again
+        self.waiting: dict[str, Waiting] = {}
 
     # ----------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -95,6 +99,7 @@ class CheckService(CheckViews):
                 self._failing.setdefault(st.node, set()).add(st.check)
         for run in self.store.checks.unfinished():
             self._spawn(self._follow(run))
+        self._restore_waiting()
         now = self.clock.now()
         for spec in self.config.items:
             if spec.schedule is None:
@@ -264,7 +269,7 @@ class CheckService(CheckViews):
     ) -> tuple[str, str, Verdict, RunOutput]:
         if validation and not peers and CHECK_KINDS[spec.type].nodes_per_run > 1:  # with a known-good node
             pair = (self.runner, self.store.checks, spec, node, rid, self._running, self._run_one)
-            return node, *await validate_pair(*pair, self.clock.now())
+            return node, *await validate_pair(*pair, self.clock.now)
         run_id = f"{spec.name}.{node}.{uuid.uuid4().hex[:10]}"
         self.store.checks.start(run_id, spec.name, node, rid, self.clock.now(), validation=validation)
         for busy in (node, *peers):
@@ -503,8 +508,9 @@ class CheckService(CheckViews):
             return Validation("refused", False, f"{node} is already being checked")
         self._validating.add(node)
         results: list[RunResult] = []
-        evidence: list[str] = []
-        tags: list[str] = []  # what sinfo -R shows of the reason: the failed checks and their figures
+        failed: list[tuple[str, str]] = []  # (tag: what sinfo -R shows of the reason, evidence)
+        unchecked: list[tuple[str, str]] = []  # (check, evidence): pair checks without a partner
+        unchecked_run: tuple[CheckSpec, str] | None = None
         try:
             try:
                 await self.runner.begin_validation(node, sum(s.time_limit for s in specs))
@@ -515,19 +521,24 @@ class CheckService(CheckViews):
                     _, run_id, verdict, output = await self._run_one(
                         spec, node, round_id, None, validation=True
                     )
+                    if verdict.outcome == NOT_CHECKED:  # since when it waits survives a restart
+                        since = w.since if (w := self.waiting.get(node)) is not None else self.clock.now()
+                        verdict = Verdict(NOT_CHECKED, verdict.evidence, {"waiting_since": since})
                     event = await self._settle(
                         spec, node, round_id, run_id, verdict, output, validation=True, count_round=False
                     )
                     results.append(run_result(event))
-                    if not verdict.passed:
-                        evidence.append(verdict.evidence)
-                        tags.append(tag(spec.name, verdict.figures))
+                    if verdict.outcome == NOT_CHECKED:
+                        unchecked.append((spec.name, verdict.evidence))
+                        unchecked_run = unchecked_run or (spec, run_id)
+                    elif not verdict.passed:
+                        failed.append((tag(spec.name, verdict.figures), verdict.evidence))
             except BaseException:
                 with contextlib.suppress(Exception):
                     await self.runner.end_validation(node, False, "validate interrupted")
                 raise
-            passed = not evidence
-            reason = f"validate {', '.join(tags)}: {'; '.join(evidence)}" if evidence else ""
+            passed = not failed and not unchecked
+            reason = validation_reason(failed, unchecked)
             try:
                 done = await self.runner.end_validation(node, passed, reason)
             except RunnerError as exc:
@@ -541,7 +552,81 @@ class CheckService(CheckViews):
         self._update_awaiting()
         checks = ", ".join(str(r.get("check")) for r in results)
         detail = f"every check passed ({checks})" if passed else reason
+        if done != "resumed" and not failed and unchecked_run is not None:
+            self._wait_for_partner(node, unchecked_run[0], round_id, unchecked_run[1], unchecked[0][1])
+            return Validation("not_checked", False, detail, results)
+        self.waiting.pop(node, None)
         return Validation("resumed" if done == "resumed" else "drained", passed, detail, results)
+
+    # ------------------------------------------------------------------------ waiting for a pair partner
+    def _wait_for_partner(self, node: str, spec: CheckSpec, rid: str, run_id: str, evidence: str) -> None:
+        w = self.waiting.get(node)
+        since = w.since if w is not None else self.clock.now()
+        paged = w.paged if w is not None else False
+        self.waiting[node] = Waiting(spec.name, since, evidence, rid, run_id, paged)
+        _log.warning("validation_not_checked", node=node, check=spec.name, waiting_s=self.clock.now() - since)
+
+    def _restore_waiting(self) -> None:
+        """The nodes left waiting for a partner before a restart (their last run of a pair check in the suite
+        is a validation's ``not_checked``), with since when they wait."""
+        for spec in self.config.suite():
+            if CHECK_KINDS[spec.type].nodes_per_run == 1:
+                continue
+            for node, st in self.store.checks.nodes(spec.name).items():
+                if st.last_outcome != NOT_CHECKED:
+                    continue
+                run = next((r for r in self.store.checks.history(node, 50) if r.check == spec.name), None)
+                if run is None or run.outcome != NOT_CHECKED:
+                    continue
+                since = run.figures.get("waiting_since")
+                at = float(since) if isinstance(since, int | float) else run.started_at
+                self.waiting[node] = Waiting(spec.name, at, run.evidence, run.round, run.run_id)
+
+    def waiting_validation(self) -> set[str]:
+        """The nodes being validated now."""
+        return set(self._validating)
+
+    def busy_nodes(self) -> set[str]:
+        """The nodes running a check of this engine's, or being validated."""
+        return set(self._running) | self._validating
+
+    def stop_waiting(self, node: str) -> None:
+        """``node`` is no longer one to validate (in service, or drained by someone else)."""
+        if self.waiting.pop(node, None) is not None:
+            _log.info("validation_wait_ended", node=node)
+
+    async def page_waiting(self) -> list[str]:
+        """Page (once) about each node waiting ``checks.partner_wait`` or longer: a ``check_result`` event,
+        outcome ``not_checked``, ``overdue`` true, which the shipped rule pages on."""
+        now = self.clock.now()
+        due = page_due(self.waiting, now, self.config.partner_wait)
+        for node in due:
+            w = self.waiting[node]
+            spec = self.config.check(w.check)
+            self.waiting[node] = Waiting(w.check, w.since, w.evidence, w.round, w.run_id, paged=True)
+            if spec is None:
+                continue
+            waited = round(now - w.since, 3)
+            attrs = check_kind.CheckResult(
+                check=spec.name,
+                check_type=spec.type,
+                passed=False,
+                outcome=NOT_CHECKED,
+                evidence=w.evidence,
+                round=w.round,
+                validation=True,
+                extra={"overdue": True, "waited_s": waited},
+            )
+            _log.warning("validation_not_checked_overdue", node=node, check=spec.name, waited_s=waited)
+            await self.emit(
+                attrs.to_event(
+                    id=stable_id(check_kind.KIND, w.run_id, "overdue", w.since),
+                    node=node,
+                    source=check_kind.SOURCE,
+                    time=now,
+                )
+            )
+        return due
 
     async def recover(self, node: str, round_id: str, reason: str | None) -> Validation:
         """A validation a crash interrupted (the ``validate`` action driven again): its runs still going are

@@ -275,6 +275,8 @@ class Engine:
         mode): the ``validate`` action, the check suite, then back in service only if every check passed."""
         params = {"round": f"validate:{uuid.uuid4().hex[:8]}"}
         result = await self.executor.act(VALIDATE.kind, node, params, rule="validate", note=note, mode=mode)
+        if result.outcome == "resumed":  # back in service through its validation: its failures end here
+            self.reliability.restored(node, self.clock.now())
         return {"outcome": result.outcome.value, "detail": result.detail, **result.data}
 
     def evaluated(self, event: Event) -> asyncio.Future[None]:
@@ -478,7 +480,10 @@ class Engine:
             )
             service.gate(self.executor.leader_gate.now)
             self.checks = service
-            subsystems.append(Checks(service, self.validate, frozenset(config.checks.auto_validate)))
+            checks = Checks(service, self.validate, frozenset(config.checks.auto_validate))
+            fleet = self.fleet  # idle partners for the validations waiting for one: the listing it keeps
+            checks.fleet_nodes = lambda: fleet.nodes if fleet.listed_at is not None else None
+            subsystems.append(checks)
         audit, remediation = self.store.audit, config.remediation
         self.commands = AgentCommands(
             self.clock, self.metrics.registry, max_pending=remediation.max_commands, leading=leading
