@@ -615,7 +615,8 @@ class CheckService(CheckViews):
                 evidence=w.evidence,
                 round=w.round,
                 validation=True,
-                extra={"overdue": True, "waited_s": waited},
+                overdue=True,
+                waited_s=waited,
             )
             _log.warning("validation_not_checked_overdue", node=node, check=spec.name, waited_s=waited)
             await self.emit(

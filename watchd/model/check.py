@@ -56,4 +56,6 @@ class CheckResult(Attrs):
     exit_status: int | None = None
     duration_s: float | None = None
     job: str | None = None  # the scheduler's job (Slurm job id, Kubernetes Job name)
+    overdue: bool | None = None  # not_checked: waited checks.partner_wait for a partner (the page)
+    waited_s: float | None = None  # not_checked: how long it has waited for one
     extra: Mapping[str, Scalar] = field(default_factory=dict)

@@ -56,7 +56,7 @@ def _not_checked(
 
 
 async def _idle_now(runner: CheckRunner, spec: CheckSpec, partner: str, busy: Mapping[str, str]) -> str:
-    """"" when ``partner`` may be lent now (idle, unreserved, checking nothing), else why not."""
+    """ "" when ``partner`` may be lent now (idle, unreserved, checking nothing), else why not."""
     if partner in busy:
         return "already being checked"
     try:
