@@ -7,8 +7,8 @@ past its time limit); ``error`` (it could not be run or its output could not be 
 blamed, the check is retried with back-off); ``link`` (``nccl-pair``: the node and ``partners`` ran slowly
 together, each fine with others: the link between them, not either node); ``not_checked`` (a validation's
 pair check found no idle known-good partner: the links were not checked, the node is not blamed; with
-``overdue`` true and ``waited_s``, it has waited ``checks.partner_wait`` for one). ``evidence`` is one line, the drain
-reason of the default pack (``nccl busbw 312 GB/s < 80% of 450 GB/s``).
+``overdue`` true and ``waited_s``, it has waited ``checks.partner_wait`` for one). ``evidence`` is one
+line, the drain reason of the default pack (``nccl busbw 312 GB/s < 80% of 450 GB/s``).
 """
 
 from __future__ import annotations
