@@ -7,12 +7,13 @@ tests/checks/test_pair_checks_slurm.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tests.checks.test_pairs import TWO_NODES, pair_config
 from tests.checks.test_service import Harness, nodes
 from watchd.checks.params import ChecksConfig
-from watchd.checks.runner import RunOutput
+from watchd.checks.runner import Availability, RunOutput
 from watchd.checks.subsystem import Checks
 from watchd.integrations.fake.checks import FakeCheckRunner
 from watchd.model.fleet import FleetNode
@@ -108,9 +109,12 @@ async def test_the_wait_survives_a_restart() -> None:
 
 
 async def test_a_partner_slurm_takes_before_the_run_is_replaced_and_the_fabric_is_not_blamed() -> None:
+    taken: list[str] = []
+
     def script(job: Any) -> RunOutput:
-        if "n001" in job.nodes:  # Slurm gave n001 to a waiting job: the check never started
-            return RunOutput("not_started", "", None, "did not start: n001 taken by job 77")
+        if job.validation and not taken:  # Slurm gave the first partner to a waiting job: never started
+            taken.append(job.peers[0])
+            return RunOutput("not_started", "", None, f"did not start: {job.peers[0]} taken by job 77")
         return RunOutput("completed", TWO_NODES, 0)
 
     runner = FakeCheckRunner(nodes(3), lambda job: RunOutput("completed", TWO_NODES, 0))
@@ -119,13 +123,36 @@ async def test_a_partner_slurm_takes_before_the_run_is_replaced_and_the_fabric_i
     runner.script = script
     runner.nodes["n000"].flags.add("DRAIN")
     runner.nodes["n000"].reason = "watchd: Xid79"
-    h.clock.advance(10)
     v = await h.service.validate("n000", "validate:1")
     tried = [j.nodes for j in runner.submitted if j.validation]
     assert (v.done, v.passed) == ("resumed", True), v
-    assert tried == [("n000", "n001"), ("n000", "n002")]  # n001 first (passed as recently, by name)
+    (first,) = taken
+    assert len(tried) == 2 and tried[0] == ("n000", first) and tried[1][1] not in ("n000", first), tried
     history = [
         (r["outcome"], r["evidence"]) for r in h.service.history("n000", 10) if "validate" in r["round"]
     ]
     assert [o for o, _ in history] == ["passed", "skipped"], history
-    assert history[1][1].startswith("n001 was taken before the check started: did not start: n001 taken")
+    assert history[1][1].startswith(f"{first} was taken before the check started: did not start: {first}")
+
+
+async def test_the_last_check_before_the_lend_passes_over_a_partner_just_taken() -> None:
+    runner = FakeCheckRunner(nodes(3), lambda job: RunOutput("completed", TWO_NODES, 0))
+    h = Harness(pair_config(), runner)
+    await h.service.run_round("fabric")
+    runner.nodes["n000"].flags.add("DRAIN")
+    runner.nodes["n000"].reason = "watchd: Xid79"
+    real = runner.availability
+    grabbed: list[str] = []
+
+    async def availability(names: Sequence[str], within_s: float) -> dict[str, Availability]:
+        out = await real(names, within_s)
+        if not grabbed and len(names) > 1:  # right after the partners are chosen, a job lands on the first
+            grabbed.append(names[0])
+            runner.nodes[names[0]].state = "allocated"
+        return out
+
+    runner.availability = availability  # type: ignore[method-assign]
+    v = await h.service.validate("n000", "validate:1")
+    assert (v.done, v.passed) == ("resumed", True), v
+    lent = [j.nodes for j in runner.submitted if j.validation]
+    assert len(lent) == 1 and grabbed[0] not in lent[0], (grabbed, lent)
