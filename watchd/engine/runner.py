@@ -256,6 +256,9 @@ class Engine:
 
     async def release(self, held_id: int, by: str) -> dict[str, str]:
         result = await self.executor.release(held_id, by)
+        held = self.store.held.get(held_id)
+        if held is not None and held.status == "released":  # a drain taken out now: a failure from now
+            self.reliability.released(held, result.outcome.value, self.clock.now(), self.config.mode)
         return {"outcome": result.outcome, "detail": result.detail}
 
     def discard(self, held_id: int, by: str) -> dict[str, str]:
@@ -472,6 +475,10 @@ class Engine:
         )
         self.usage.attach(self.store, config.state.path)
         subsystems: list[Subsystem] = [self.rule_keeper, self.detectors, self.reliability, self.fleet]
+        watch = self.fleet  # every return to service, also those watchd is not told of, ends a failure
+        self.reliability.fleet_listing = lambda: (
+            None if watch.listed_at is None else (watch.nodes, watch.listed_at)
+        )
         if config.checks.enabled:
             runner = build_runner(config.checks.runner, config)
             metrics = CheckMetrics(self.metrics.registry)
@@ -483,6 +490,7 @@ class Engine:
             checks = Checks(service, self.validate, frozenset(config.checks.auto_validate))
             fleet = self.fleet  # idle partners for the validations waiting for one: the listing it keeps
             checks.fleet_nodes = lambda: fleet.nodes if fleet.listed_at is not None else None
+            self.reliability.validating = service.waiting_validation
             subsystems.append(checks)
         audit, remediation = self.store.audit, config.remediation
         self.commands = AgentCommands(
