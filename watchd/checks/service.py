@@ -29,6 +29,8 @@ from watchd.checks.judge import Verdict, judge, judge_peers
 from watchd.checks.kinds import CHECK_KINDS, undeclared_figures
 from watchd.checks.metrics import CheckMetrics
 from watchd.checks.params import ChecksConfig, CheckSpec
+from watchd.checks.partner_waits import PartnerWaits
+from watchd.checks.recovery import recover_validation
 from watchd.checks.result_event import RunResult, check_result, run_result
 from watchd.checks.risk import Order
 from watchd.checks.runner import (
@@ -43,11 +45,10 @@ from watchd.checks.runner import (
 from watchd.checks.schedule import trigger_for
 from watchd.checks.verdict import NOT_CHECKED, tag, validation_reason
 from watchd.checks.views import CheckViews
-from watchd.checks.waiting import Waiting, page_due
+from watchd.checks.waiting import Waiting
 from watchd.clock import Clock
 from watchd.logs import get_logger
-from watchd.model import check as check_kind
-from watchd.model.events import Event, stable_id
+from watchd.model.events import Event
 from watchd.model.validation import Validation
 from watchd.periodic import Periodic
 from watchd.store.checks import CheckRun
@@ -88,8 +89,7 @@ class CheckService(CheckViews):
         self._failing: dict[
             str, set[str]
         ] = {}  # node -> checks whose last result failed (awaiting validation)
-        #: nodes whose validation could not check their links (no partner): drained, tried again
-        self.waiting: dict[str, Waiting] = {}
+        self.partner_waits = PartnerWaits(config, store, clock, emit)
 
     # ----------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -99,7 +99,7 @@ class CheckService(CheckViews):
                 self._failing.setdefault(st.node, set()).add(st.check)
         for run in self.store.checks.unfinished():
             self._spawn(self._follow(run))
-        self._restore_waiting()
+        self.partner_waits.restore()
         now = self.clock.now()
         for spec in self.config.items:
             if spec.schedule is None:
@@ -522,7 +522,7 @@ class CheckService(CheckViews):
                         spec, node, round_id, None, validation=True
                     )
                     if verdict.outcome == NOT_CHECKED:  # since when it waits survives a restart
-                        since = w.since if (w := self.waiting.get(node)) is not None else self.clock.now()
+                        since = self.partner_waits.since(node)
                         verdict = Verdict(NOT_CHECKED, verdict.evidence, {"waiting_since": since})
                     event = await self._settle(
                         spec, node, round_id, run_id, verdict, output, validation=True, count_round=False
@@ -553,34 +553,22 @@ class CheckService(CheckViews):
         checks = ", ".join(str(r.get("check")) for r in results)
         detail = f"every check passed ({checks})" if passed else reason
         if done != "resumed" and not failed and unchecked_run is not None:
-            self._wait_for_partner(node, unchecked_run[0], round_id, unchecked_run[1], unchecked[0][1])
+            self.partner_waits.wait(node, unchecked_run[0], round_id, unchecked_run[1], unchecked[0][1])
             return Validation("not_checked", False, detail, results)
-        self.waiting.pop(node, None)
+        self.partner_waits.stop(node)
         return Validation("resumed" if done == "resumed" else "drained", passed, detail, results)
 
     # ------------------------------------------------------------------------ waiting for a pair partner
-    def _wait_for_partner(self, node: str, spec: CheckSpec, rid: str, run_id: str, evidence: str) -> None:
-        w = self.waiting.get(node)
-        since = w.since if w is not None else self.clock.now()
-        paged = w.paged if w is not None else False
-        self.waiting[node] = Waiting(spec.name, since, evidence, rid, run_id, paged)
-        _log.warning("validation_not_checked", node=node, check=spec.name, waiting_s=self.clock.now() - since)
+    @property
+    def waiting(self) -> dict[str, Waiting]:
+        """The nodes whose validation could not check their links (no partner): drained, tried again."""
+        return self.partner_waits.nodes
 
-    def _restore_waiting(self) -> None:
-        """The nodes left waiting for a partner before a restart (their last run of a pair check in the suite
-        is a validation's ``not_checked``), with since when they wait."""
-        for spec in self.config.suite():
-            if CHECK_KINDS[spec.type].nodes_per_run == 1:
-                continue
-            for node, st in self.store.checks.nodes(spec.name).items():
-                if st.last_outcome != NOT_CHECKED:
-                    continue
-                run = next((r for r in self.store.checks.history(node, 50) if r.check == spec.name), None)
-                if run is None or run.outcome != NOT_CHECKED:
-                    continue
-                since = run.figures.get("waiting_since")
-                at = float(since) if isinstance(since, int | float) else run.started_at
-                self.waiting[node] = Waiting(spec.name, at, run.evidence, run.round, run.run_id)
+    def stop_waiting(self, node: str) -> None:
+        self.partner_waits.stop(node)
+
+    async def page_waiting(self) -> list[str]:
+        return await self.partner_waits.page()
 
     def waiting_validation(self) -> set[str]:
         """The nodes being validated now."""
@@ -590,91 +578,11 @@ class CheckService(CheckViews):
         """The nodes running a check of this engine's, or being validated."""
         return set(self._running) | self._validating
 
-    def stop_waiting(self, node: str) -> None:
-        """``node`` is no longer one to validate (in service, or drained by someone else)."""
-        if self.waiting.pop(node, None) is not None:
-            _log.info("validation_wait_ended", node=node)
-
-    async def page_waiting(self) -> list[str]:
-        """Page (once) about each node waiting ``checks.partner_wait`` or longer: a ``check_result`` event,
-        outcome ``not_checked``, ``overdue`` true, which the shipped rule pages on."""
-        now = self.clock.now()
-        due = page_due(self.waiting, now, self.config.partner_wait)
-        for node in due:
-            w = self.waiting[node]
-            spec = self.config.check(w.check)
-            self.waiting[node] = Waiting(w.check, w.since, w.evidence, w.round, w.run_id, paged=True)
-            if spec is None:
-                continue
-            waited = round(now - w.since, 3)
-            attrs = check_kind.CheckResult(
-                check=spec.name,
-                check_type=spec.type,
-                passed=False,
-                outcome=NOT_CHECKED,
-                evidence=w.evidence,
-                round=w.round,
-                validation=True,
-                overdue=True,
-                waited_s=waited,
-            )
-            _log.warning("validation_not_checked_overdue", node=node, check=spec.name, waited_s=waited)
-            await self.emit(
-                attrs.to_event(
-                    id=stable_id(check_kind.KIND, w.run_id, "overdue", w.since),
-                    node=node,
-                    source=check_kind.SOURCE,
-                    time=now,
-                )
-            )
-        return due
-
     async def recover(self, node: str, round_id: str, reason: str | None) -> Validation:
-        """A validation a crash interrupted (the ``validate`` action driven again): its runs still going are
-        cancelled; ``reason`` None: the node is drained and stays so, only what :meth:`validate` set up is
-        undone; else it returns to service if every check of the suite passed in ``round_id``, and is drained
-        again with ``reason`` if not."""
-        specs = self.config.suite()
-        runs = [r for spec in specs for r in self.store.checks.in_round(spec.name, round_id)]
-        for run in runs:
-            spec = self.config.check(run.check)
-            if run.finished_at is None and run.job_id and spec is not None:
-                handle = JobHandle(
-                    run.run_id, run.node, run.job_id, run.job_output, run.started_at, spec.time_limit
-                )
-                with contextlib.suppress(RunnerError):
-                    await self.runner.cancel(handle)
-        results = [
-            RunResult(
-                node=r.node,
-                check=r.check,
-                outcome=r.outcome,
-                passed=r.outcome == "passed",
-                evidence=r.evidence,
-                job=r.job_id,
-            )
-            for r in runs
-        ]
-        passed = bool(specs) and all(
-            any(r.check == s.name and r.outcome == "passed" for r in runs) for s in specs
-        )
-        try:
-            if reason is None:
-                await self.runner.abandon_validation(node)
-                return Validation(
-                    "drained", False, "interrupted before the drain was lifted: it stays", results
-                )
-            if passed:
-                done = await self.runner.end_validation(node, True, "")
-                self._failing.pop(node, None)
-                self._update_awaiting()
-                return Validation(
-                    "resumed" if done == "resumed" else "drained",
-                    True,
-                    "finished after a restart: every check had passed",
-                    results,
-                )
-            await self.runner.end_validation(node, False, reason)
-            return Validation("drained", False, reason, results)
-        except RunnerError as exc:
-            return Validation("interrupted", passed, f"not recovered: {exc}", results)
+        """A validation a crash interrupted (the ``validate`` action driven again):
+        :func:`watchd.checks.recovery.recover_validation`."""
+        v = await recover_validation(self.config, self.store.checks, self.runner, node, round_id, reason)
+        if v.passed and v.done != "interrupted":
+            self._failing.pop(node, None)
+            self._update_awaiting()
+        return v

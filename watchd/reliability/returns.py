@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from watchd.logs import get_logger
+from watchd.model.events import Event, WireError, event_from_wire
 from watchd.model.fleet import FleetNode
+from watchd.reliability.evidence import FAILURE_OUTCOMES, hardware_evidence
+from watchd.store.held import HeldAction
 
-__all__ = ["LISTING_MARGIN_S", "back_in_service"]
+__all__ = ["LISTING_MARGIN_S", "back_in_service", "held_failure"]
+
+_log = get_logger("watchd.reliability")
 
 #: how long after a failure was recorded a listing must be to count (longer than one listing takes)
 LISTING_MARGIN_S = 30.0
@@ -34,3 +40,17 @@ def back_in_service(
         if listed_at >= marked + LISTING_MARGIN_S:
             back.append(n.name)
     return back
+
+
+def held_failure(held: HeldAction, outcome: str) -> tuple[Event, str] | None:
+    """A released held action that ended ``outcome``: its event and hardware evidence when it is a drain
+    that took its node out on hardware evidence (a failure), else None."""
+    if held.kind != "drain" or outcome not in FAILURE_OUTCOMES:
+        return None
+    try:
+        source = event_from_wire(held.event, f"held action {held.id}")
+    except WireError as exc:
+        _log.error("held_event_unreadable", held=held.id, error=str(exc))
+        return None
+    evidence = hardware_evidence(source)
+    return None if evidence is None else (source, evidence)

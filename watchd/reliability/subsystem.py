@@ -10,11 +10,9 @@ decided meanwhile waits for one page, not for the whole fleet. The API serves th
 (:mod:`watchd.reliability.cached`), and the advice of every running job is refreshed in slices
 (:mod:`watchd.slices`).
 
-A failure ends on every way back to service: watchd's resume (fed back), an operator's resume through watchd
-or a validation that passed (:meth:`Reliability.restored`), a repair system's ``node_repaired``, and any
-other (an operator's ``scontrol`` resume) seen in the fleet listing at each flush
-(:mod:`watchd.reliability.returns`). A drain the breaker held counts once an operator releases it, from then
-(:meth:`Reliability.released`)."""
+A failure ends on every way back to service: watchd's resume, a validation that passed, ``node_repaired``,
+and any other (an admin's ``scontrol`` resume) seen in the fleet listing at each flush
+(:mod:`watchd.reliability.returns`). A held drain counts once released, from then (:meth:`~.released`)."""
 
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ from watchd.httputil import error_response, json_response
 from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.model.action import KIND as FEEDBACK_KIND
-from watchd.model.events import Event, WireError, event_from_wire, stable_id
+from watchd.model.events import Event, stable_id
 from watchd.model.fleet import FleetNode
 from watchd.model.gpu import SUMMARY_KIND
 from watchd.model.heartbeat import KIND as HEARTBEAT_KIND
@@ -43,7 +41,7 @@ from watchd.reliability.evidence import FAILURE_OUTCOMES, gpu_of, hardware_evide
 from watchd.reliability.jobs import JobTracker
 from watchd.reliability.metrics import ReliabilityCollector
 from watchd.reliability.report import Advice, Failure, NodeInfo, Report, advise, build_report
-from watchd.reliability.returns import back_in_service
+from watchd.reliability.returns import back_in_service, held_failure
 from watchd.reliability.service import Interval, NodeService, ServiceTracker
 from watchd.reliability.settings import ReliabilityConfig
 from watchd.rules.decision import Decision
@@ -229,16 +227,10 @@ class Reliability(Component):
         """An operator released a drain the breaker held, and it ended ``outcome`` at ``t``: a failure from
         ``t`` (the node served until then) when it took the node out on hardware evidence. Read from the held
         row, so a release after a restart counts too. Whether it was counted."""
-        if held.kind != "drain" or outcome not in FAILURE_OUTCOMES:
+        found = held_failure(held, outcome)
+        if found is None:
             return False
-        try:
-            source = event_from_wire(held.event, f"held action {held.id}")
-        except WireError as exc:
-            _log.error("held_event_unreadable", held=held.id, error=str(exc))
-            return False
-        evidence = hardware_evidence(source)
-        if evidence is None:
-            return False
+        source, evidence = found
         self._pending.pop((held.rule, held.node), None)
         return self._failed(held.node, t, held.rule, source, evidence, mode, t)
 
