@@ -156,3 +156,34 @@ async def test_the_last_check_before_the_lend_passes_over_a_partner_just_taken()
     assert (v.done, v.passed) == ("resumed", True), v
     lent = [j.nodes for j in runner.submitted if j.validation]
     assert len(lent) == 1 and grabbed[0] not in lent[0], (grabbed, lent)
+
+
+async def test_a_partner_gone_by_the_retry_is_tried_again_only_a_minute_later() -> None:
+    runner = FakeCheckRunner(nodes(2), lambda job: RunOutput("completed", TWO_NODES, 0))
+    h = Harness(pair_config(), runner)
+    await h.service.run_round("fabric")
+    runner.nodes["n000"].flags.add("DRAIN")
+    runner.nodes["n000"].reason = "watchd: Xid79"
+    runner.nodes["n001"].state = "allocated"
+    checks, asked = wired(h, runner)
+    assert (await h.service.validate("n000", "validate:0")).done == "not_checked"
+    runner.nodes["n001"].state = "idle"
+    stale = listing(runner)  # the listing shows n001 idle; by the retry, a job has it
+    checks.fleet_nodes = lambda: stale
+    runner.nodes["n001"].state = "allocated"
+
+    async def tick() -> list[str]:
+        again = await checks.partners_tick()
+        for task in list(checks._background):
+            await task
+        return again
+
+    assert await tick() == ["n000"]
+    assert h.service.waiting["n000"].check == "fabric"  # still not checked, still waiting
+    begins = len([j for j in runner.submitted if j.validation])
+    assert await tick() == []  # not every tick: each try lifts the drain and runs the node checks
+    h.clock.advance(59)
+    assert await tick() == []
+    h.clock.advance(1)
+    assert await tick() == ["n000"]
+    assert len(asked) == 2 and len([j for j in runner.submitted if j.validation]) == begins

@@ -41,6 +41,9 @@ PLAN_TTL_S = 5.0
 PARTNER_TICK_S = 15.0
 #: without a fleet listing, the scheduler is asked for idle partners at most this often
 PARTNER_READ_S = 60.0
+#: a node validated again for a partner that was gone by then waits this long before the next try (each try
+#: lifts its drain and runs its node checks again)
+RETRY_AFTER_S = 60.0
 #: the validation outcomes after which a node no longer waits for a partner (not watchd's to validate)
 _NOT_MINE = frozenset({"not_drained", "refused", "no_checks", "no_scheduler"})
 
@@ -73,6 +76,7 @@ class Checks(Component):
         self.fleet_nodes: Callable[[], Sequence[FleetNode] | None] = lambda: None
         self._plans: dict[str | None, tuple[float, asyncio.Future[list[dict[str, Any]]]]] = {}
         self._partners_read_at: float | None = None
+        self._tried: dict[str, float] = {}  # node -> when it was last validated again for a partner
 
     def observe(self, event: Event) -> None:
         self.planner.evidence.observe(event)
@@ -99,8 +103,15 @@ class Checks(Component):
         if not s.waiting:
             return []
         free = await self._free_partners()
-        again = [n for n in free if n not in s.waiting_validation()]
+        now = s.clock.monotonic()
+        again = [
+            n
+            for n in free
+            if n not in s.waiting_validation() and now - self._tried.get(n, -RETRY_AFTER_S) >= RETRY_AFTER_S
+        ]
+        self._tried = {n: t for n, t in self._tried.items() if n in s.waiting}
         for node in again:
+            self._tried[node] = now
             self._spawn(self._again(node, free[node]))
         return again
 
