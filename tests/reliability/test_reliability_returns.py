@@ -5,6 +5,7 @@ drain (from its release). Real state database (SQLite), fake clock."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,9 +13,12 @@ from tests.reliability.test_reliability_feedback import drain, make, xid
 from watchd.config import EngineConfig
 from watchd.engine.runner import Engine
 from watchd.integrations.fake.scheduler import FakeScheduler
+from watchd.model.events import Event
 from watchd.model.fleet import FleetNode
 from watchd.reliability.returns import LISTING_MARGIN_S
 from watchd.store.held import HeldAction
+
+RULES = str(Path(__file__).resolve().parents[2] / "rules")
 
 
 def node(name: str, **kw: object) -> FleetNode:
@@ -102,3 +106,39 @@ async def test_a_validation_that_passed_ends_the_failure(tmp_path: Path) -> None
         [failure] = engine.store.reliability.failures(0.0)
         assert failure.back_at is not None  # back through its validation: no longer "still out"
         assert rel.service.nodes["gpu-1"].out_since is None
+
+
+async def test_the_engines_release_of_a_held_drain_counts_one_failure_from_then(tmp_path: Path) -> None:
+    nodes = [f"gpu-{i}" for i in range(1, 11)]
+    fake = FakeScheduler()
+    fake.add_nodes(nodes)
+    config = EngineConfig.model_validate(
+        {
+            "listen": {"port": 0},
+            "auth": {"token": "t0ken"},
+            "mode": "enforce",
+            "rules": [RULES],
+            "slurm": {"enabled": False},
+            "fake": {"enabled": True, "nodes": nodes},
+            "state": {"path": str(tmp_path / "state.db")},
+            "safety": {"max_fraction": 0.1},  # one node of ten
+        }
+    )
+    async with Engine(config, scheduler=fake) as engine:
+        now = engine.clock.now()
+        for i, n in enumerate(("gpu-1", "gpu-2")):
+            attrs = {"xid": 79, "bucket": "RESTART_BM", "pci_bus_id": "0000:3b:00.0", "gpu": 0}
+            await engine.emit(Event(f"x{i}", n, "kmsg", "xid", now - 10 + i, attrs))  # type: ignore[arg-type]
+        for _ in range(100):
+            if engine.store.held.list():
+                break
+            await asyncio.sleep(0.05)
+        (held,) = engine.store.held.list()
+        assert held.node == "gpu-2" and not fake.nodes["gpu-2"].drained
+        assert [f.node for f in engine.store.reliability.failures(0.0)] == ["gpu-1"]
+        released_at = engine.clock.now()
+        result = await engine.release(held.id, "alice")
+        assert result["outcome"] == "drained", result
+        failures = {f.node: f for f in engine.store.reliability.failures(0.0)}
+        assert sorted(failures) == ["gpu-1", "gpu-2"]
+        assert failures["gpu-2"].time >= released_at and failures["gpu-2"].rule == held.rule
