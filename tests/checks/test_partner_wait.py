@@ -187,3 +187,22 @@ async def test_a_partner_gone_by_the_retry_is_tried_again_only_a_minute_later() 
     h.clock.advance(1)
     assert await tick() == ["n000"]
     assert len(asked) == 2 and len([j for j in runner.submitted if j.validation]) == begins
+
+
+async def test_a_follower_neither_pages_nor_validates_again() -> None:
+    runner = FakeCheckRunner(nodes(2), lambda job: RunOutput("completed", TWO_NODES, 0))
+    h = Harness(pair_config(), runner)
+    await h.service.run_round("fabric")
+    runner.nodes["n000"].flags.add("DRAIN")
+    runner.nodes["n000"].reason = "watchd: Xid79"
+    runner.nodes["n001"].state = "allocated"
+    checks, asked = wired(h, runner)
+    assert (await h.service.validate("n000", "validate:0")).done == "not_checked"
+    runner.nodes["n001"].state = "idle"
+    h.clock.advance(3600)
+    h.events.clear()
+    checks.leading = lambda: False
+    assert await checks.partners_tick() == [] and h.events == [] and asked == []
+    checks.leading = lambda: True
+    assert await checks.partners_tick() == ["n000"]
+    assert [e.attrs.get("overdue") for e in h.events] == [True]

@@ -74,6 +74,7 @@ class Checks(Component):
         service.nic_seen = lambda node: max(self.planner.evidence.of(node, "nic"), default=None)
         #: the engine's last fleet listing (None: none yet, or no fleet poll): where idle partners are seen
         self.fleet_nodes: Callable[[], Sequence[FleetNode] | None] = lambda: None
+        self.leading: Callable[[], bool] = lambda: True  # only the leader pages and validates again
         self._plans: dict[str | None, tuple[float, asyncio.Future[list[dict[str, Any]]]]] = {}
         self._partners_read_at: float | None = None
         self._tried: dict[str, float] = {}  # node -> when it was last validated again for a partner
@@ -99,9 +100,9 @@ class Checks(Component):
         """Page about the nodes waiting too long for a partner; validate again each one a partner is idle
         for (in the background). Returns the nodes validated again."""
         s = self.service
-        await s.page_waiting()
-        if not s.waiting:
+        if not s.waiting or not self.leading():
             return []
+        await s.page_waiting()
         free = await self._free_partners()
         now = s.clock.monotonic()
         again = [

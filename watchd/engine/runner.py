@@ -490,6 +490,7 @@ class Engine:
             checks = Checks(service, self.validate, frozenset(config.checks.auto_validate))
             fleet = self.fleet  # idle partners for the validations waiting for one: the listing it keeps
             checks.fleet_nodes = lambda: fleet.nodes if fleet.listed_at is not None else None
+            checks.leading = leading
             self.reliability.validating = service.waiting_validation
             subsystems.append(checks)
         audit, remediation = self.store.audit, config.remediation
