@@ -63,6 +63,9 @@ async def test_no_partner_pages_after_the_wait_and_completes_once_one_frees_up()
     assert "no node that passed fabric is idle to pair with" in reason
     assert [e.attrs["outcome"] for e in h.events] == ["not_checked"]
     assert "DRAIN" in runner.nodes["n000"].flags
+    assert h.service.status()["waiting_for_partner"] == {
+        "n000": {"check": "fabric", "since": h.clock.now(), "paged": False}
+    }
 
     h.clock.advance(599)
     assert await checks.partners_tick() == []  # no partner idle: nothing tried, nobody paged yet
@@ -205,4 +208,6 @@ async def test_a_follower_neither_pages_nor_validates_again() -> None:
     assert await checks.partners_tick() == [] and h.events == [] and asked == []
     checks.leading = lambda: True
     assert await checks.partners_tick() == ["n000"]
-    assert [e.attrs.get("overdue") for e in h.events] == [True]
+    for task in list(checks._background):
+        await task
+    assert [e.attrs.get("overdue") for e in h.events][0] is True and asked
