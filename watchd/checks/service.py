@@ -269,7 +269,7 @@ class CheckService(CheckViews):
     ) -> tuple[str, str, Verdict, RunOutput]:
         if validation and not peers and CHECK_KINDS[spec.type].nodes_per_run > 1:  # with a known-good node
             pair = (self.runner, self.store.checks, spec, node, rid, self._running, self._run_one)
-            return node, *await validate_pair(*pair, self.clock.now)
+            return node, *await validate_pair(*pair, self.clock.now, self._skip)
         run_id = f"{spec.name}.{node}.{uuid.uuid4().hex[:10]}"
         self.store.checks.start(run_id, spec.name, node, rid, self.clock.now(), validation=validation)
         for busy in (node, *peers):

@@ -77,9 +77,10 @@ async def validate_pair(
     busy: Mapping[str, str],
     run_job: RunJob,
     now: Callable[[], float],
+    skip: Callable[[str, str], None],
 ) -> tuple[str, Verdict, RunOutput]:
     """The run of pair check ``spec`` in ``node``'s validation: its run id (its row in the state database),
-    the verdict on the node, the output."""
+    the verdict on the node, the output. ``skip`` records a run set aside (its partner taken) and why."""
     try:
         candidates = await known_good(runner, store, spec, node, busy)
     except RunnerError as exc:
@@ -111,7 +112,7 @@ async def validate_pair(
                 await runner.lend(node, ())
         if output.status == "not_started":  # the scheduler gave it (or the node) to another job first
             why = output.detail or "did not start"
-            store.skip(run_id, now(), f"{partner} was taken before the check started: {why}")
+            skip(run_id, f"{partner} was taken before the check started: {why}")
             taken.append(f"{partner} taken ({why})")
             continue
         figures = {**verdict.figures, "partners": partner}
