@@ -100,9 +100,13 @@ async def validate_pair(
             continue
         try:
             await runner.lend(node, (partner,))
-        except RunnerError as exc:
-            taken.append(f"{partner} could not join the validation ({exc})")
-            continue
+        except RunnerError as exc:  # the runner cannot (Kubernetes) or the scheduler refused: not waited out
+            run_id, _, output = _not_checked(store, spec, node, round_id, now(), str(exc))
+            return (
+                run_id,
+                Verdict("error", f"{spec.type}: {partner} could not join the validation: {exc}"),
+                output,
+            )
         try:
             _, run_id, verdict, output = await run_job(
                 spec, node, round_id, None, validation=True, peers=(partner,)
