@@ -210,4 +210,4 @@ async def test_a_follower_neither_pages_nor_validates_again() -> None:
     assert await checks.partners_tick() == ["n000"]
     for task in list(checks._background):
         await task
-    assert [e.attrs.get("overdue") for e in h.events][0] is True and asked
+    assert h.events[0].attrs.get("overdue") is True and asked
