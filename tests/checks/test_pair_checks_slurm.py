@@ -260,6 +260,7 @@ async def test_a_partner_slurm_gives_to_a_waiting_job_is_replaced_and_the_fabric
         took = time.monotonic() - started
         assert result["outcome"] == "resumed", result
         assert took < 45, took  # not the check's time limit: the taken partner was replaced
+        print(f"validation with a taken partner replaced: {took:.1f} s (time limit 90 s)")
         ((first, job),) = taken
         lent = [
             s[s.index("-w") + 1] for s in runner.submissions if "--reservation=watchd-validate-gpu-3" in s
