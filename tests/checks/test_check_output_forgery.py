@@ -183,7 +183,9 @@ def test_a_forged_pass_never_returns_a_degraded_node_to_service(
         [run] = body["results"]
         assert run["outcome"] == "error" and "check output refused" in run["evidence"], run
         assert REFUSED[attack] in run["evidence"], run
-        assert str(cluster.reason("gpu-1")).startswith("watchd: validate "), cluster.reason("gpu-1")
+        assert str(cluster.reason("gpu-1")).startswith("watchd: nccl failed (validate): "), cluster.reason(
+            "gpu-1"
+        )
         assert "DRAIN" in cluster.node_state("gpu-1")
     finally:
         daemon.stop()

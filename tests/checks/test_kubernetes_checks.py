@@ -146,7 +146,7 @@ async def test_validation_of_a_cordoned_node(api: KubeApiServer, runner: Kuberne
         passed, _, done = v.passed, v.results, v.done
         assert (passed, done) == (False, "drained")
         record = json.loads(api.node("gpu-2")["metadata"]["annotations"][DRAIN_ANNOTATION])
-        assert record["reason"] == "watchd: validate nccl 300GB/s: nccl busbw 300 GB/s < 80% of 450 GB/s"
+        assert record["reason"] == "watchd: nccl 300GB/s (validate): nccl busbw 300 GB/s < 80% of 450 GB/s"
         assert api.node("gpu-2")["spec"]["unschedulable"] is True
         assert runner.created[-1]["spec"]["template"]["spec"]["tolerations"] == [{"operator": "Exists"}]
         outputs["gpu-2"] = (PASS, 0)

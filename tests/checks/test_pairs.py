@@ -156,15 +156,18 @@ async def test_validation_without_a_known_good_partner_keeps_the_node_drained() 
     runner.nodes["n000"].reason = "watchd: ib port_down"
     h = Harness(pair_config(), runner)
     v = await h.service.validate("n000", "validate:1")
-    assert (v.done, v.passed) == ("drained", False)
-    assert "links not checked: no node that passed this check is idle to pair with" in v.detail
+    assert (v.done, v.passed) == ("not_checked", False)  # not checked: not a failure of the node
+    assert "links not checked: no node has passed fabric yet to pair with" in v.detail
     assert runner.submitted == [] and "DRAIN" in runner.nodes["n000"].flags
+    assert (runner.nodes["n000"].reason or "").startswith("watchd: fabric not checked (validate): ")
+    assert list(h.service.waiting) == ["n000"]  # tried again once a partner frees up
     # once a round found good nodes, the validation pairs with one, lent to it and given back
     runner.nodes["n000"].flags.add("RESERVED")  # keeps it out of the round
     await h.service.run_round("fabric")
     runner.nodes["n000"].flags.discard("RESERVED")
     v = await h.service.validate("n000", "validate:2")
     assert (v.done, v.passed) == ("resumed", True), v
+    assert h.service.waiting == {}
     assert (
         runner.submitted[-1].nodes in (("n000", "n001"), ("n000", "n002")) and runner.submitted[-1].validation
     )

@@ -261,10 +261,9 @@ async def test_validate_resumes_only_when_every_check_passes() -> None:
     passed, results, done = v.passed, v.results, v.done
     assert (passed, done) == (False, "drained")
     assert [r["outcome"] for r in results] == ["passed", "failed"]
-    # what sinfo -R shows (20 characters) names the validation and the check; the evidence follows
-    assert node.reason is not None and node.reason.startswith(
-        "watchd: validate dcgm pcie: dcgm diag -r 2 failed: pcie"
-    ), node.reason
+    # what sinfo -R shows (20 characters) carries the evidence: the check and what failed; all of it follows
+    assert node.reason is not None and node.reason[:20] == "watchd: dcgm pcie (v"
+    assert node.reason.startswith("watchd: dcgm pcie (validate): dcgm diag -r 2 failed: pcie"), node.reason
     assert all(e.attrs["validation"] is True for e in h.events)
     outputs["dcgm"] = dcgm_pass
     v = await h.service.validate("n000", "validate:test2")

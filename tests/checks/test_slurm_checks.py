@@ -201,7 +201,7 @@ async def test_validate_resumes_only_after_every_check_passes(
     rc = await asyncio.to_thread(run_validate, "gpu-1", connect(url, token, by="alice"), 120, False, out)
     assert rc == 1, out.getvalue()
     assert sinfo_reasons(cluster)["gpu-1"].startswith(
-        "watchd: validate dcgm pcie: dcgm diag -r 2 failed: pcie"
+        "watchd: dcgm pcie (validate): dcgm diag -r 2 failed: pcie"
     ), sinfo_reasons(cluster)["gpu-1"]
     assert cluster.run("scontrol", "show", "res", "-o", check=False).stdout.find("watchd-validate-gpu-1") < 0
     # repaired: every check passes, the node returns to service

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,8 @@ import pytest
 
 from tests.checks.conftest import behave
 from tests.checks.conftest import standins as standins  # the stand-in checks fixture
-from tests.daemons import Daemon
+from tests.checks.test_validation_kill9 import TOKEN
+from tests.daemons import Daemon, watchd_command
 from tests.e2e import remediation_loop as loop
 from tests.e2e.remediation_loop import REAL_SCONTROL, history_cli, kernel_says, start_agent, start_engine
 from tests.harness.slurm import SlurmCluster, available
@@ -281,3 +283,64 @@ def _counted(engine: Daemon, action: str, outcome: str = "") -> float:
     return sum(
         float(line.split()[-1]) for line in engine.get("/metrics").splitlines() if line.startswith(wanted)
     )
+
+
+def test_a_released_held_drain_reboots_validates_and_returns_its_node_without_a_person(
+    rebooting_cluster: SlurmCluster, standins: Path, tmp_path: Path
+) -> None:
+    """The blast-radius breaker holds gpu-1's drain (gpu-2 was taken out within the hour); an operator
+    releases it with `watchd actions release`: the drain, the requeue and the reboot its rule decided follow,
+    then the validation and the return, as if it had never been held."""
+    cluster = rebooting_cluster
+    cluster.reset_nodes([NODE, "gpu-2"])
+    behave(standins, gpu_1="pass", gpu_2="pass")
+    boot_before = cluster.boot_time(NODE)
+    engine, agent, kernel_log = _start(cluster, standins, tmp_path)
+    other_dir = tmp_path / "gpu-2"
+    other_dir.mkdir()
+    (other_dir / "token").write_text(TOKEN)
+    (other_dir / "token").chmod(0o600)
+    other, other_log = start_agent(engine, other_dir, "gpu-2")
+    try:
+        kernel_says(other_log, XID79)  # the first of the pool taken out: the breaker's limit
+        _wait(
+            lambda: ("drain", "drained") in loop.steps(engine, "gpu-2"), 60, "gpu-2 drained", engine, cluster
+        )
+        kernel_says(kernel_log, XID79)
+        _wait(
+            lambda: bool(engine.get_json("/api/v1/held")["held"]), 60, "gpu-1's drain held", engine, cluster
+        )
+        [held] = engine.get_json("/api/v1/held")["held"]
+        assert held["node"] == NODE and held["kind"] == "drain", held
+        assert ("reboot", "rebooting") not in loop.steps(engine, NODE)  # nothing rebooted while held
+        out = subprocess.run(
+            [*watchd_command(), "actions", "release", str(held["id"]), "--url", engine.url],
+            capture_output=True,
+            text=True,
+            env={"WATCHD_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
+            check=False,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        _wait(
+            lambda: _back_in_service(cluster, engine),
+            150,
+            "gpu-1 rebooted, validated and back in service after the release",
+            engine,
+            cluster,
+        )
+        released = [
+            (a["action"], a["outcome"]) for a in _actions(engine) if a["event_id"] == f"held-{held['id']}"
+        ]
+        assert released[:3] == [
+            ("drain", "drained"),
+            ("requeue", "nothing_to_requeue"),
+            ("reboot", "rebooting"),
+        ]
+        assert cluster.boot_time(NODE) != boot_before, "Slurm saw a new boot"
+        [validate] = [a for a in _actions(engine) if a["action"] == "validate"]
+        assert validate["detail"].startswith("auto: node_rebooted"), validate
+    finally:
+        other.stop()
+        agent.stop()
+        engine.stop()
+        cluster.reset_nodes([NODE, "gpu-2"])

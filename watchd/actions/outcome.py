@@ -47,6 +47,9 @@ class Outcome(StrEnum):
     WITHDRAWN = "withdrawn"
     CLEARED = "cleared"  # a node's marks were cleared (an operator, or its GPU was replaced)
     NOT_MARKED = "not_marked"  # an unmark of a node that carried no such mark
+    # a validation could not check the node's links (no known-good partner was idle): it stays drained, and
+    # is validated again when a partner frees up
+    NOT_CHECKED = "not_checked"
 
 
 #: The node is out of service, by watchd.

@@ -196,6 +196,9 @@ class ChecksConfig(Strict):
     #: is over; a repair system's ``node_repaired``): only nodes watchd drained are validated, as by hand
     auto_validate: list[str] = Field(default_factory=lambda: ["node_rebooted", "node_gpu_reset"])
     risk: RiskWeights = RiskWeights()  # the risk planner's weights and the switch topology
+    #: a validation whose pair check found no idle known-good partner keeps its node drained, "not checked",
+    #: and validates it again when one frees up; past this wait the shipped rule pages (once)
+    partner_wait: Duration = 600.0
 
     @model_validator(mode="after")
     def _valid(self) -> ChecksConfig:

@@ -51,6 +51,9 @@ class JobHandle:
     time_limit_s: float = 0.0
     #: a secret the job prints first, binding its output to it (Slurm); kept with the run across restarts
     nonce: str = ""
+    #: the other nodes of a multi-node run: one taken by another job before the run starts ends the wait
+    #: (``not_started``) rather than holding it for the whole time limit
+    peers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,8 @@ from watchd.checks.judge import Verdict, judge, judge_peers
 from watchd.checks.kinds import CHECK_KINDS, undeclared_figures
 from watchd.checks.metrics import CheckMetrics
 from watchd.checks.params import ChecksConfig, CheckSpec
+from watchd.checks.partner_waits import PartnerWaits
+from watchd.checks.recovery import recover_validation
 from watchd.checks.result_event import RunResult, check_result, run_result
 from watchd.checks.risk import Order
 from watchd.checks.runner import (
@@ -41,8 +43,9 @@ from watchd.checks.runner import (
     RunOutput,
 )
 from watchd.checks.schedule import trigger_for
-from watchd.checks.verdict import tag
+from watchd.checks.verdict import NOT_CHECKED, tag, validation_reason
 from watchd.checks.views import CheckViews
+from watchd.checks.waiting import Waiting
 from watchd.clock import Clock
 from watchd.logs import get_logger
 from watchd.model.events import Event
@@ -86,6 +89,7 @@ class CheckService(CheckViews):
         self._failing: dict[
             str, set[str]
         ] = {}  # node -> checks whose last result failed (awaiting validation)
+        self.partner_waits = PartnerWaits(config, store, clock, emit)
 
     # ----------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -95,6 +99,7 @@ class CheckService(CheckViews):
                 self._failing.setdefault(st.node, set()).add(st.check)
         for run in self.store.checks.unfinished():
             self._spawn(self._follow(run))
+        self.partner_waits.restore()
         now = self.clock.now()
         for spec in self.config.items:
             if spec.schedule is None:
@@ -264,7 +269,7 @@ class CheckService(CheckViews):
     ) -> tuple[str, str, Verdict, RunOutput]:
         if validation and not peers and CHECK_KINDS[spec.type].nodes_per_run > 1:  # with a known-good node
             pair = (self.runner, self.store.checks, spec, node, rid, self._running, self._run_one)
-            return node, *await validate_pair(*pair, self.clock.now())
+            return node, *await validate_pair(*pair, self.clock.now, self._skip)
         run_id = f"{spec.name}.{node}.{uuid.uuid4().hex[:10]}"
         self.store.checks.start(run_id, spec.name, node, rid, self.clock.now(), validation=validation)
         for busy in (node, *peers):
@@ -503,8 +508,9 @@ class CheckService(CheckViews):
             return Validation("refused", False, f"{node} is already being checked")
         self._validating.add(node)
         results: list[RunResult] = []
-        evidence: list[str] = []
-        tags: list[str] = []  # what sinfo -R shows of the reason: the failed checks and their figures
+        failed: list[tuple[str, str]] = []  # (tag: what sinfo -R shows of the reason, evidence)
+        unchecked: list[tuple[str, str]] = []  # (check, evidence): pair checks without a partner
+        unchecked_run: tuple[CheckSpec, str] | None = None
         try:
             try:
                 await self.runner.begin_validation(node, sum(s.time_limit for s in specs))
@@ -515,19 +521,24 @@ class CheckService(CheckViews):
                     _, run_id, verdict, output = await self._run_one(
                         spec, node, round_id, None, validation=True
                     )
+                    if verdict.outcome == NOT_CHECKED:  # since when it waits survives a restart
+                        since = self.partner_waits.since(node)
+                        verdict = Verdict(NOT_CHECKED, verdict.evidence, {"waiting_since": since})
                     event = await self._settle(
                         spec, node, round_id, run_id, verdict, output, validation=True, count_round=False
                     )
                     results.append(run_result(event))
-                    if not verdict.passed:
-                        evidence.append(verdict.evidence)
-                        tags.append(tag(spec.name, verdict.figures))
+                    if verdict.outcome == NOT_CHECKED:
+                        unchecked.append((spec.name, verdict.evidence))
+                        unchecked_run = unchecked_run or (spec, run_id)
+                    elif not verdict.passed:
+                        failed.append((tag(spec.name, verdict.figures), verdict.evidence))
             except BaseException:
                 with contextlib.suppress(Exception):
                     await self.runner.end_validation(node, False, "validate interrupted")
                 raise
-            passed = not evidence
-            reason = f"validate {', '.join(tags)}: {'; '.join(evidence)}" if evidence else ""
+            passed = not failed and not unchecked
+            reason = validation_reason(failed, unchecked)
             try:
                 done = await self.runner.end_validation(node, passed, reason)
             except RunnerError as exc:
@@ -541,54 +552,37 @@ class CheckService(CheckViews):
         self._update_awaiting()
         checks = ", ".join(str(r.get("check")) for r in results)
         detail = f"every check passed ({checks})" if passed else reason
+        if done != "resumed" and not failed and unchecked_run is not None:
+            self.partner_waits.wait(node, unchecked_run[0], round_id, unchecked_run[1], unchecked[0][1])
+            return Validation("not_checked", False, detail, results)
+        self.partner_waits.stop(node)
         return Validation("resumed" if done == "resumed" else "drained", passed, detail, results)
 
+    # ------------------------------------------------------------------------ waiting for a pair partner
+    @property
+    def waiting(self) -> dict[str, Waiting]:
+        """The nodes whose validation could not check their links (no partner): drained, tried again."""
+        return self.partner_waits.nodes
+
+    def stop_waiting(self, node: str) -> None:
+        self.partner_waits.stop(node)
+
+    async def page_waiting(self) -> list[str]:
+        return await self.partner_waits.page()
+
+    def waiting_validation(self) -> set[str]:
+        """The nodes being validated now."""
+        return set(self._validating)
+
+    def busy_nodes(self) -> set[str]:
+        """The nodes running a check of this engine's, or being validated."""
+        return set(self._running) | self._validating
+
     async def recover(self, node: str, round_id: str, reason: str | None) -> Validation:
-        """A validation a crash interrupted (the ``validate`` action driven again): its runs still going are
-        cancelled; ``reason`` None: the node is drained and stays so, only what :meth:`validate` set up is
-        undone; else it returns to service if every check of the suite passed in ``round_id``, and is drained
-        again with ``reason`` if not."""
-        specs = self.config.suite()
-        runs = [r for spec in specs for r in self.store.checks.in_round(spec.name, round_id)]
-        for run in runs:
-            spec = self.config.check(run.check)
-            if run.finished_at is None and run.job_id and spec is not None:
-                handle = JobHandle(
-                    run.run_id, run.node, run.job_id, run.job_output, run.started_at, spec.time_limit
-                )
-                with contextlib.suppress(RunnerError):
-                    await self.runner.cancel(handle)
-        results = [
-            RunResult(
-                node=r.node,
-                check=r.check,
-                outcome=r.outcome,
-                passed=r.outcome == "passed",
-                evidence=r.evidence,
-                job=r.job_id,
-            )
-            for r in runs
-        ]
-        passed = bool(specs) and all(
-            any(r.check == s.name and r.outcome == "passed" for r in runs) for s in specs
-        )
-        try:
-            if reason is None:
-                await self.runner.abandon_validation(node)
-                return Validation(
-                    "drained", False, "interrupted before the drain was lifted: it stays", results
-                )
-            if passed:
-                done = await self.runner.end_validation(node, True, "")
-                self._failing.pop(node, None)
-                self._update_awaiting()
-                return Validation(
-                    "resumed" if done == "resumed" else "drained",
-                    True,
-                    "finished after a restart: every check had passed",
-                    results,
-                )
-            await self.runner.end_validation(node, False, reason)
-            return Validation("drained", False, reason, results)
-        except RunnerError as exc:
-            return Validation("interrupted", passed, f"not recovered: {exc}", results)
+        """A validation a crash interrupted (the ``validate`` action driven again):
+        :func:`watchd.checks.recovery.recover_validation`."""
+        v = await recover_validation(self.config, self.store.checks, self.runner, node, round_id, reason)
+        if v.passed and v.done != "interrupted":
+            self._failing.pop(node, None)
+            self._update_awaiting()
+        return v

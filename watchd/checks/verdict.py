@@ -8,14 +8,16 @@ from dataclasses import dataclass, field
 
 from watchd.model.events import Scalar
 
-__all__ = ["Verdict", "gbps", "last_line", "one_line", "tag"]
+__all__ = ["NOT_CHECKED", "Verdict", "gbps", "last_line", "one_line", "tag", "validation_reason"]
 
 _MAX_EVIDENCE = 300
+#: a validation's pair check found no partner to run with: the links were not checked (never a failure)
+NOT_CHECKED = "not_checked"
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    outcome: str  # passed | failed | timeout | error
+    outcome: str  # passed | failed | timeout | error | not_checked
     evidence: str
     figures: Mapping[str, Scalar] = field(default_factory=dict)
 
@@ -41,6 +43,21 @@ def tag(check: str, figures: Mapping[str, Scalar]) -> str:
     if isinstance(failed, str) and failed:
         return f"{check} {failed}"
     return f"{check} failed"
+
+
+def validation_reason(failed: list[tuple[str, str]], not_checked: list[tuple[str, str]]) -> str:
+    """The drain reason a validation leaves: its evidence first, in the 12 characters ``sinfo -R`` shows
+    after ``watchd: `` (the failed checks' tags, else ``NAME not checked``), then ``(validate)`` and the
+    whole evidence. ``failed``, ``not_checked``: (tag or check name, evidence) of each; "" when both are
+    empty."""
+    if failed:
+        tags, evidence = [t for t, _ in failed], [e for _, e in failed + not_checked]
+        return f"{', '.join(tags)} (validate): {'; '.join(evidence)}"
+    if not_checked:
+        names = ", ".join(n for n, _ in not_checked)
+        why = "; ".join(e for _, e in not_checked)
+        return f"{names} not checked (validate): {why}; tried again when a partner frees up"
+    return ""
 
 
 def gbps(x: float) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from watchd.checks.params import ChecksConfig
+from watchd.checks.partner_waits import PartnerWaits
 from watchd.clock import Clock
 from watchd.periodic import Periodic
 from watchd.store.database import Store
@@ -24,6 +25,7 @@ class CheckViews:
     _rounds: dict[str, str]  # check -> its round in progress
     _validating: set[str]
     _failing: dict[str, set[str]]  # node -> checks whose last result failed
+    partner_waits: PartnerWaits  # validations waiting for a pair-check partner
 
     def listing(self) -> list[dict[str, Any]]:
         out = []
@@ -60,6 +62,11 @@ class CheckViews:
             "running": dict(sorted(self._running.items())),
             "validating": sorted(self._validating),
             "awaiting_validation": failing,
+            # not checked: no partner for a pair check yet; validated again when one frees up
+            "waiting_for_partner": {
+                n: {"check": w.check, "since": w.since, "paged": w.paged}
+                for n, w in sorted(self.partner_waits.nodes.items())
+            },
             "backing_off": sorted({f"{n.check}:{n.node}" for n in nodes if n.next_try > self.clock.now()}),
             "last": [
                 {

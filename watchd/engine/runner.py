@@ -259,6 +259,9 @@ class Engine:
 
     async def release(self, held_id: int, by: str) -> dict[str, str]:
         result = await self.executor.release(held_id, by)
+        held = self.store.held.get(held_id)
+        if held is not None and held.status == "released":  # a drain taken out now: a failure from now
+            self.reliability.released(held, result.outcome.value, self.clock.now(), self.config.mode)
         return {"outcome": result.outcome, "detail": result.detail}
 
     def discard(self, held_id: int, by: str) -> dict[str, str]:
@@ -285,6 +288,8 @@ class Engine:
         mode): the ``validate`` action, the check suite, then back in service only if every check passed."""
         params = {"round": f"validate:{uuid.uuid4().hex[:8]}"}
         result = await self.executor.act(VALIDATE.kind, node, params, rule="validate", note=note, mode=mode)
+        if result.outcome == "resumed":  # back in service through its validation: its failures end here
+            self.reliability.restored(node, self.clock.now())
         return {"outcome": result.outcome.value, "detail": result.detail, **result.data}
 
     def evaluated(self, event: Event) -> asyncio.Future[None]:
@@ -480,6 +485,10 @@ class Engine:
         )
         self.usage.attach(self.store, config.state.path)
         subsystems: list[Subsystem] = [self.rule_keeper, self.detectors, self.reliability, self.fleet]
+        watch = self.fleet  # every return to service, also those watchd is not told of, ends a failure
+        self.reliability.fleet_listing = lambda: (
+            None if watch.listed_at is None else (watch.nodes, watch.listed_at)
+        )
         if config.checks.enabled:
             runner = build_runner(config.checks.runner, config)
             metrics = CheckMetrics(self.metrics.registry)
@@ -488,7 +497,12 @@ class Engine:
             )
             service.gate(self.executor.leader_gate.now)
             self.checks = service
-            subsystems.append(Checks(service, self.validate, frozenset(config.checks.auto_validate)))
+            checks = Checks(service, self.validate, frozenset(config.checks.auto_validate))
+            fleet = self.fleet  # idle partners for the validations waiting for one: the listing it keeps
+            checks.fleet_nodes = lambda: fleet.nodes if fleet.listed_at is not None else None
+            checks.leading = leading
+            self.reliability.validating = service.waiting_validation
+            subsystems.append(checks)
         audit, remediation, marks = self.store.audit, config.remediation, self.store.nodes.open_marks
         self.commands = AgentCommands(
             self.clock,

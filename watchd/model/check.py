@@ -5,8 +5,10 @@ On the checked node; ``source`` ``watchd:checks``. ``outcome``: ``passed``; ``fa
 found the node wanting: low bandwidth, ``#wrong`` values, a failed diagnostic, a crash); ``timeout`` (it ran
 past its time limit); ``error`` (it could not be run or its output could not be read: the node is not
 blamed, the check is retried with back-off); ``link`` (``nccl-pair``: the node and ``partners`` ran slowly
-together, each fine with others: the link between them, not either node). ``evidence`` is one line, the drain
-reason of the default pack (``nccl busbw 312 GB/s < 80% of 450 GB/s``).
+together, each fine with others: the link between them, not either node); ``not_checked`` (a validation's
+pair check found no idle known-good partner: the links were not checked, the node is not blamed; with
+``overdue`` true and ``waited_s``, it has waited ``checks.partner_wait`` for one). ``evidence`` is one
+line, the drain reason of the default pack (``nccl busbw 312 GB/s < 80% of 450 GB/s``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ __all__ = ["KIND", "OUTCOMES", "SOURCE", "CheckResult"]
 
 KIND = "check_result"
 SOURCE = "watchd:checks"
-OUTCOMES = ("passed", "failed", "timeout", "error", "link")
+OUTCOMES = ("passed", "failed", "timeout", "error", "link", "not_checked")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,4 +56,6 @@ class CheckResult(Attrs):
     exit_status: int | None = None
     duration_s: float | None = None
     job: str | None = None  # the scheduler's job (Slurm job id, Kubernetes Job name)
+    overdue: bool | None = None  # not_checked: waited checks.partner_wait for a partner (the page)
+    waited_s: float | None = None  # not_checked: how long it has waited for one
     extra: Mapping[str, Scalar] = field(default_factory=dict)

@@ -8,7 +8,11 @@ and interval: 4.3 s a minute at 100,000 nodes when done at once), so :meth:`flus
 and read in pages with the event loop served between them, and build the report in a worker thread: a drain
 decided meanwhile waits for one page, not for the whole fleet. The API serves the reports the cycle built
 (:mod:`watchd.reliability.cached`), and the advice of every running job is refreshed in slices
-(:mod:`watchd.slices`)."""
+(:mod:`watchd.slices`).
+
+A failure ends on every way back to service: watchd's resume, a validation that passed, ``node_repaired``,
+and any other (an admin's ``scontrol`` resume) seen in the fleet listing at each flush
+(:mod:`watchd.reliability.returns`). A held drain counts once released, from then (:meth:`~.released`)."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.model.action import KIND as FEEDBACK_KIND
 from watchd.model.events import Event, stable_id
+from watchd.model.fleet import FleetNode
 from watchd.model.gpu import SUMMARY_KIND
 from watchd.model.heartbeat import KIND as HEARTBEAT_KIND
 from watchd.model.reliability import JOB_ADVICE_PATH, CheckpointInterval
@@ -36,12 +41,14 @@ from watchd.reliability.evidence import FAILURE_OUTCOMES, gpu_of, hardware_evide
 from watchd.reliability.jobs import JobTracker
 from watchd.reliability.metrics import ReliabilityCollector
 from watchd.reliability.report import Advice, Failure, NodeInfo, Report, advise, build_report
+from watchd.reliability.returns import back_in_service, held_failure
 from watchd.reliability.service import Interval, NodeService, ServiceTracker
 from watchd.reliability.settings import ReliabilityConfig
 from watchd.rules.decision import Decision
 from watchd.slices import Steps, pause, run_all, run_sliced
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
+from watchd.store.held import HeldAction
 from watchd.store.reliability import PAGE, FailureRow, IntervalRow, NodeRow
 from watchd.subsystem import Component, Job, Operator
 
@@ -96,6 +103,11 @@ class Reliability(Component):
         self.reports = ReportCache(max_age_s=2 * config.interval_s)
         self.failures_recorded = 0
         self.metrics_collector: Collector = ReliabilityCollector(self)
+        #: the engine's last fleet listing and when it was taken (None: none): returns watchd was not told of
+        self.fleet_listing: Callable[[], tuple[Sequence[FleetNode], float] | None] = lambda: None
+        #: the nodes being validated now (their drain lifted for the checks: not back yet)
+        self.validating: Callable[[], Collection[str]] = frozenset
+        self._marked: dict[str, float] = {}  # node -> when its open failure was recorded (this process)
         for row in store.reliability.nodes():
             self.service.restore(row.node, out_since=row.out_since, model=row.gpu_model, gpus=row.gpus)
             self._partitions[row.node] = row.partitions
@@ -208,31 +220,61 @@ class Reliability(Component):
         if pending is None or outcome not in FAILURE_OUTCOMES:
             return
         source, evidence = pending
-        state = self.service.nodes.get(event.node)
+        rule, mode = str(event.attrs.get("rule")), str(event.attrs.get("mode"))
+        self._failed(event.node, min(source.time, event.time), rule, source, evidence, mode, event.time)
+
+    def released(self, held: HeldAction, outcome: str, t: float, mode: str = "enforce") -> bool:
+        """An operator released a drain the breaker held, and it ended ``outcome`` at ``t``: a failure from
+        ``t`` (the node served until then) when it took the node out on hardware evidence. Read from the held
+        row, so a release after a restart counts too. Whether it was counted."""
+        found = held_failure(held, outcome)
+        if found is None:
+            return False
+        source, evidence = found
+        self._pending.pop((held.rule, held.node), None)
+        return self._failed(held.node, t, held.rule, source, evidence, mode, t)
+
+    def _failed(
+        self, node: str, at: float, rule: str, source: Event, evidence: str, mode: str, recorded: float
+    ) -> bool:
+        state = self.service.nodes.get(node)
         if state is not None and state.out_since is not None:
-            return  # still out from a failure counted before (dry-run does not drain): the same failure
-        at = min(source.time, event.time)
-        self.service.failed(event.node, at)
+            return False  # still out from a failure counted before (dry-run does not drain): the same one
+        self.service.failed(node, at)
+        self._marked[node] = recorded
         try:
-            self.store.reliability.add_failure(
-                at,
-                event.node,
-                str(event.attrs.get("rule")),
-                source.id,
-                evidence,
-                gpu_of(source),
-                str(event.attrs.get("mode")),
-            )
+            self.store.reliability.add_failure(at, node, rule, source.id, evidence, gpu_of(source), mode)
         except StoreError as exc:  # counted by the store's listener; the accounting misses this one
-            _log.error("failure_not_recorded", node=event.node, error=str(exc), rate_limited=True)
-            return
+            _log.error("failure_not_recorded", node=node, error=str(exc), rate_limited=True)
+            return False
         self.failures_recorded += 1
-        _log.info("failure_recorded", node=event.node, evidence=evidence, rule=event.attrs.get("rule"))
+        _log.info("failure_recorded", node=node, evidence=evidence, rule=rule)
+        return True
 
     def restored(self, node: str, t: float) -> None:
-        """``node`` is back in service at ``t`` (watchd resumed it, a repair system said so)."""
+        """``node`` is back in service at ``t`` (watchd resumed or validated it, an operator resumed it
+        through watchd, a repair system said so, the fleet listing shows it)."""
+        self._marked.pop(node, None)
         if self.service.restored(node, t) is not None:
             self._close_failures(node, t)
+
+    def seen_back(self) -> list[str]:
+        """The nodes out after a failure that the fleet listing shows in service again (an operator's
+        resume watchd was not told of): their failures end when the listing was taken."""
+        got = self.fleet_listing()
+        if got is None:
+            return []
+        listing, at = got
+        out = {
+            node: self._marked.get(node, state.out_since)
+            for node, state in self.service.nodes.items()
+            if state.out_since is not None
+        }
+        back = back_in_service(listing, at, out, self.validating()) if out else []
+        for node in back:
+            _log.info("seen_back_in_service", node=node)
+            self.restored(node, at)
+        return back
 
     def _close_failures(self, node: str, t: float) -> None:
         try:
@@ -243,7 +285,9 @@ class Reliability(Component):
     # ------------------------------------------------------------------------------------- periodic
 
     async def flush(self) -> None:
-        """The periodic save, :data:`PAGE` nodes at a time, the event loop served between pages."""
+        """The periodic save, :data:`PAGE` nodes at a time, the event loop served between pages; first the
+        returns to service the fleet listing shows."""
+        self.seen_back()
         self._save(self.service.take_closed(), [])
         states = list(self.service.nodes.values())
         for i in range(0, len(states), PAGE):

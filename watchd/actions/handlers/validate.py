@@ -37,6 +37,7 @@ _OUTCOMES = {
     "refused": Outcome.REFUSED,
     "failed": Outcome.FAILED,
     "interrupted": Outcome.INTERRUPTED,
+    "not_checked": Outcome.NOT_CHECKED,
 }
 
 

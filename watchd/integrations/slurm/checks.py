@@ -53,6 +53,8 @@ _HARMLESS_FLAGS = frozenset({"CLOUD", "DYNAMIC_NORM", "DYNAMIC_FUTURE"})
 _HOLDING = "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,STOPPED,RESIZING"
 #: a pending job's reasons that can mean its node left service (then the node's state is read to be sure)
 _NODE_GONE_REASONS = ("ReqNodeNotAvail", "NodeDown")
+#: how often a pending multi-node check asks whether another job took one of its peers (one squeue)
+PEER_CHECK_S = 5.0
 _TERMINAL = {
     "COMPLETED": "completed",
     "FAILED": "failed",
@@ -282,7 +284,9 @@ class SlurmCheckRunner:
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
             raise RunnerError(f"sbatch answered {out.strip()[:200]!r}, not a job id")
-        return JobHandle(job.run_id, job.node, job_id, str(output), time.time(), job.time_limit_s, nonce)
+        return JobHandle(
+            job.run_id, job.node, job_id, str(output), time.time(), job.time_limit_s, nonce, job.peers
+        )
 
     async def _collect(self, handle: JobHandle) -> tuple[str, str]:
         """The job's output and "", or "" and why it was not taken (:mod:`.check_output`); read on the
@@ -306,6 +310,7 @@ class SlurmCheckRunner:
     async def wait(self, handle: JobHandle) -> RunOutput:
         deadline = handle.submitted_at + handle.time_limit_s + self.grace_s
         started: float | None = None
+        peers_asked = time.monotonic()
         while True:
             rc, out, err = await self._run(
                 self.slurm.scontrol, "show", "job", "-o", handle.job_id, check=False
@@ -319,6 +324,12 @@ class SlurmCheckRunner:
                 return RunOutput(status, text, None, gone, None, handle.job_id, unread)
             if state in ("RUNNING", "COMPLETING") and started is None:
                 started = time.time()
+            if state == "PENDING" and handle.peers and time.monotonic() - peers_asked >= PEER_CHECK_S:
+                peers_asked = time.monotonic()
+                taken = await self._taken(handle)
+                if taken:  # Slurm gave a peer to another job: waiting would hold the run for its time limit
+                    await self.cancel(handle)
+                    return RunOutput("not_started", "", None, f"did not start: {taken}", None, handle.job_id)
             if state == "PENDING" and info.get("Reason", "").startswith(_NODE_GONE_REASONS):
                 gone = await self._out_of_service(handle.node)
                 if gone:  # drained or down since the submission: it would wait for its whole time limit
@@ -361,6 +372,23 @@ class SlurmCheckRunner:
                     handle.job_id,
                 )
             await asyncio.sleep(self.poll_interval_s)
+
+    async def _taken(self, handle: JobHandle) -> str:
+        """Which peer of ``handle``'s pending job another job holds ("PEER taken by job N"), "" if none."""
+        nodes = ",".join(handle.peers)
+        rc, out, _ = await self._run(
+            self.slurm.squeue, "-h", "-t", _HOLDING, "-w", nodes, "-o", "%i|%N", check=False
+        )
+        if rc != 0:
+            return ""
+        for line in out.splitlines():
+            job_id, _, hosts = line.strip().partition("|")
+            if not job_id or job_id == handle.job_id:
+                continue
+            for h in expand_hostlist(hosts) if hosts else []:
+                if h in handle.peers:
+                    return f"{h} taken by job {job_id}"
+        return ""
 
     async def _out_of_service(self, node: str) -> str:
         """Why ``node`` is out of service (drained, down), "" when it is not or that is not known."""
