@@ -32,7 +32,13 @@ def agent_config(port: int, token: str = "tok", **shipper: object) -> AgentConfi
         listen=Listen(port=0),
         sources=SourcesConfig(),
         heartbeat=HeartbeatConfig(enabled=False),
-        shipper=ShipperConfig(backoff_initial_s=0.05, backoff_max_s=0.2, shutdown_flush_s=0.2, **shipper),  # type: ignore[arg-type]
+        # no spool unless a test gives one: what a stop could not deliver is counted as lost
+        shipper=ShipperConfig(
+            backoff_initial_s=0.05,
+            backoff_max_s=0.2,
+            shutdown_flush_s=0.2,
+            **{"spool_file": None, **shipper},  # type: ignore[arg-type]
+        ),
     )
 
 

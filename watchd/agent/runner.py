@@ -43,6 +43,9 @@ _log = get_logger("watchd.agent")
 
 _RESTART_MIN_S = 1.0
 _RESTART_MAX_S = 30.0
+#: at the stop, how long the sources and then the shipper get to end once cancelled: a task still running
+#: after it is left behind (logged), so the stop stays bounded whatever it waits on
+_TASK_STOP_S = 2.0
 
 
 def xid_event(node: str, source: str, line: LogLine, record: XidRecord, index: int) -> Event:
@@ -111,6 +114,7 @@ class Agent:
             backoff_max=config.shipper.backoff_max_s,
             timeout=config.engine.timeout_s,
             tls=engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
+            spool=config.shipper.spool_file,
         )
         # training-stack lines (any source) and Flight Recorder dumps, bounded per job and kind
         training = config.sources.training
@@ -180,6 +184,7 @@ class Agent:
     async def __aenter__(self) -> Agent:
         await self._stack.__aenter__()
         try:
+            self.shipper.restore()  # what the last stop could not deliver goes first
             self._spawn(self.shipper.run(), "shipper")
             if self.commands is not None:
                 self._spawn(self.commands.run(), "commands")
@@ -224,19 +229,25 @@ class Agent:
         self._tasks.append(asyncio.create_task(coro, name=name))  # type: ignore[arg-type]
 
     async def _stop_tasks(self) -> None:
-        # Stop reading first, give the shipper a bounded time to deliver what was read, then stop it.
+        # Stop reading first, give the shipper a bounded time to deliver what was read, then stop it and
+        # spool what is left. Every wait is bounded: the stop ends well within the unit's TimeoutStopSec.
         shipper_task, *source_tasks = self._tasks
         for task in source_tasks:
             task.cancel()
-        await asyncio.gather(*source_tasks, return_exceptions=True)
+        await self._await_stopped(source_tasks)
         flush = self.config.shipper.shutdown_flush_s
-        if len(self.shipper) and not await self.shipper.wait_idle(timeout=flush):
-            left = len(self.shipper)
-            self.metrics.dropped.labels("shutdown").inc(left)
-            _log.error("events_undelivered_at_shutdown", count=left)
+        if len(self.shipper):
+            await self.shipper.wait_idle(timeout=flush)
         shipper_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await shipper_task
+        await self._await_stopped([shipper_task])
+        self.shipper.spill()
+
+    async def _await_stopped(self, tasks: list[asyncio.Task[None]]) -> None:
+        if not tasks:
+            return
+        _, running = await asyncio.wait(tasks, timeout=_TASK_STOP_S)
+        if running:
+            _log.error("tasks_not_stopped", tasks=sorted(t.get_name() for t in running), waited_s=_TASK_STOP_S)
 
     def _emit(self, event: Event, on_settled: Callable[[], None] | None = None) -> None:
         self.metrics.events.labels(event.source.split(":", 1)[0], event.kind).inc()
