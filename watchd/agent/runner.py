@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -247,7 +246,8 @@ class Agent:
             return
         _, running = await asyncio.wait(tasks, timeout=_TASK_STOP_S)
         if running:
-            _log.error("tasks_not_stopped", tasks=sorted(t.get_name() for t in running), waited_s=_TASK_STOP_S)
+            names = sorted(t.get_name() for t in running)
+            _log.error("tasks_not_stopped", tasks=names, waited_s=_TASK_STOP_S)
 
     def _emit(self, event: Event, on_settled: Callable[[], None] | None = None) -> None:
         self.metrics.events.labels(event.source.split(":", 1)[0], event.kind).inc()
