@@ -228,7 +228,7 @@ def test_a_counter_that_goes_down_was_cleared_and_is_a_new_base(tmp_path: Path) 
     assert (rise.counter, rise.value) == ("link_error_recovery", 5)
 
 
-def test_one_low_read_of_a_counter_is_not_a_reset_and_its_history_is_not_counted_again(tmp_path: Path) -> None:
+def test_one_low_read_of_a_counter_is_no_reset_and_its_history_is_not_counted_again(tmp_path: Path) -> None:
     """A counter that reads lower once (a read racing the firmware's update, a glitch) and then its old value
     again was not cleared: a reset-and-climb of its whole value would report years of errors as new ones (and
     a hang's finding take them as the NIC's fault)."""
