@@ -209,15 +209,13 @@ def _run_engine(path: Path | None, check: bool, log_level: str | None = None) ->
     from watchd.rules import load_rules
 
     config = load_config(EngineConfig, path)
-    if check:  # validate everything that can be validated without changing anything
-        rules = load_rules(config.rules, defaults=config.default_rules)
-        config.auth.resolve()
-        if config.checks.enabled and config.checks.runner == "slurm":
-            from watchd.integrations.slurm.output_dir import check_output_dir, engine_uid
+    if check:  # what the start checks before it opens anything (the same function), and the rules
+        from watchd.engine.preflight import preflight
 
-            uid = engine_uid(config.checks.slurm.user)
-            found = check_output_dir(config.checks.output_dir, create=False, uid=uid)  # ConfigError: unsafe
-            print(f"checks.output_dir: {config.checks.output_dir}: {found}")
+        checked = preflight(config)
+        rules = load_rules(config.rules, defaults=config.default_rules)
+        for note in checked.notes:
+            print(note)
         print(f"ok: mode {config.mode}, {len(rules.rules)} rules ({', '.join(rules.names)})")
         return asyncio.run(_check_scheduler(config))
     log = config.log
@@ -256,14 +254,10 @@ def _run_agent(path: Path | None, check: bool, log_level: str | None = None) -> 
     from watchd.agent.runner import Agent
 
     config = load_config(AgentConfig, path)
-    config.engine.auth.resolve("engine.auth")
-    if config.heartbeat.socket_group is not None:
-        from watchd.agent.heartbeat_server import socket_group_id
-
-        try:
-            socket_group_id(config.heartbeat.socket_group)
-        except OSError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+    try:
+        agent = Agent(config)  # builds everything, opens nothing: what the start checks, --check checks
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}" if path is not None else str(exc)) from None
     if check:
         print(f"ok: node {config.node}, engine {config.engine.url}")
         return 0
@@ -271,7 +265,7 @@ def _run_agent(path: Path | None, check: bool, log_level: str | None = None) -> 
     configure_logging(log_level or log.level, log.format, syslog_priority=log.syslog_priority)
 
     async def run() -> None:
-        async with Agent(config):
+        async with agent:
             await _serve_until_signalled()
 
     asyncio.run(run())

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
 
@@ -20,6 +22,7 @@ from watchd.agent.settings import AgentConfig
 from watchd.agent.shipper import Shipper
 from watchd.agent.xid_dedup import XidDeduplicator
 from watchd.clock import SystemClock
+from watchd.errors import ConfigError
 from watchd.gpu.jobs import JobResolver
 from watchd.gpu.metrics import GpuCollector
 from watchd.gpu.registry import backend_from_config, resetter_from_config
@@ -82,9 +85,41 @@ def gpu_sampler_from_config(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    token: str | None  # the engine's ingest token
+    engine_tls: ssl.SSLContext | None  # an https:// engine's
+    listen_tls: ssl.SSLContext | None  # /metrics and /healthz over TLS
+
+
+def preflight(config: AgentConfig) -> Checked:
+    """The secrets, TLS files and settings the agent needs, read and checked before it opens anything: a
+    ConfigError naming the key. The start (:class:`Agent`) begins with it and ``watchd agent --check`` builds
+    the agent without starting it, so a config the check accepts is one the agent starts with."""
+    e, heartbeat = config.engine, config.heartbeat
+    token = e.auth.resolve("engine.auth")
+    engine_tls = engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key)
+    listen_tls = listener_tls(config.listen, "listen")
+    if heartbeat.enabled:
+        heartbeat.token_secret.resolve("heartbeat.token_secret")
+    if heartbeat.socket_group is not None:
+        from watchd.agent.heartbeat_server import socket_group_id
+
+        try:
+            socket_group_id(heartbeat.socket_group)
+        except OSError as exc:  # it names the key
+            raise ConfigError(str(exc)) from None
+    spool = config.shipper.spool_file
+    if spool is not None and spool.parent.exists() and not spool.parent.is_dir():
+        raise ConfigError(f"shipper.spool_file: {spool.parent} is not a folder")
+    return Checked(token, engine_tls, listen_tls)
+
+
 class Agent:
     def __init__(self, config: AgentConfig, sources: list[LogSource] | None = None) -> None:
-        """``sources``: these instead of the configured kmsg and files (a fake GPU's kernel log is added)."""
+        """``sources``: these instead of the configured kmsg and files (a fake GPU's kernel log is added).
+        Builds everything and opens nothing (a ConfigError for a config the agent cannot start with)."""
+        self.checked = checked = preflight(config)
         self.config = config
         self.node = config.node
         self.metrics = AgentMetrics()
@@ -105,14 +140,14 @@ class Agent:
         self.shipper = Shipper(
             config.node,
             config.engine.url,
-            config.engine.auth.resolve("engine.auth"),
+            checked.token,
             self.metrics,
             queue_size=config.shipper.queue_size,
             max_batch=config.shipper.max_batch,
             backoff_initial=config.shipper.backoff_initial_s,
             backoff_max=config.shipper.backoff_max_s,
             timeout=config.engine.timeout_s,
-            tls=engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
+            tls=checked.engine_tls,
             spool=config.shipper.spool_file,
         )
         # training-stack lines (any source) and Flight Recorder dumps, bounded per job and kind
@@ -143,12 +178,7 @@ class Agent:
         kernel_log = context.fake_kernel_log.inject_log_threadsafe
         self.gpu = gpu_sampler_from_config(config, self.metrics, self._emit, self.dedup, kernel_log)
         # a job's ranks ask the agent for their checkpoint advice; the agent asks the engine with its token
-        self.advice = EngineAdvice(
-            e.url,
-            e.auth.resolve("engine.auth"),
-            e.timeout_s,
-            engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
-        )
+        self.advice = EngineAdvice(e.url, checked.token, e.timeout_s, checked.engine_tls)
         self.commands = self._command_runner(config)
         self.heartbeat = (
             HeartbeatServer(
@@ -171,13 +201,13 @@ class Agent:
         return CommandRunner(
             config.node,
             e.url,
-            e.auth.resolve("engine.auth"),
+            self.checked.token,
             self.metrics,
             {GPU_RESET: gpu_reset_executor(resetter, self.gpu)},
             poll_s=commands.poll_s,
             timeout_s=e.timeout_s,
             memory=CommandMemory(commands.state_file, time.time()),
-            tls=engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
+            tls=self.checked.engine_tls,
         )
 
     async def __aenter__(self) -> Agent:
@@ -203,8 +233,7 @@ class Agent:
             app = web.Application()
             app.router.add_get("/metrics", metrics_handler(self.metrics.registry))
             app.router.add_get("/healthz", self._healthz)
-            listen = self.config.listen
-            tls = listener_tls(listen, "listen")
+            listen, tls = self.config.listen, self.checked.listen_tls
             self.port = await self._stack.enter_async_context(serve(app, listen.host, listen.port, None, tls))
         except BaseException:
             await self._stack.aclose()

@@ -16,7 +16,6 @@ anyway is not counted twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -217,9 +216,14 @@ class Shipper:
         return 0
 
     def _remove_spool(self) -> None:
-        if self._spool is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._spool)
+        if self._spool is None:
+            return
+        try:
+            os.unlink(self._spool)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            _log.error("spool_unremovable", path=str(self._spool), error=str(exc))
 
     def _settled(self, batch: list[Event]) -> None:
         for event in batch:

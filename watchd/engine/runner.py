@@ -38,6 +38,7 @@ from watchd.engine.housekeeping import prune
 from watchd.engine.lanes import IngestQueue
 from watchd.engine.loop_lag import LoopLag
 from watchd.engine.metrics import EngineMetrics
+from watchd.engine.preflight import preflight
 from watchd.engine.privileges import privileges
 from watchd.engine.rule_keeper import RuleKeeper
 from watchd.engine.server import make_app
@@ -56,7 +57,6 @@ from watchd.periodic import Periodic
 from watchd.reliability.subsystem import Reliability
 from watchd.reports.engine_hook import UsageHook
 from watchd.rules import RuleEngine, RuleSet
-from watchd.security import engine_credentials, listener_tls
 from watchd.store.database import Store
 from watchd.store.opening import open_state
 from watchd.subsystem import Component, Subsystem
@@ -319,9 +319,8 @@ class Engine:
 
     async def _start(self, stack: AsyncExitStack) -> None:
         config = self.config
-        self.token = config.auth.resolve()
-        credentials = engine_credentials(config.auth)  # tokens by role, TLS
-        tls = listener_tls(config.listen, "listen")
+        checked = preflight(config)  # what `watchd engine --check` checks, before anything is opened
+        self.token, credentials, tls = checked.token, checked.credentials, checked.tls
         self.rule_keeper.load()
         self.store = open_state(config.state)
         stack.callback(self.store.close)
