@@ -259,6 +259,13 @@ def _run_agent(path: Path | None, check: bool, log_level: str | None = None) -> 
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}" if path is not None else str(exc)) from None
     if check:
+        if config.heartbeat.socket_group is not None:  # at start: the endpoint is down, logged, not fatal
+            from watchd.agent.heartbeat_server import socket_group_id
+
+            try:
+                socket_group_id(config.heartbeat.socket_group)
+            except OSError as exc:  # it names the key
+                raise ConfigError(f"{path}: {exc}") from None
         print(f"ok: node {config.node}, engine {config.engine.url}")
         return 0
     log = config.log

@@ -102,13 +102,6 @@ def preflight(config: AgentConfig) -> Checked:
     listen_tls = listener_tls(config.listen, "listen")
     if heartbeat.enabled:
         heartbeat.token_secret.resolve("heartbeat.token_secret")
-    if heartbeat.socket_group is not None:
-        from watchd.agent.heartbeat_server import socket_group_id
-
-        try:
-            socket_group_id(heartbeat.socket_group)
-        except OSError as exc:  # it names the key
-            raise ConfigError(str(exc)) from None
     spool = config.shipper.spool_file
     if spool is not None and spool.parent.exists() and not spool.parent.is_dir():
         raise ConfigError(f"shipper.spool_file: {spool.parent} is not a folder")
