@@ -220,8 +220,9 @@ def model_default(model: type[BaseModel], key: str) -> tuple[Any, Any] | None:
             if instance is None and field.is_required():
                 return None
             return field.rebuild_annotation(), value
-        suffix, cls = next((s, m) for s, m in _models(field.annotation) if s == ("[]" if part != name else ""))
-        instance = value if suffix == "" and isinstance(value, BaseModel) else None
+        element = part != name
+        cls = next(m for s, m in _models(field.annotation) if s == ("[]" if element else ""))
+        instance = value if not element and isinstance(value, BaseModel) else None
     raise AssertionError(key)
 
 

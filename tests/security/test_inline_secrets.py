@@ -59,7 +59,8 @@ def test_engine_check_warns_of_a_token_inline_in_a_readable_config(
     assert main(["engine", "--config", str(path), "--check"]) == 0  # a warning, not an error
     err = capsys.readouterr().err
     who = "others" if mode & 0o004 else "its group"
-    assert f"warning: {path} (mode {mode:04o}) is readable by {who} and holds the secret auth.token inline" in err
+    said = f"warning: {path} (mode {mode:04o}) is readable by {who} and holds the secret auth.token inline"
+    assert said in err
     assert "mode 0600" in err and "token_file" in err
 
 
