@@ -92,9 +92,9 @@ def test_twenty_stops_with_the_engine_killed_none_hangs_and_the_queue_is_spooled
                 except Exception:
                     pytest.fail(f"stop {attempt}: still running {BOUND_S} s after SIGTERM:\n{agent.log()}")
                 took = time.monotonic() - started
-                print(f"stop {attempt}: {took:.2f} s")
                 assert code == 0, f"stop {attempt}: exit {code} after {took:.1f} s"
                 spooled = _spooled(agent.log_path.read_text())
+                print(f"stop {attempt}: exited in {took:.2f} s, {spooled} events spooled")
                 held = spool.read_text().splitlines() if spool.exists() else []
                 assert len(held) == spooled, f"stop {attempt}: {spooled} spooled, {len(held)} in the file"
                 assert "events_undelivered_at_shutdown" not in agent.log_path.read_text()
