@@ -112,7 +112,12 @@ def agent_config(node: str, engine_port: int, token_file: Path, log_file: Path) 
             "http_port": free_port(),
             "token_secret": {"token": "node-secret"},
         },  # hermetic: not /run/watchd, not 9123
-        "shipper": {"backoff_initial_s": 0.05, "backoff_max_s": 1},
+        # hermetic: what a stop could not deliver is spooled next to its log, not in /var/lib/watchd-agent
+        "shipper": {
+            "backoff_initial_s": 0.05,
+            "backoff_max_s": 1,
+            "spool_file": str(log_file.parent / f"{node}-spool.jsonl"),
+        },
         # hermetic: the ids of the commands it ran next to its log, not in /var/lib/watchd-agent
         "commands": {
             "state_file": str(log_file.parent / f"{node}-commands.json"),

@@ -11,15 +11,19 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from watchd import __version__
 from watchd.cli_parser import parser
 from watchd.config import AgentConfig, EngineConfig, load_config
+from watchd.credentials import inline_secret_hint, readable_inline_secrets, warn_inline_secrets
 from watchd.errors import ConfigError, UsageError
 from watchd.logs import configure_logging, writes_to_journal
 from watchd.reach import Settings, client_for, resolve
 from watchd.systemd import notify, watchdog_pinger
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -217,20 +221,21 @@ def _run_engine(path: Path | None, check: bool, log_level: str | None = None) ->
     from watchd.rules import load_rules
 
     config = load_config(EngineConfig, path)
-    if check:  # validate everything that can be validated without changing anything
-        rules = load_rules(config.rules, defaults=config.default_rules)
-        config.auth.resolve()
-        if config.checks.enabled and config.checks.runner == "slurm":
-            from watchd.integrations.slurm.output_dir import check_output_dir, engine_uid
+    inline, mode = readable_inline_secrets(config, path)
+    if check:  # what the start checks before it opens anything (the same function), and the rules
+        from watchd.engine.preflight import preflight
 
-            uid = engine_uid(config.checks.slurm.user)
-            found = check_output_dir(config.checks.output_dir, create=False, uid=uid)  # ConfigError: unsafe
-            print(f"checks.output_dir: {config.checks.output_dir}: {found}")
+        _print_inline_secrets(path, inline, mode)
+        checked = preflight(config)
+        rules = load_rules(config.rules, defaults=config.default_rules)
+        for note in checked.notes:
+            print(note)
         print(f"ok: mode {config.mode}, {len(rules.rules)} rules ({', '.join(rules.names)})")
         return asyncio.run(_check_scheduler(config))
     log = config.log
     configure_logging(log_level or log.level, log.format, syslog_priority=log.syslog_priority)
     engine = Engine(config)
+    _inline_secrets_at_start(engine.metrics.registry, path, inline, mode)
 
     async def run() -> None:
         async with engine:  # loads the rules, the token and the state: errors surface before READY=1
@@ -264,26 +269,50 @@ def _run_agent(path: Path | None, check: bool, log_level: str | None = None) -> 
     from watchd.agent.runner import Agent
 
     config = load_config(AgentConfig, path)
-    config.engine.auth.resolve("engine.auth")
-    if config.heartbeat.socket_group is not None:
-        from watchd.agent.heartbeat_server import socket_group_id
-
-        try:
-            socket_group_id(config.heartbeat.socket_group)
-        except OSError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+    inline, mode = readable_inline_secrets(config, path)
+    try:
+        agent = Agent(config)  # builds everything, opens nothing: what the start checks, --check checks
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}" if path is not None else str(exc)) from None
     if check:
+        if config.heartbeat.socket_group is not None:  # at start: the endpoint is down, logged, not fatal
+            from watchd.agent.heartbeat_server import socket_group_id
+
+            try:
+                socket_group_id(config.heartbeat.socket_group)
+            except OSError as exc:  # it names the key
+                raise ConfigError(f"{path}: {exc}") from None
+        _print_inline_secrets(path, inline, mode)
         print(f"ok: node {config.node}, engine {config.engine.url}")
         return 0
     log = config.log
     configure_logging(log_level or log.level, log.format, syslog_priority=log.syslog_priority)
+    _inline_secrets_at_start(agent.metrics.registry, path, inline, mode)
 
     async def run() -> None:
-        async with Agent(config):
+        async with agent:
             await _serve_until_signalled()
 
     asyncio.run(run())
     return 0
+
+
+def _print_inline_secrets(path: Path | None, keys: list[str], mode: int) -> None:
+    """``--check``: a warning line per secret held inline in a config others may read (not an error)."""
+    if path is not None:
+        for key in keys:
+            print(f"warning: {inline_secret_hint(path, key, mode)}", file=sys.stderr)
+
+
+def _inline_secrets_at_start(
+    registry: CollectorRegistry, path: Path | None, keys: list[str], mode: int
+) -> None:
+    """At start: the same warnings, logged, and ``watchd_config_inline_secrets``."""
+    from watchd.security import inline_secrets_metric
+
+    if path is not None:
+        warn_inline_secrets(path, keys, mode)
+    inline_secrets_metric(registry, len(keys))
 
 
 async def _serve_until_signalled(reload: Callable[[], object] | None = None) -> None:

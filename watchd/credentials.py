@@ -5,11 +5,12 @@ come from the environment or a file, so the YAML itself can be world-readable.""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from watchd.errors import ConfigError
 from watchd.logs import get_logger
@@ -192,3 +193,67 @@ class EngineAuth(TokenSource):
         if dup:
             raise ValueError(f"auth: the name {dup[0]} is given twice (operators and viewers)")
         return self
+
+
+#: a libpq connection string or URI that carries a password
+_DSN_PASSWORD = re.compile(r"password\s*=|://[^/@:]*:[^/@]*@", re.IGNORECASE)
+#: the config fields that hold a secret itself (not where to read it): a token, a password, a DSN that may
+#: carry one
+_INLINE_SECRETS = ("token", "password", "dsn")
+
+
+def inline_secrets(config: BaseModel) -> list[str]:
+    """The keys of ``config`` that hold a secret inline (``auth.token``, ``auth.operators[0].token``,
+    ``alertmanager.basic_auth.password``...), in the config's order."""
+    found: list[str] = []
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                child = getattr(value, name)
+                where = f"{key}.{name}" if key else name
+                if name in _INLINE_SECRETS and isinstance(child, str):
+                    if name != "dsn" or _DSN_PASSWORD.search(child):
+                        found.append(where)
+                else:
+                    walk(child, where)
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                walk(item, f"{key}[{i}]")
+
+    walk(config, "")
+    return found
+
+
+def readable_inline_secrets(config: BaseModel, path: Path | None) -> tuple[list[str], int]:
+    """The inline secrets of ``config`` when its file ``path`` can be read by its group or others (none when
+    it cannot, or there is no file), and the file's mode."""
+    if path is None:
+        return [], 0
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return [], 0
+    return (inline_secrets(config) if mode & 0o044 else []), mode
+
+
+def warn_inline_secrets(path: Path, keys: list[str], mode: int) -> None:
+    """One warning per inline secret of a readable config, naming the file and the key."""
+    for key in keys:
+        get_logger("watchd.config").warning(
+            "secret_inline_in_readable_config",
+            key=key,
+            path=str(path),
+            mode=f"{mode:04o}",
+            hint=inline_secret_hint(path, key, mode),
+        )
+
+
+def inline_secret_hint(path: Path, key: str, mode: int) -> str:
+    """What to do about the inline secret ``key`` of the readable config ``path``."""
+    field = key.rsplit(".", 1)[-1]
+    who = "others" if mode & 0o004 else "its group"
+    return (
+        f"{path} (mode {mode:04o}) is readable by {who} and holds the secret {key} inline: put it in a file "
+        f"of mode 0600 and name that file ({field}_file), or chmod 600 {path}"
+    )

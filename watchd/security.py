@@ -7,6 +7,8 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, Gauge
+
 from watchd.credentials import EngineAuth
 from watchd.errors import ConfigError
 from watchd.http_settings import Listen
@@ -78,3 +80,13 @@ def engine_client_tls(
         return client_tls(ca_file, client_cert, client_key)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"engine.ca_file/client_cert/client_key: cannot load: {exc}") from None
+
+
+def inline_secrets_metric(registry: CollectorRegistry, count: int) -> None:
+    """``watchd_config_inline_secrets``: the secrets the daemon's config file holds inline while its group or
+    others may read it (0: none); alert on it being above 0."""
+    Gauge(
+        "watchd_config_inline_secrets",
+        "Secrets held inline in the config file while its group or others may read it (docs/security.md).",
+        registry=registry,
+    ).set(count)

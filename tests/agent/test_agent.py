@@ -32,7 +32,13 @@ def agent_config(port: int, token: str = "tok", **shipper: object) -> AgentConfi
         listen=Listen(port=0),
         sources=SourcesConfig(),
         heartbeat=HeartbeatConfig(enabled=False),
-        shipper=ShipperConfig(backoff_initial_s=0.05, backoff_max_s=0.2, shutdown_flush_s=0.2, **shipper),  # type: ignore[arg-type]
+        # no spool unless a test gives one: what a stop could not deliver is counted as lost
+        shipper=ShipperConfig(
+            backoff_initial_s=0.05,
+            backoff_max_s=0.2,
+            shutdown_flush_s=0.2,
+            **{"spool_file": None, **shipper},  # type: ignore[arg-type]
+        ),
     )
 
 
@@ -216,3 +222,23 @@ async def test_an_event_the_full_queue_refused_is_never_acknowledged() -> None:
         async with Engine(engine_config(port), use_config_scheduler=False):
             await eventually(lambda: len(source.acked) == 1, what="the queued one delivered")
             assert source.acked == source.held[:1]
+
+
+async def test_what_a_stop_could_not_deliver_is_spooled_and_delivered_after_the_next_start(
+    tmp_path: Path,
+) -> None:
+    spool = tmp_path / "spool.jsonl"
+    source = FakeLogSource("kmsg")
+    async with Agent(agent_config(free_port(), spool_file=spool), sources=[source]) as agent:  # engine down
+        source.inject_log(xid_lines(5))
+        await eventually(lambda: len(agent.shipper) == 5, what="events queued")
+    assert agent.metrics.dropped.labels("shutdown")._value.get() == 0
+    assert len(spool.read_text().splitlines()) == 5
+    assert spool.stat().st_mode & 0o777 == 0o600
+
+    async with (
+        Engine(engine_config(0), use_config_scheduler=False) as engine,
+        Agent(agent_config(engine.port, spool_file=spool), sources=[FakeLogSource("kmsg")]),
+    ):
+        await eventually(lambda: received(engine) == 5, what="the spooled events delivered")
+        await eventually(lambda: not spool.exists(), what="the spool removed once delivered")

@@ -146,3 +146,28 @@ async def test_a_line_without_end_is_cut_and_the_next_line_follows(tmp_path: Pat
     await asyncio.sleep(0.1)
     assert len(c.lines) == count, "no false truncation re-read the file"
     await c.stop()
+
+
+async def test_a_change_waiter_is_cancelled_even_when_its_folder_changed_at_that_moment(
+    tmp_path: Path,
+) -> None:
+    """A job's output is written all the time: a stop often lands on a wait whose wake-up is already due. The
+    cancellation must win (asyncio.wait_for of Python 3.11 returns the result instead, and the follower read
+    on: the agent never stopped)."""
+    from watchd.sources.inotify import ChangeWaiter
+
+    for turns in range(8):  # the cancellation at each turn of the loop after the change, one of them the race
+        waiter = ChangeWaiter(tmp_path)
+        assert waiter.active
+        waiting = asyncio.create_task(waiter.wait(60.0))
+        await asyncio.sleep(0)
+        append(tmp_path / "out.log", "a line\n")
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if not waiting.cancel():
+            waiter.close()
+            continue  # the wait had ended before the stop: nothing to cancel
+        done, _ = await asyncio.wait({waiting}, timeout=5.0)
+        assert done, "the wait was not stopped"
+        assert waiting.cancelled(), f"cancellation lost {turns} turns after the change"
+        waiter.close()

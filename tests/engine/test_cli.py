@@ -80,6 +80,10 @@ def test_broken_rule_file_is_reported(tmp_path: Path) -> None:
 
 def test_shipped_configs_check_ok(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("secret\n")
+    for person, token in (("operators/alice", "alice-secret\n"), ("viewers/grafana", "grafana-secret\n")):
+        (tmp_path / person).parent.mkdir()
+        (tmp_path / person).write_text(token)  # the files the example names: the engine reads them at start
+        (tmp_path / person).chmod(0o600)
     for kind in ("engine", "agent"):
         text = (ROOT / "deploy" / f"{kind}.yaml").read_text()
         text = text.replace("/etc/watchd/rules", str(ROOT / "rules")).replace("/etc/watchd", str(tmp_path))

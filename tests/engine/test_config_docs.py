@@ -1,6 +1,6 @@
 """The documentation cannot drift from the loader: every YAML example in the docs loads through the real
 loader it is written for (engine or agent config, rule file, rule test file), and docs/configuration.md names
-every key the strict config loader accepts, and no other."""
+every key the strict config loader accepts, and no other, each with the default the models really have."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from watchd.config import AgentConfig, EngineConfig, load_config
 
@@ -173,3 +173,74 @@ def test_configuration_md_names_every_key_and_no_other(section: str, model: type
     where = f"docs/configuration.md, {section}"
     assert missing == [], f"{where}: keys the loader accepts but the doc leaves out: {missing}"
     assert sorted(documented - set(accepted)) == [], f"{where}: keys no loader accepts"
+
+
+def documented_defaults(section: str) -> dict[str, str]:
+    """The defaults the tables of a section of docs/configuration.md give in their second column, by key,
+    where that column is machine-readable: one backticked YAML value per key of the row (`0.2`, `30`), none
+    a placeholder (`<hostname>-<pid>`). Prose (``none (the agent's group)``) is left to the reader."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    out: dict[str, str] = {}
+    for line in body.splitlines():
+        if not line.startswith("| `"):
+            continue
+        names, cell = (c.strip() for c in line.split(" | ")[:2])
+        keys, parent = [], ""
+        for i, key in enumerate(re.findall(r"`([^`]+)`", names)):
+            if "." in key or i == 0:
+                parent = key.rpartition(".")[0]
+                keys.append(key)
+            else:
+                keys.append(f"{parent}.{key}" if parent else key)
+        values = re.findall(r"`([^`]*)`", cell)
+        if not re.fullmatch(r"`[^`]*`(, `[^`]*`)*", cell) or len(values) != len(keys):
+            continue
+        out.update((key, value) for key, value in zip(keys, values, strict=True) if "<" not in value)
+    return out
+
+
+def model_default(model: type[BaseModel], key: str) -> tuple[Any, Any] | None:
+    """(the field's type, its default) for a dotted key, the default read from the defaults of the sections
+    above it (a section's default may set it: ``heartbeat.http`` is ``HttpConfig(max_connections=256)``);
+    None for a required key."""
+    cls: type[BaseModel] = model
+    instance: BaseModel | None = model()
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        name = part.removesuffix("[]")
+        field = cls.model_fields[name]
+        if instance is not None:
+            value = getattr(instance, name)
+        elif field.is_required():
+            value = None
+        else:
+            value = field.get_default(call_default_factory=True)
+        if depth == len(parts) - 1:
+            if instance is None and field.is_required():
+                return None
+            return field.rebuild_annotation(), value
+        element = part != name
+        cls = next(m for s, m in _models(field.annotation) if s == ("[]" if element else ""))
+        instance = value if not element and isinstance(value, BaseModel) else None
+    raise AssertionError(key)
+
+
+@pytest.mark.parametrize(("section", "model"), [("Engine", EngineConfig), ("Agent", AgentConfig)])
+def test_configuration_md_gives_every_key_its_real_default(section: str, model: type[BaseModel]) -> None:
+    documented = documented_defaults(section)
+    assert len(documented) > 50, "the default column is no longer read: check documented_defaults"
+    wrong = []
+    for key, raw in sorted(documented.items()):
+        found = model_default(model, key)
+        if found is None:
+            continue  # a required key has no default to document
+        annotation, default = found
+        try:
+            said = TypeAdapter(annotation).validate_python(yaml.safe_load(raw))
+        except (ValidationError, yaml.YAMLError) as exc:
+            wrong.append(f"{key}: `{raw}` is not a value of the key ({str(exc).splitlines()[0]})")
+            continue
+        if said != default:
+            wrong.append(f"{key}: documented `{raw}`, the default is {default!r}")
+    assert wrong == [], f"docs/configuration.md, {section}:\n" + "\n".join(wrong)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
+from prometheus_client import CollectorRegistry
 
 from watchd import cli
 from watchd.logs import configure_logging, get_logger, writes_to_journal
@@ -98,6 +100,7 @@ def test_log_level_option_overrides_the_config(
     class Nothing:  # stands for the daemon: nothing starts
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self.reload_rules = lambda: True
+            self.metrics = types.SimpleNamespace(registry=CollectorRegistry())  # the CLI adds its gauge
 
         async def __aenter__(self) -> Nothing:
             return self

@@ -202,11 +202,15 @@ def test_the_recorded_32_bit_counter_at_its_maximum_is_a_base_not_a_rise(tmp_pat
         assert node.scan() == []
     view = node.judge.ports["mlx4_0:1"]
     assert view.counters["port_xmit_wait"].saturated and view.counters["port_xmit_wait"].prev == 2**32 - 1
-    # a 32-bit counter climbing to its top counts what it climbed
-    write(port(root, "mlx4_0", 1) / "counters" / "port_xmit_wait", "0")  # cleared
+    # cleared, then a 32-bit counter climbing to its top counts what it climbed
+    waits = port(root, "mlx4_0", 1) / "counters" / "port_xmit_wait"
+    write(waits, "0")  # cleared (perfquery -R)
     assert node.scan() == []
-    write(port(root, "mlx4_0", 1) / "counters" / "port_xmit_wait", str(2**32 - 1))
-    [rise] = node.scan()
+    write(waits, "1000")  # still below the old value: the clear is believed, 0 the new base
+    [first] = node.scan()
+    assert (first.value, first.saturated) == (1000, False)
+    write(waits, str(2**32 - 1))
+    [rise] = node.scan(60.0)  # held: reported again at the interval
     assert (rise.counter, rise.value, rise.saturated) == ("port_xmit_wait", 2**32 - 1, True)
 
 
@@ -222,6 +226,67 @@ def test_a_counter_that_goes_down_was_cleared_and_is_a_new_base(tmp_path: Path) 
     write(recovery, "5")
     [rise] = node.scan()
     assert (rise.counter, rise.value) == ("link_error_recovery", 5)
+
+
+def test_one_low_read_of_a_counter_is_no_reset_and_its_history_is_not_counted_again(tmp_path: Path) -> None:
+    """A counter that reads lower once (a read racing the firmware's update, a glitch) and then its old value
+    again was not cleared: a reset-and-climb of its whole value would report years of errors as new ones (and
+    a hang's finding take them as the NIC's fault)."""
+    node = Node(ndr_node(tmp_path, 1), IbParams(error_thresholds={"symbol_error": 100, "link_downed": 1}))
+    symbols = port(node.root, "mlx5_0") / "counters" / "symbol_error"
+    downed = port(node.root, "mlx5_0") / "counters" / "link_downed"
+    write(symbols, "40000")
+    write(downed, "7")
+    node.scan()  # the base
+    write(symbols, "0")
+    write(downed, "0")
+    assert node.scan() == []  # one low read
+    write(symbols, "40000")
+    write(downed, "7")
+    assert node.scan() == []  # back at the old values: nothing happened
+    write(symbols, "39990")
+    assert node.scan() == []
+    write(symbols, "40050")  # a low read, then a real rise: only the rise over the old value counts
+    assert node.scan() == []
+    write(symbols, "40100")
+    [rise] = node.scan()
+    assert (rise.counter, rise.value, rise.count) == ("symbol_error", 100, 40100)
+    view = node.judge.ports["mlx5_0:1"]
+    assert view.counters["link_downed"].prev == 7 and not view.counters["link_downed"].increases
+
+
+def test_a_saturated_counter_cleared_counts_from_zero_once_the_clear_persists(tmp_path: Path) -> None:
+    node = Node(ndr_node(tmp_path, 1), IbParams(error_thresholds={"symbol_error": 100}))
+    symbols = port(node.root, "mlx5_0") / "counters" / "symbol_error"
+    write(symbols, "65535")  # 16 bits, saturated when the agent starts: a base
+    assert node.scan() == []
+    write(symbols, "0")  # perfquery -R
+    assert node.scan() == []
+    write(symbols, "60")
+    assert node.scan() == []  # 60 from the new base
+    write(symbols, "160")
+    [rise] = node.scan()
+    assert (rise.value, rise.count, rise.saturated) == (160, 160, False)
+
+
+def test_a_device_that_returns_with_its_counters_reset_starts_from_a_new_base(tmp_path: Path) -> None:
+    root = ndr_node(tmp_path, 2)
+    node = Node(root, IbParams(error_thresholds={"link_downed": 1}))
+    downed = port(root, "mlx5_1") / "counters" / "link_downed"
+    write(downed, "12")
+    node.scan()
+    shutil.move(root / "mlx5_1", tmp_path / "mlx5_1")  # the driver reloads: the device leaves ...
+    [gone] = node.scan()
+    assert (gone.condition, gone.value) == ("port_down", 1)
+    shutil.move(tmp_path / "mlx5_1", root / "mlx5_1")
+    # ... and comes back with its counters restarted, the reload's own link transitions counted (13, more
+    # than before by chance): a new base, not a rise of 1 over the old one
+    write(downed, "13")
+    assert brief(node.scan()) == [("port_down", "mlx5_1:1", 0)]
+    assert node.scan() == []
+    write(downed, "14")
+    [flap] = node.scan()
+    assert (flap.counter, flap.value) == ("link_downed", 1)
 
 
 def test_a_device_that_leaves_is_down_until_it_returns_and_a_new_one_starts_quiet(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
+from watchd.actions.executor import ActionExecutor
+from watchd.actions.handlers.unmark import HANDLER as UNMARK
 from watchd.actions.outcome import ActionResult
 from watchd.clock import Clock
 from watchd.httputil import BodyError, error_response, json_response, read_json
@@ -29,7 +31,7 @@ from watchd.store.node_records import MARKS, Mark, NodeRecords
 from watchd.subsystem import Component, Job, Operator
 from watchd.xid.pci import normalize_pci
 
-__all__ = ["NodeMarks", "Unmark"]
+__all__ = ["NodeMarks", "Unmark", "unmark_with"]
 
 _log = get_logger("watchd.marks")
 
@@ -40,6 +42,20 @@ _MAX_WHY = 500
 
 #: runs the ``unmark`` action through the executor: (node, params, who, event id) -> its result
 Unmark = Callable[[str, dict[str, Any], str, str], Awaitable[ActionResult]]
+
+
+def unmark_with(executor: ActionExecutor) -> Unmark:
+    """The ``unmark`` action through ``executor``'s pipeline: an operator's (``who`` is "by NAME") or the
+    engine's own (a marked GPU replaced), in enforce mode whatever the engine's (it changes only watchd's
+    own record)."""
+
+    async def unmark(node: str, params: dict[str, Any], who: str, event_id: str) -> ActionResult:
+        rule = "operator" if who.startswith("by ") else "watchd"
+        return await executor.act(
+            UNMARK.kind, node, params, rule=rule, note=who, mode="enforce", event_id=event_id
+        )
+
+    return unmark
 
 
 class NodeMarks(Component):

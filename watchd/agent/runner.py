@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import ssl
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
 
@@ -22,6 +23,7 @@ from watchd.agent.settings import AgentConfig
 from watchd.agent.shipper import Shipper
 from watchd.agent.xid_dedup import XidDeduplicator
 from watchd.clock import SystemClock
+from watchd.errors import ConfigError
 from watchd.gpu.jobs import JobResolver
 from watchd.gpu.metrics import GpuCollector
 from watchd.gpu.registry import backend_from_config, resetter_from_config
@@ -44,6 +46,9 @@ _log = get_logger("watchd.agent")
 
 _RESTART_MIN_S = 1.0
 _RESTART_MAX_S = 30.0
+#: at the stop, how long the sources and then the shipper get to end once cancelled: a task still running
+#: after it is left behind (logged), so the stop stays bounded whatever it waits on
+_TASK_STOP_S = 2.0
 
 
 def xid_event(node: str, source: str, line: LogLine, record: XidRecord, index: int) -> Event:
@@ -81,9 +86,34 @@ def gpu_sampler_from_config(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    token: str | None  # the engine's ingest token
+    engine_tls: ssl.SSLContext | None  # an https:// engine's
+    listen_tls: ssl.SSLContext | None  # /metrics and /healthz over TLS
+
+
+def preflight(config: AgentConfig) -> Checked:
+    """The secrets, TLS files and settings the agent needs, read and checked before it opens anything: a
+    ConfigError naming the key. The start (:class:`Agent`) begins with it and ``watchd agent --check`` builds
+    the agent without starting it, so a config the check accepts is one the agent starts with."""
+    e, heartbeat = config.engine, config.heartbeat
+    token = e.auth.resolve("engine.auth")
+    engine_tls = engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key)
+    listen_tls = listener_tls(config.listen, "listen")
+    if heartbeat.enabled:
+        heartbeat.token_secret.resolve("heartbeat.token_secret")
+    spool = config.shipper.spool_file
+    if spool is not None and spool.parent.exists() and not spool.parent.is_dir():
+        raise ConfigError(f"shipper.spool_file: {spool.parent} is not a folder")
+    return Checked(token, engine_tls, listen_tls)
+
+
 class Agent:
     def __init__(self, config: AgentConfig, sources: list[LogSource] | None = None) -> None:
-        """``sources``: these instead of the configured kmsg and files (a fake GPU's kernel log is added)."""
+        """``sources``: these instead of the configured kmsg and files (a fake GPU's kernel log is added).
+        Builds everything and opens nothing (a ConfigError for a config the agent cannot start with)."""
+        self.checked = checked = preflight(config)
         self.config = config
         self.node = config.node
         self.metrics = AgentMetrics()
@@ -104,14 +134,15 @@ class Agent:
         self.shipper = Shipper(
             config.node,
             config.engine.url,
-            config.engine.auth.resolve("engine.auth"),
+            checked.token,
             self.metrics,
             queue_size=config.shipper.queue_size,
             max_batch=config.shipper.max_batch,
             backoff_initial=config.shipper.backoff_initial_s,
             backoff_max=config.shipper.backoff_max_s,
             timeout=config.engine.timeout_s,
-            tls=engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
+            tls=checked.engine_tls,
+            spool=config.shipper.spool_file,
         )
         # training-stack lines (any source) and Flight Recorder dumps, bounded per job and kind
         training = config.sources.training
@@ -141,12 +172,7 @@ class Agent:
         kernel_log = context.fake_kernel_log.inject_log_threadsafe
         self.gpu = gpu_sampler_from_config(config, self.metrics, self._emit, self.dedup, kernel_log)
         # a job's ranks ask the agent for their checkpoint advice; the agent asks the engine with its token
-        self.advice = EngineAdvice(
-            e.url,
-            e.auth.resolve("engine.auth"),
-            e.timeout_s,
-            engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
-        )
+        self.advice = EngineAdvice(e.url, checked.token, e.timeout_s, checked.engine_tls)
         self.commands = self._command_runner(config)
         self.heartbeat = (
             HeartbeatServer(
@@ -170,18 +196,19 @@ class Agent:
         return CommandRunner(
             config.node,
             e.url,
-            e.auth.resolve("engine.auth"),
+            self.checked.token,
             self.metrics,
             {GPU_RESET: gpu_reset_executor(resetter, self.gpu, evidence)},
             poll_s=commands.poll_s,
             timeout_s=e.timeout_s,
             memory=CommandMemory(commands.state_file),
-            tls=engine_client_tls(e.url, e.ca_file, e.client_cert, e.client_key),
+            tls=self.checked.engine_tls,
         )
 
     async def __aenter__(self) -> Agent:
         await self._stack.__aenter__()
         try:
+            self.shipper.restore()  # what the last stop could not deliver goes first
             self._spawn(self.shipper.run(), "shipper")
             if self.commands is not None:
                 self._spawn(self.commands.run(), "commands")
@@ -201,8 +228,7 @@ class Agent:
             app = web.Application()
             app.router.add_get("/metrics", metrics_handler(self.metrics.registry))
             app.router.add_get("/healthz", self._healthz)
-            listen = self.config.listen
-            tls = listener_tls(listen, "listen")
+            listen, tls = self.config.listen, self.checked.listen_tls
             self.port = await self._stack.enter_async_context(serve(app, listen.host, listen.port, None, tls))
         except BaseException:
             await self._stack.aclose()
@@ -226,19 +252,26 @@ class Agent:
         self._tasks.append(asyncio.create_task(coro, name=name))  # type: ignore[arg-type]
 
     async def _stop_tasks(self) -> None:
-        # Stop reading first, give the shipper a bounded time to deliver what was read, then stop it.
+        # Stop reading first, give the shipper a bounded time to deliver what was read, then stop it and
+        # spool what is left. Every wait is bounded: the stop ends well within the unit's TimeoutStopSec.
         shipper_task, *source_tasks = self._tasks
         for task in source_tasks:
             task.cancel()
-        await asyncio.gather(*source_tasks, return_exceptions=True)
+        await self._await_stopped(source_tasks)
         flush = self.config.shipper.shutdown_flush_s
-        if len(self.shipper) and not await self.shipper.wait_idle(timeout=flush):
-            left = len(self.shipper)
-            self.metrics.dropped.labels("shutdown").inc(left)
-            _log.error("events_undelivered_at_shutdown", count=left)
+        if len(self.shipper):
+            await self.shipper.wait_idle(timeout=flush)
         shipper_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await shipper_task
+        await self._await_stopped([shipper_task])
+        self.shipper.spill()
+
+    async def _await_stopped(self, tasks: list[asyncio.Task[None]]) -> None:
+        if not tasks:
+            return
+        _, running = await asyncio.wait(tasks, timeout=_TASK_STOP_S)
+        if running:
+            names = sorted(t.get_name() for t in running)
+            _log.error("tasks_not_stopped", tasks=names, waited_s=_TASK_STOP_S)
 
     def _emit(self, event: Event, on_settled: Callable[[], None] | None = None) -> None:
         self.metrics.events.labels(event.source.split(":", 1)[0], event.kind).inc()

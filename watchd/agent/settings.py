@@ -45,6 +45,9 @@ class ShipperConfig(Strict):
     backoff_initial_s: Seconds = 0.2
     backoff_max_s: Seconds = 30.0
     shutdown_flush_s: Annotated[float, Field(ge=0)] = 5.0
+    # what is still queued after shutdown_flush_s is kept here and delivered after the next start (at most
+    # queue_size events); null: it is lost, counted as reason="shutdown"
+    spool_file: Path | None = Path("/var/lib/watchd-agent/spool.jsonl")
 
 
 class HeartbeatConfig(Strict):

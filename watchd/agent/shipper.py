@@ -5,16 +5,24 @@ request was in flight). While the engine is unreachable they wait in the queue a
 returns. A full queue refuses new events; each refusal is counted and logged, never silent. An event
 offered with ``on_settled`` has it called once the event left the queue for good (delivered, or refused as
 invalid): that is how the source it was read from learns it (:meth:`~watchd.sources.base.LogSource.ack`).
+
+What is still queued when the agent stops (the engine down or stopping at the same moment) is written to the
+spool file (:meth:`Shipper.spill`), one event per line, and queued again at the next start
+(:meth:`Shipper.restore`): at most ``queue_size`` events, and the file is removed once they were delivered.
+The engine recognises an event it already has by its id, so one delivered just before the stop and spooled
+anyway is not counted twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import ssl
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 import aiohttp
 
@@ -22,7 +30,7 @@ from watchd.agent import engine_call
 from watchd.agent.engine_call import call, with_session
 from watchd.agent.metrics import AgentMetrics
 from watchd.logs import get_logger
-from watchd.model.events import INGEST_PATH, Event, batch_to_wire, fit_to_wire
+from watchd.model.events import INGEST_PATH, Event, WireError, batch_to_wire, event_from_wire, fit_to_wire
 
 _log = get_logger("watchd.shipper")
 
@@ -45,9 +53,11 @@ class Shipper:
         timeout: float = 5.0,
         session: aiohttp.ClientSession | None = None,
         tls: ssl.SSLContext | None = None,
+        spool: Path | None = None,
     ) -> None:
         """``session``: post through this one (shared by many shippers, e.g. the fleet simulator's) instead
-        of a session of its own; the caller opens and closes it."""
+        of a session of its own; the caller opens and closes it. ``spool``: the file the events still queued
+        at the stop are kept in (None: they are counted as lost)."""
         self.node = node
         self.endpoint = url.rstrip("/") + INGEST_PATH
         self._headers = {"Content-Type": "application/json"}
@@ -67,6 +77,8 @@ class Shipper:
         self._idle.set()
         self.dropped = 0
         self._on_settled: dict[str, Callable[[], None]] = {}  # event id -> its acknowledgement
+        self._spool = spool
+        self._restored = False  # the spool's events were queued again: the file goes once they are delivered
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -109,6 +121,9 @@ class Shipper:
         batch_limit = self._max_batch
         while True:
             if not self._queue:
+                if self._restored:
+                    self._restored = False
+                    self._remove_spool()
                 self._idle.set()
                 self._ready.clear()
                 await self._ready.wait()
@@ -141,6 +156,74 @@ class Shipper:
             delay = min(self._backoff_max, backoff) * (0.5 + 0.5 * random.random())
             backoff = min(self._backoff_max, backoff * 2)
             await asyncio.sleep(delay)
+
+    def restore(self) -> int:
+        """Queue the events the spool kept at the last stop (before anything else is offered); how many."""
+        if self._spool is None:
+            return 0
+        try:
+            with open(self._spool, encoding="utf-8", errors="replace") as f:
+                lines = [line for _, line in zip(range(self._queue_size), f, strict=False)]
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            _log.error("spool_unreadable", path=str(self._spool), error=str(exc))
+            return 0
+        restored = unreadable = 0
+        for number, line in enumerate(lines, 1):
+            try:
+                self._queue.append(fit_to_wire(event_from_wire(json.loads(line), f"line {number}")))
+                restored += 1
+            except (ValueError, WireError):
+                unreadable += 1
+        if unreadable:
+            self._metrics.dropped.labels("spool_unreadable").inc(unreadable)
+            _log.error("spool_lines_unreadable", path=str(self._spool), count=unreadable)
+        if restored:
+            self._restored = True
+            self._metrics.queue_depth.set(len(self._queue))
+            self._idle.clear()
+            self._ready.set()
+            _log.info("spool_restored", path=str(self._spool), events=restored)
+        else:
+            self._remove_spool()
+        return restored
+
+    def spill(self) -> int:
+        """Write what is still queued to the spool (the shipper stopped); the events kept, or 0 when there
+        is no spool or it could not be written (then they are counted as lost)."""
+        events = list(self._queue)
+        if not events:
+            self._remove_spool()
+            return 0
+        if self._spool is not None:
+            temporary = self._spool.with_name(self._spool.name + ".tmp")
+            try:
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                with open(fd, "w", encoding="utf-8") as f:
+                    for event in events:
+                        f.write(json.dumps(event.to_wire(), separators=(",", ":")) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(temporary, self._spool)
+            except OSError as exc:
+                _log.error("spool_unwritable", path=str(self._spool), error=str(exc))
+            else:
+                _log.warning("events_spooled", path=str(self._spool), count=len(events))
+                return len(events)
+        self._metrics.dropped.labels("shutdown").inc(len(events))
+        _log.error("events_undelivered_at_shutdown", count=len(events))
+        return 0
+
+    def _remove_spool(self) -> None:
+        if self._spool is None:
+            return
+        try:
+            os.unlink(self._spool)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            _log.error("spool_unremovable", path=str(self._spool), error=str(exc))
 
     def _settled(self, batch: list[Event]) -> None:
         for event in batch:

@@ -20,10 +20,8 @@ from watchd.actions.agent_commands import AgentCommands
 from watchd.actions.audit import MemoryAudit
 from watchd.actions.executor import ActionExecutor, Pools
 from watchd.actions.handler import Mode
-from watchd.actions.handlers.unmark import HANDLER as UNMARK
 from watchd.actions.handlers.validate import HANDLER as VALIDATE
-from watchd.actions.marks import NodeMarks
-from watchd.actions.outcome import ActionResult
+from watchd.actions.marks import NodeMarks, unmark_with
 from watchd.actions.remediation import Remediation
 from watchd.actions.safety import BreakerLimits
 from watchd.checks.metrics import CheckMetrics
@@ -41,6 +39,7 @@ from watchd.engine.housekeeping import prune
 from watchd.engine.lanes import IngestQueue
 from watchd.engine.loop_lag import LoopLag
 from watchd.engine.metrics import EngineMetrics
+from watchd.engine.preflight import preflight
 from watchd.engine.privileges import privileges
 from watchd.engine.rule_keeper import RuleKeeper
 from watchd.engine.server import make_app
@@ -59,7 +58,6 @@ from watchd.periodic import Periodic
 from watchd.reliability.subsystem import Reliability
 from watchd.reports.engine_hook import UsageHook
 from watchd.rules import RuleEngine, RuleSet
-from watchd.security import engine_credentials, listener_tls
 from watchd.store.database import Store
 from watchd.store.opening import open_state
 from watchd.subsystem import Component, Subsystem
@@ -276,13 +274,6 @@ class Engine:
             self.reliability.restored(node, self.clock.now())
         return {"outcome": result.outcome, "detail": result.detail}
 
-    async def _unmark(self, node: str, params: dict[str, Any], who: str, event_id: str) -> ActionResult:
-        """The ``unmark`` action (an operator's, or the engine's own when a marked GPU was replaced)."""
-        rule = "operator" if who.startswith("by ") else "watchd"
-        return await self.executor.act(
-            UNMARK.kind, node, params, rule=rule, note=who, mode="enforce", event_id=event_id
-        )
-
     async def validate(self, node: str, note: str, mode: Mode | None = "enforce") -> dict[str, Any]:
         """``watchd node validate`` (an operator: enforce), or ``checks.auto_validate`` (None: the engine's
         mode): the ``validate`` action, the check suite, then back in service only if every check passed."""
@@ -334,9 +325,8 @@ class Engine:
 
     async def _start(self, stack: AsyncExitStack) -> None:
         config = self.config
-        self.token = config.auth.resolve()
-        credentials = engine_credentials(config.auth)  # tokens by role, TLS
-        tls = listener_tls(config.listen, "listen")
+        checked = preflight(config)  # what `watchd engine --check` checks, before anything is opened
+        self.token, credentials, tls = checked.token, checked.credentials, checked.tls
         self.rule_keeper.load()
         self.store = open_state(config.state)
         stack.callback(self.store.close)
@@ -511,7 +501,9 @@ class Engine:
             leading=leading,
             bindings=self.store.command_bindings,
         )
-        self.marks = NodeMarks(self.store.nodes, self._unmark, self.clock, leading, self.metrics.registry)
+        self.marks = NodeMarks(
+            self.store.nodes, unmark_with(self.executor), self.clock, leading, self.metrics.registry
+        )
         subsystems += [
             self.usage,
             self.marks,  # lemons and nodes left for a person: out until cleared

@@ -18,11 +18,14 @@ condition stays as it was.
   started). The link layer keeps a RoCE port (Ethernet) from being judged against an InfiniBand one on the
   same HCA model.
 * ``link_errors``: per link counter of ``error_thresholds``, the sum of its rises over the last
-  ``error_window_s``; it starts at the threshold and clears at or below a tenth of it. Only rises count: a
-  counter that goes down was reset (``perfquery -R``, a driver reload, a wrap) and is taken as the new
-  base; one at the top of its width (the PortCounters saturate and stop) counts what it rose to get there
-  and nothing after (the event says ``saturated``). A counter's first reading is its base: what happened
-  before the agent watched is not reported.
+  ``error_window_s``; it starts at the threshold and clears at or below a tenth of it. Only rises count. A
+  counter below its base is believed reset (``perfquery -R``, a driver reload, a wrap) only when the next
+  reading is below the base too: then the first low reading is the new base and only the rise above it
+  counts. A single low reading followed by the old value (a glitch of one read) counts nothing: a reset
+  and a climb back would otherwise report the counter's whole history as new errors. A counter at the top
+  of its width (the PortCounters saturate and stop) counts what it rose to get there and nothing after
+  (the event says ``saturated``). A counter's first reading is its base, and so is its first reading after
+  its device came back: what happened before the agent watched is not reported.
 """
 
 from __future__ import annotations
@@ -91,21 +94,40 @@ class _Cond:
 
 @dataclass(slots=True)
 class _Counter:
-    prev: int | None = None
+    prev: int | None = None  # the base rises are counted from
+    low: int | None = None  # a reading below the base, not yet believed: a reset only if the next one agrees
     increases: deque[tuple[float, int]] = field(default_factory=deque)
     saturated: bool = False
 
     def update(self, value: int, now: float, window_s: float, width: int | None) -> int:
-        if self.prev is not None and value > self.prev:
-            self.increases.append((now, value - self.prev))
-        # below the previous value: reset or wrapped; re-based, nothing counted
-        self.prev = value
+        prev, low = self.prev, self.low
+        self.low = None
+        if prev is None:
+            self.prev = value  # the first reading: what happened before is not counted
+        elif value >= prev:
+            # a lower reading just before (a glitch of one read) is forgotten: only the rise over the old
+            # base counts, never the whole value again
+            if value > prev:
+                self.increases.append((now, value - prev))
+            self.prev = value
+        elif low is None:
+            self.low = value  # below the base once: not a reset yet, nothing counted
+        else:
+            # below the base twice in a row: cleared (perfquery -R, a driver reload) or wrapped. The first
+            # low reading is the new base; only what the counter rose above it since counts
+            if value > low:
+                self.increases.append((now, value - low))
+            self.prev = value
         tops = (2**width - 1,) if width is not None else (2**32 - 1, 2**64 - 1)
-        self.saturated = value in tops
+        self.saturated = self.prev in tops
         horizon = now - window_s
         while self.increases and self.increases[0][0] <= horizon:
             self.increases.popleft()
         return sum(n for _, n in self.increases)
+
+    def forget_base(self) -> None:
+        """The port came back (a driver reload resets its counters): its next reading is a new base."""
+        self.prev = self.low = None
 
 
 @dataclass(slots=True)
@@ -185,6 +207,9 @@ class IbJudge:
                     view.gone_since = now
                 events += self._gone(view, now)
             else:
+                if view.gone_since is not None:
+                    for counter in view.counters.values():
+                        counter.forget_base()
                 view.gone_since = None
                 events += self._port(view, r, now, peers)
                 view.last = r

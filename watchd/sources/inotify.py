@@ -70,11 +70,14 @@ class ChangeWaiter:
             if not ready.done():
                 ready.set_result(None)
 
+        # Not asyncio.wait_for: on Python 3.11 it returns the result when the change and a cancellation come
+        # in the same turn of the loop, and the cancelled follower reads on (an agent that never stops).
         loop.add_reader(self.fd, wake)
+        timer = loop.call_later(timeout, wake)
         try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(ready, timeout)
+            await ready
         finally:
+            timer.cancel()
             loop.remove_reader(self.fd)
         self._drain()
 

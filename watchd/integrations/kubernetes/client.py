@@ -6,12 +6,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from watchd.errors import ConfigError
 from watchd.extras import missing_extra
 
 try:
     import httpx2
     from lightkube import ApiError, AsyncClient, KubeConfig, operators
     from lightkube.config.kubeconfig import SERVICE_ACCOUNT
+    from lightkube.core.exceptions import ConfigError as LightkubeConfigError
 except ImportError as exc:  # the optional dependency: name the extra, not a traceback
     raise missing_extra("kubernetes", exc) from exc
 
@@ -24,22 +26,29 @@ def make_client(
     timeout_s: float = 10.0,
     field_manager: str = "watchd",
 ) -> AsyncClient:
-    """A client from ``kubeconfig`` (and ``context``), or the pod's service account.
-
-    ``in_cluster`` None: the service account when running in a pod (``KUBERNETES_SERVICE_HOST`` set and no
-    kubeconfig given), else ``$KUBECONFIG`` / ``~/.kube/config``."""
-    if in_cluster is None:
-        in_cluster = kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
-    if in_cluster:
-        config = KubeConfig.from_service_account(SERVICE_ACCOUNT)
-    elif kubeconfig is not None:
-        config = KubeConfig.from_file(kubeconfig)
-    else:
-        config = KubeConfig.from_env()
-    single = config.get(context_name=context)
+    """A client from ``kubeconfig`` (and ``context``), or the pod's service account (:func:`kube_config`)."""
+    single = kube_config(kubeconfig, context, in_cluster=in_cluster)
     return AsyncClient(
         single, timeout=httpx2.Timeout(timeout_s), field_manager=field_manager, trust_env=False, lazy=False
     )
+
+
+def kube_config(kubeconfig: Path | None, context: str | None, *, in_cluster: bool | None) -> Any:
+    """The cluster and credentials a client would use, read without connecting; a ConfigError (watchd's,
+    one line) when they cannot be. ``in_cluster`` None: the service account when running in a pod
+    (``KUBERNETES_SERVICE_HOST`` set and no kubeconfig given), else ``$KUBECONFIG`` / ``~/.kube/config``."""
+    if in_cluster is None:
+        in_cluster = kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
+    try:
+        if in_cluster:
+            config = KubeConfig.from_service_account(SERVICE_ACCOUNT)
+        elif kubeconfig is not None:
+            config = KubeConfig.from_file(kubeconfig)
+        else:
+            config = KubeConfig.from_env()
+        return config.get(context_name=context)
+    except (LightkubeConfigError, OSError) as exc:
+        raise ConfigError(f"kubernetes.kubeconfig/context/in_cluster: {exc}") from None
 
 
 def describe_error(what: str, exc: BaseException) -> str:
