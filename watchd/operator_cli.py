@@ -154,26 +154,25 @@ def run_resume(node: str, client: EngineClient, as_json: bool, out: TextIO) -> i
     """Ask the running engine to resume ``node``: the executor carries it out and audits it; the scheduler
     refuses a node watchd did not drain (exit 4). Exit 0 when the node is in service afterwards."""
     answer = client.post(f"/api/v1/nodes/{quote(node, safe='')}/resume")
-    result = answer.doc
-    if as_json:
-        print_json({"node": node, **result}, out)
-    else:
-        detail = f" ({result['detail']})" if result.get("detail") else ""
-        print(f"{node}: {result['outcome']}{detail}", file=out)
-    return exit_for(answer, ("resumed", "not_drained"))
+    return _node_answer(node, answer, ("resumed", "not_drained"), as_json, out)
 
 
 def run_unmark(node: str, why: str, mark: str, client: EngineClient, as_json: bool, out: TextIO) -> int:
     """Ask the running engine to clear the marks of ``node`` (the ``unmark`` action, audited). Exit 0 when
     the node carries no such mark afterwards."""
     answer = client.post(f"/api/v1/nodes/{quote(node, safe='')}/unmark", {"why": why, "mark": mark})
+    return _node_answer(node, answer, ("cleared", "not_marked"), as_json, out)
+
+
+def _node_answer(node: str, answer: Answer, ok: Collection[str], as_json: bool, out: TextIO) -> int:
+    """An action on one node as the engine answered it: a line (or the JSON), and its exit status."""
     result = answer.doc
     if as_json:
         print_json({"node": node, **result}, out)
     else:
         detail = f" ({result['detail']})" if result.get("detail") else ""
         print(f"{node}: {result.get('outcome', result.get('error', ''))}{detail}", file=out)
-    return exit_for(answer, ("cleared", "not_marked"))
+    return exit_for(answer, ok)
 
 
 def run_marks(node: str | None, client: EngineClient, as_json: bool, out: TextIO) -> int:

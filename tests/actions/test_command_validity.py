@@ -7,12 +7,13 @@ reservation) still counts as out of service."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+import pytest
+from aiohttp.test_utils import TestClient
 
+from tests.actions.test_command_queue import _client
 from tests.actions.test_executor import make
 from tests.actions.test_gpu_reset_action import drained
 from tests.actions.test_reboot_action import Checks
@@ -26,14 +27,6 @@ from watchd.model.nodes import NodeState
 
 AGENT = {"node": "gpu-1", "instance": "agent-a"}
 LEMON = {"reason": "lemon, RMA suspected", "replace_reason": True}
-
-
-async def _client(queue: AgentCommands) -> TestClient[Any, Any]:
-    app = web.Application()
-    queue.routes(app, lambda request: "nobody")
-    client = TestClient(TestServer(app))
-    await client.start_server()
-    return client
 
 
 async def _poll(client: TestClient[Any, Any]) -> list[Command]:
@@ -52,74 +45,49 @@ async def _queued_reset(fake: FakeScheduler) -> tuple[ActionExecutor, AgentComma
     return executor, queue, reset
 
 
-async def test_a_node_resumed_before_its_agent_asks_is_never_reset() -> None:
+async def resumed_with_a_job(fake: FakeScheduler, executor: ActionExecutor) -> None:
+    fake.add_node("gpu-1", state="allocated")  # an operator resumed it, and Slurm put a job there
+
+
+async def a_job_on_the_drained_node(fake: FakeScheduler, executor: ActionExecutor) -> None:
+    drained(fake, state="mixed")  # still drained, but a job landed (a reservation, a start before the drain)
+
+
+async def drained_again_by_watchd(fake: FakeScheduler, executor: ActionExecutor) -> None:
+    fake.add_node("gpu-1")  # resumed by hand, then drained again by watchd: a new decision answers it
+    assert (await executor.act("drain", "gpu-1", {"reason": "Xid 95 again"}, rule="xid")).outcome == "drained"
+
+
+async def marked(fake: FakeScheduler, executor: ActionExecutor) -> None:
+    executor.store.nodes.mark("gpu-1", "lemon", "lemon-node", "lemon, RMA suspected", 1.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (resumed_with_a_job, "no longer out of service by watchd (ALLOCATED)"),
+        (a_job_on_the_drained_node, "a job was put on it (MIXED+DRAIN)"),
+        (drained_again_by_watchd, "drained again by watchd since (drain 0 -> 1)"),
+        (marked, "marked a lemon by rule lemon-node"),
+    ],
+)
+async def test_a_reset_whose_reason_no_longer_holds_when_its_agent_asks_is_withdrawn(
+    change: Callable[[FakeScheduler, ActionExecutor], Awaitable[None]], why: str
+) -> None:
     fake = FakeScheduler()
     drained(fake)
     executor, queue, reset = await _queued_reset(fake)
     client = await _client(queue)
     try:
-        fake.add_node("gpu-1", state="allocated")  # an operator resumed it, and Slurm put a job there
-        assert await _poll(client) == []
+        await change(fake, executor)
+        assert await _poll(client) == []  # never handed out
         result = await asyncio.wait_for(reset, 5)
     finally:
         await client.close()
         await executor.__aexit__(None, None, None)
     assert result.outcome == "withdrawn", result
-    assert (
-        "no longer out of service by watchd (ALLOCATED)" in result.detail
-        and "nothing was run" in result.detail
-    )
+    assert why in result.detail and "nothing was run" in result.detail, result.detail
     assert executor.store.nodes.remediations("gpu-1", 0.0) == 0  # nothing done: not counted
-
-
-async def test_a_job_on_a_drained_node_withdraws_the_command() -> None:
-    fake = FakeScheduler()
-    drained(fake)
-    executor, queue, reset = await _queued_reset(fake)
-    client = await _client(queue)
-    try:
-        drained(
-            fake, state="mixed"
-        )  # still drained, but a job landed (a reservation, a start before the drain)
-        assert await _poll(client) == []
-        result = await asyncio.wait_for(reset, 5)
-    finally:
-        await client.close()
-        await executor.__aexit__(None, None, None)
-    assert result.outcome == "withdrawn" and "a job was put on it (MIXED+DRAIN)" in result.detail
-
-
-async def test_a_node_drained_again_by_watchd_since_withdraws_the_older_command() -> None:
-    fake = FakeScheduler()
-    drained(fake)
-    executor, queue, reset = await _queued_reset(fake)
-    client = await _client(queue)
-    try:
-        fake.add_node("gpu-1")  # resumed by hand...
-        assert (
-            await executor.act("drain", "gpu-1", {"reason": "Xid 95 again"}, rule="xid")
-        ).outcome == "drained"
-        assert await _poll(client) == []  # ...and drained again by watchd: a new decision answers it
-        result = await asyncio.wait_for(reset, 5)
-    finally:
-        await client.close()
-        await executor.__aexit__(None, None, None)
-    assert result.outcome == "withdrawn" and "drained again by watchd since (drain 0 -> 1)" in result.detail
-
-
-async def test_a_node_marked_while_its_command_waits_is_not_reset() -> None:
-    fake = FakeScheduler()
-    drained(fake)
-    executor, queue, reset = await _queued_reset(fake)
-    client = await _client(queue)
-    try:
-        executor.store.nodes.mark("gpu-1", "lemon", "lemon-node", "lemon, RMA suspected", 1.0)
-        assert await _poll(client) == []
-        result = await asyncio.wait_for(reset, 5)
-    finally:
-        await client.close()
-        await executor.__aexit__(None, None, None)
-    assert result.outcome == "withdrawn" and "marked a lemon by rule lemon-node" in result.detail
 
 
 class Unreachable(FakeScheduler):
