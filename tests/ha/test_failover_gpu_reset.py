@@ -11,8 +11,11 @@ resets (its result never reaches it):
 - the follower takes the lead, drives the open ``gpu_reset`` intent again with the same command id, the agent
   answers from memory: one reset, recorded, and validation returns the node to service on a pass;
 - the agent also ``kill -9``-ed before it could report and started again with its memory deleted: the new run
-  refuses the command (bound to the earlier run), one reset, and the node stays out of service: the shipped
-  rules ask for a reboot (not a reset) and only a validation pass returns it.
+  refuses the command (bound to the earlier run), one reset, and the action ends ``not_reset``; the new
+  leader feeds that back to the rules as the first would have, so the shipped rule ``gpu-reset-not-done``
+  asks for a reboot (not a reset) and tells the on-call. On the shared cluster (``ReturnToService=2``)
+  watchd refuses that reboot and the node stays drained; on a cluster of its own (``ReturnToService=1``)
+  the node is rebooted once and returned by a validation pass.
 
 Either way the node is never in service without a validation pass: a watcher samples its Slurm state
 throughout and every moment in service is after every check of a validation has passed."""
@@ -39,13 +42,13 @@ from tests.e2e.remediation_loop import REAL_SCONTROL, kernel_says
 from tests.ha.pair import HaPair
 from tests.harness.postgres import PostgresServer
 from tests.harness.ready_proxy import ReadyProxy
-from tests.harness.slurm import SlurmCluster
-from tests.support import wait_for
+from tests.harness.slurm import SlurmCluster, available
+from tests.support import real_components_required, wait_for
 from watchd.integrations.slurm.checks import parse_reservations
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real]
 
-NODE = "gpu-4"
+NODE = "gpu-2"
 #: the simulated board's second GPU (bus 0x2a), as the kernel prints it
 XID95 = "NVRM: Xid (PCI:0000:2a:00): 95, pid=<unknown>, name=<unknown>, Uncontained ECC error."
 GPU = "0000:2a:00.0"
@@ -56,16 +59,44 @@ LEASE_S = 6.0
 CHECKS = ("nccl", "dcgm")
 
 
-@pytest.fixture
-def cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    slurm_cluster.reset_nodes([NODE])
-    yield slurm_cluster
-    listed = slurm_cluster.run("squeue", "-h", "-o", "%i %N %n", check=False).stdout.splitlines()
-    slurm_cluster.cancel(*[line.split()[0] for line in listed if NODE in line.split()[1:]])
-    for r in slurm_cluster.run("scontrol", "show", "res", "-o", check=False).stdout.splitlines():
+def _clean(cluster: SlurmCluster) -> None:
+    listed = cluster.run("squeue", "-h", "-o", "%i %N %n", check=False).stdout.splitlines()
+    cluster.cancel(*[line.split()[0] for line in listed if NODE in line.split()[1:]])
+    for r in cluster.run("scontrol", "show", "res", "-o", check=False).stdout.splitlines():
         if r.startswith("ReservationName=") and NODE in r:
-            slurm_cluster.run("scontrol", "delete", r.split()[0], check=False)
-    slurm_cluster.reset_nodes([NODE])
+            cluster.run("scontrol", "delete", r.split()[0], check=False)
+    cluster.reset_nodes([NODE])
+
+
+@pytest.fixture(scope="module")
+def rebooting_cluster() -> Iterator[SlurmCluster]:
+    """A cluster of its own where watchd may reboot (``ReturnToService=1``; the shared one runs 2, where
+    watchd refuses): the RebootProgram plays a reboot in a few seconds."""
+    ok, why = available()
+    if not ok:
+        if real_components_required():
+            pytest.fail(f"Slurm test cluster required but unavailable: {why}")
+        pytest.skip(why)
+    with SlurmCluster(real_nodes=2, return_to_service=1, reboot_timeout=60) as cluster:
+        cluster.configure_reboots(delay=1.0, downtime=2.0)
+        yield cluster
+
+
+@pytest.fixture(params=["reboots_refused", "reboots"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
+    """The shared cluster (``ReturnToService=2``: watchd refuses to reboot), or one where it may reboot."""
+    name = "slurm_cluster" if request.param == "reboots_refused" else "rebooting_cluster"
+    chosen: SlurmCluster = request.getfixturevalue(name)
+    _clean(chosen)
+    yield chosen
+    _clean(chosen)
+
+
+@pytest.fixture
+def shared_cluster(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    _clean(slurm_cluster)
+    yield slurm_cluster
+    _clean(slurm_cluster)
 
 
 class InService:
@@ -181,6 +212,11 @@ def _passes(pair: HaPair) -> list[float]:
     return out
 
 
+def _reboots(cluster: SlurmCluster) -> int:
+    """The reboots of the node the cluster's RebootProgram played so far."""
+    return [e["event"] for e in cluster.reboot_events(NODE)].count("called")
+
+
 def _kill9(daemon: Daemon) -> None:
     daemon.proc.send_signal(signal.SIGKILL)
     daemon.proc.wait()
@@ -201,7 +237,7 @@ def _stop(*daemons: Daemon | None) -> None:
 def _start(
     cluster: SlurmCluster, pg: PostgresServer, standins: Path, tmp_path: Path
 ) -> tuple[HaPair, Daemon, Daemon]:
-    behave(standins, gpu_4="pass")
+    behave(standins, gpu_2="pass")
     pair = _pair(cluster, pg, standins, tmp_path)
     a = pair.start("a")
     assert pair.leader()[0] == "a"
@@ -218,8 +254,9 @@ def _kill9_the_leader_while_the_agent_resets(a: Daemon, agent: Daemon, kernel_lo
 
 
 def test_kill9_of_the_leader_while_the_agent_resets_gives_one_reset_and_a_validated_return(
-    cluster: SlurmCluster, pg_server: PostgresServer, standins: Path, tmp_path: Path
+    shared_cluster: SlurmCluster, pg_server: PostgresServer, standins: Path, tmp_path: Path
 ) -> None:
+    cluster = shared_cluster
     pair, a, b = _start(cluster, pg_server, standins, tmp_path)
     agent: Daemon | None = None
     started = time.monotonic()
@@ -275,9 +312,10 @@ def test_kill9_of_the_leader_while_the_agent_resets_gives_one_reset_and_a_valida
         pair.stop()
 
 
-def test_kill9_of_the_leader_and_of_the_agent_without_its_memory_gives_one_reset_and_no_return(
+def test_kill9_of_the_leader_and_of_the_agent_without_its_memory_gives_one_reset_and_a_reboot_instead(
     cluster: SlurmCluster, pg_server: PostgresServer, standins: Path, tmp_path: Path
 ) -> None:
+    reboots_before = _reboots(cluster)
     pair, a, b = _start(cluster, pg_server, standins, tmp_path)
     agent: Daemon | None = None
     restarted: Daemon | None = None
@@ -301,7 +339,7 @@ def test_kill9_of_the_leader_and_of_the_agent_without_its_memory_gives_one_reset
                 restarted,
             )
             assert pair.leader()[0] == "b"
-            # what the shipped rules do next (a reboot: not a reset) has its time to happen
+            # what the shipped rules do next (a reboot: not a reset), and the word to the on-call
             loop.wait(
                 lambda: {"reboot", "alert"} <= {x["action"] for x in loop.actions(b, NODE)},
                 30,
@@ -311,7 +349,17 @@ def test_kill9_of_the_leader_and_of_the_agent_without_its_memory_gives_one_reset
                 b,
                 restarted,
             )
-            time.sleep(3)
+            if cluster.return_to_service != 2:
+                loop.wait(
+                    lambda: loop.back_in_service(cluster, b, NODE),
+                    90,
+                    "rebooted, validated and back in service",
+                    cluster,
+                    NODE,
+                    b,
+                    restarted,
+                )
+            time.sleep(3)  # a second reset or an unvalidated return would have happened by now
         assert proxy.targets == [a.port, b.port]
         assert len(_resets(tmp_path)) == 1, "reset exactly once"
         assert not _log_events(restarted, "command_running"), "the new run ran nothing"
@@ -321,11 +369,22 @@ def test_kill9_of_the_leader_and_of_the_agent_without_its_memory_gives_one_reset
         assert "whether it ran is not known" in reset["detail"], reset
         [reboot] = [x for x in loop.actions(b, NODE) if x["action"] == "reboot"]
         assert reboot["rule"] == "gpu-reset-not-done", reboot
-        print(json.dumps({"reboot": [reboot["outcome"], reboot["detail"]], "states": watch.states}))
-        if reboot["outcome"] != "rebooting":
+        rebooted = _reboots(cluster) - reboots_before
+        steps = loop.steps(b, NODE)
+        said = {"reboot": [reboot["outcome"], reboot["detail"]], "steps": steps, "states": watch.states}
+        print(json.dumps(said))
+        if cluster.return_to_service == 2:  # watchd refuses to reboot: the node stays drained, for a person
             assert reboot["outcome"] == "refused", reboot
+            assert "ReturnToService=2" in reboot["detail"], reboot
             assert "DRAIN" in cluster.node_state(NODE), "never in service without a pass"
             assert not any(x["action"] == "validate" for x in loop.actions(b, NODE))
+            assert rebooted == 0
+        else:  # rebooted once (a reboot is not a reset) and returned by a validation pass
+            assert reboot["outcome"] == "rebooting", reboot
+            assert rebooted == 1, cluster.reboot_events(NODE)
+            assert ("validate", "resumed") in steps, steps
+            [validate] = [x for x in loop.actions(b, NODE) if x["action"] == "validate"]
+            assert validate["detail"].startswith("auto: node_rebooted"), validate
         _never_in_service_without_a_pass(watch, pair)
     finally:
         _stop(agent, restarted)

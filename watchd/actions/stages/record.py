@@ -93,6 +93,7 @@ class Record:
         self._audit.record(audit_record(attempt, result, self._clock.now(), elapsed))
         if self._feedback is None:
             return
+        parts: tuple[str, ...]
         if decision is not None and decision.event.kind != ActionFeedback.KIND:
             rule, parts = decision.rule, (decision.event.id, decision.rule, action.kind, action.node)
         elif decision is None and attempt.redrive:
