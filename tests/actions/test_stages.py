@@ -337,6 +337,26 @@ async def test_record_audits_counts_and_feeds_back_plain_names() -> None:
     assert event.attrs == {"action": "drain", "outcome": "drained", "rule": "r", "mode": "enforce"}
 
 
+async def test_record_feeds_back_an_action_driven_again_from_its_intent() -> None:
+    """After a restart or a failover an unfinished action is driven again from its intent, without its
+    decision: its outcome is fed back all the same (a reset not done must reach the rule that reboots
+    instead); an action no rule decided (an operator's, an engine-made one) still is not."""
+    store, clock, audit, fed = Store.open(":memory:"), FakeClock(), MemoryAudit(), []
+    stage = Record(clock, EngineMetrics(), AuditTrail(audit, store), fed.append)
+    not_reset = Next(ActionResult(Outcome.NOT_RESET, "the agent instance b refused it"))
+    redriven = attempt("gpu_reset", decision=None, redrive=True, note="re-driven after a restart")
+    await stage(redriven, not_reset)
+    (event,) = fed
+    assert (event.kind, event.node) == ("watchd_action", "gpu-1")
+    assert event.attrs == {"action": "gpu_reset", "outcome": "not_reset", "rule": "r", "mode": "enforce"}
+    later = attempt("gpu_reset", decision=None, redrive=True)
+    later.now = 200.0  # the next incident of the node (its intent under the same key), driven again
+    await stage(later, not_reset)
+    assert len({e.id for e in fed}) == 2, "each re-drive is its own event (never de-duplicated away)"
+    await stage(attempt("resume", decision=None), Next())
+    assert len(fed) == 2
+
+
 async def test_record_turns_a_crash_into_failed_and_still_audits() -> None:
     store, audit = Store.open(":memory:"), MemoryAudit()
 

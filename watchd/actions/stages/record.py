@@ -1,6 +1,6 @@
 """The first stage of every action: whatever happens after, its outcome is audited (the one place an audit
-record of an action is built), counted, and, for a decided action, fed back to the rules as a
-``watchd_action`` event."""
+record of an action is built), counted, and, for a decided action (or one driven again from its intent after
+a restart or a failover), fed back to the rules as a ``watchd_action`` event."""
 
 from __future__ import annotations
 
@@ -91,15 +91,24 @@ class Record:
         action, decision, mode = attempt.action, attempt.decision, attempt.mode
         self._metrics.actions.labels(action.kind, mode, result.outcome.value).inc()
         self._audit.record(audit_record(attempt, result, self._clock.now(), elapsed))
-        if self._feedback is not None and decision is not None and decision.event.kind != ActionFeedback.KIND:
-            outcome = result.outcome.value
-            feedback = ActionFeedback(action=action.kind, outcome=outcome, rule=decision.rule, mode=mode)
-            parts = (decision.event.id, decision.rule, action.kind, action.node)
-            self._feedback(
-                feedback.to_event(
-                    id=stable_id("action", *(text(p) for p in parts)),  # hashable even with a lone surrogate
-                    node=action.node,
-                    source=FEEDBACK_SOURCE,
-                    time=self._clock.now(),
-                )
+        if self._feedback is None:
+            return
+        parts: tuple[str, ...]
+        if decision is not None and decision.event.kind != ActionFeedback.KIND:
+            rule, parts = decision.rule, (decision.event.id, decision.rule, action.kind, action.node)
+        elif decision is None and attempt.redrive:
+            # driven again from its intent (a restart, a failover): its outcome is its decision's, and the
+            # rules that follow it (a reset not done -> a reboot) must hear of it as from the first run
+            rule = attempt.rule
+            parts = (attempt.event_id, rule, action.kind, action.node, repr(attempt.now))
+        else:
+            return
+        feedback = ActionFeedback(action=action.kind, outcome=result.outcome.value, rule=rule, mode=mode)
+        self._feedback(
+            feedback.to_event(
+                id=stable_id("action", *(text(p) for p in parts)),  # hashable even with a lone surrogate
+                node=action.node,
+                source=FEEDBACK_SOURCE,
+                time=self._clock.now(),
             )
+        )
