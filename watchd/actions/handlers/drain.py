@@ -8,13 +8,18 @@ from pydantic import Field
 
 from watchd.actions.handler import ActionParams, Handler
 from watchd.actions.outcome import ActionResult, Outcome
+from watchd.logs import get_logger
 from watchd.model.nodes import drain_reason
 from watchd.store import keys
+from watchd.store.connection import StoreError
 
 if TYPE_CHECKING:
     from watchd.actions.handler import Attempt
     from watchd.actions.runtime import Runtime
     from watchd.rules.decision import PlannedAction
+
+
+_log = get_logger("watchd.actions.drain")
 
 
 class DrainParams(ActionParams):
@@ -57,7 +62,10 @@ class DrainHandler(Handler):
             self.kind, lambda _, rounds: rounds.drain(action.node, reason, attempt.gate, replace)
         )
         if result.outcome == Outcome.DRAINED and runtime.nodes is not None:
-            runtime.nodes.drained(action.node, attempt.now)  # a command issued under an older drain lapses
+            try:  # a command issued under an older drain lapses
+                runtime.nodes.drained(action.node, attempt.now)
+            except StoreError as exc:  # the drain happened: it is not undone nor asked again for this
+                _log.error("drain_generation_not_recorded", node=action.node, error=str(exc))
         return result
 
 

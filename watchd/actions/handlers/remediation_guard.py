@@ -13,8 +13,10 @@ from pydantic import Field
 
 from watchd.actions.handler import ActionParams, Handler
 from watchd.actions.outcome import ActionResult, Outcome
+from watchd.logs import get_logger
 from watchd.model.durations import Duration
 from watchd.store import keys
+from watchd.store.connection import StoreError
 from watchd.store.node_records import Claimed, Mark
 
 if TYPE_CHECKING:
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from watchd.rules.decision import PlannedAction
 
 DEFAULT_WINDOW_S = 7 * 86400.0
+_log = get_logger("watchd.actions.remediation")
 
 
 class RemediationParams(ActionParams):
@@ -116,7 +119,12 @@ class RemediationGuard:
             return
         done = result.outcome in (Outcome.REBOOTING, Outcome.RESET)
         done = done or result.data.get("agent") in _MAY_HAVE_RUN
-        runtime.nodes.settle(claim.id, result.outcome.value, done)
+        try:
+            runtime.nodes.settle(claim.id, result.outcome.value, done)
+        except StoreError as exc:  # the claim stays counted: the safe side (one too many, never too few)
+            _log.error(
+                "remediation_not_settled", claim=claim.id, outcome=result.outcome.value, error=str(exc)
+            )
 
 
 #: what the agent may have done though the command did not end ``done``: failed while it ran, or no answer
