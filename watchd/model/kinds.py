@@ -184,7 +184,9 @@ _INLINE: dict[Check, str] = {
 
 
 def _slot_setter(cls: type, name: str) -> Callable[[object, object], None]:
-    descriptor = cls.__dict__[name]  # a slots dataclass: the field's member descriptor
+    # a slots dataclass: the field's member descriptor, on the class that declares it (a kind's subclass
+    # adds no fields: the finding kinds)
+    descriptor = next(c.__dict__[name] for c in cls.__mro__ if name in c.__dict__)
     return descriptor.__set__  # type: ignore[no-any-return]
 
 

@@ -45,7 +45,7 @@ KINDS: Mapping[str, type[Attrs]] = MappingProxyType(
         heartbeat.KIND: heartbeat.Heartbeat,
         action.KIND: action.ActionFeedback,
         unavailable.KIND: unavailable.NodeUnavailable,  # drains by others
-        **{kind: finding.Detection for kind in finding.KINDS},
+        **finding.CLASSES,
         check.KIND: check.CheckResult,  # active checks
         reliability.KIND: reliability.CheckpointInterval,  # checkpoint advice
         reboot.REBOOTED_KIND: reboot.NodeRebooted,  # a reboot watchd asked for is over
