@@ -105,7 +105,9 @@ class Component:
     def observe(self, event: Event) -> None:
         """One event to the handler it subscribed for its kind, if any, as the engine delivers it (for tests
         and tools that feed a subsystem by hand; the engine uses its :class:`Dispatch` table)."""
-        subscribed = self.subscriptions()
+        subscribed = vars(self).get("_subscribed")
+        if subscribed is None:  # asked once, as the engine asks
+            subscribed = vars(self)["_subscribed"] = dict(self.subscriptions())
         handler = subscribed.get(event.kind) or subscribed.get(ANY)
         if handler is not None:
             handler(event)
