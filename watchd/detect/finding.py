@@ -5,10 +5,10 @@ culprit's node, or on the first suspect's when there is no culprit. Their attrib
 in the model (:class:`~watchd.model.finding.Detection`'s: ``NcclHang``, ``HostStall``, ``Straggler``):
 ``job``, ``partition``, ``culprit_node``, ``culprit_gpu`` (absent when unknown), ``evidence`` (how the
 culprit was found), ``hardware`` (true only with hardware attribution: the default rules drain only then),
-``confidence`` (0-1), ``suspects`` (comma-separated nodes), ``onset`` (when the condition began),
-``duration_s``, ``signal`` (``nvml``, ``heartbeat`` or ``nvml+heartbeat``), ``summary`` (one readable line)
-and detector-specific measurements (``extra``: ``gpus``, ``gpus_matching``, ``metric``, ``value``,
-``job_median`` ...; :data:`~watchd.model.finding.MEASUREMENTS` names them).
+``confidence`` (0-1), ``suspects`` (the nodes; comma-joined on the wire), ``onset`` (when the condition
+began), ``duration_s``, ``signal`` (``nvml``, ``heartbeat`` or ``nvml+heartbeat``), ``summary`` (one
+readable line) and detector-specific measurements (``extra``: ``gpus``, ``gpus_matching``, ``metric``,
+``value``, ``job_median`` ...; :data:`~watchd.model.finding.MEASUREMENTS` names them).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Finding:
             evidence=self.evidence,
             hardware=self.hardware,
             confidence=round(self.confidence, 3),
-            suspects=",".join(self.suspects),
+            suspects=self.suspects,
             onset=round(self.onset, 3),
             duration_s=round(max(0.0, self.time - self.onset), 1),
             signal=self.signal,

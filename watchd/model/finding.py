@@ -25,7 +25,8 @@ SOURCE = "detector"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Detection(Attrs):
     """A finding's attributes. ``hardware`` is true only with hardware attribution (the shipped rules drain
-    only then); ``suspects`` is a comma-separated list of nodes; ``gpu`` repeats ``culprit_gpu``."""
+    only then); ``suspects`` lists the nodes (comma-joined on the wire, version 1); ``gpu`` repeats
+    ``culprit_gpu``."""
 
     KIND: ClassVar[str] = KINDS[0]  # the base: to_event names the kind (a kind's class knows its own)
     EXTRA_BEFORE: ClassVar[str | None] = "partition"
@@ -34,7 +35,7 @@ class Detection(Attrs):
     evidence: str  # how the culprit was found ("none")
     hardware: bool
     confidence: float  # 0-1
-    suspects: str
+    suspects: tuple[str, ...]
     onset: float  # when the condition began
     duration_s: float
     signal: str  # nvml | heartbeat | nvml+heartbeat
