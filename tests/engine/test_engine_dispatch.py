@@ -92,9 +92,10 @@ async def test_the_engine_builds_its_tables_from_the_subsystems(tmp_path: Path) 
         {"listen": {"port": 0}, "slurm": {"enabled": False}, "state": {"path": str(tmp_path / "w.db")}}
     )
     async with Engine(config, scheduler=FakeScheduler()) as engine:
-        reliability, fleet = engine.reliability, engine.detectors.correlator.fleet
+        reliability = engine.reliability
         summary = engine.dispatch.handlers(SUMMARY_KIND)
-        assert fleet.on_summary in summary and reliability.subscriptions()[SUMMARY_KIND] in summary
+        assert reliability.subscriptions()[SUMMARY_KIND] in summary
+        assert [h.__qualname__ for h in summary][:1] == ["FleetState._bounded.<locals>.bounded"]
         assert engine.dispatch.handlers("a_kind_nobody_named") == (reliability.subscriptions()[ANY],)
         assert reliability.subscriptions()[REPAIRED_KIND] in engine.dispatch.handlers(REPAIRED_KIND)
         for news in (Decision, ActionOutcome, NodeReturned, HeldReleased, Housekeeping):

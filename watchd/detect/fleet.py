@@ -183,41 +183,35 @@ class FleetState:
 
     def subscriptions(self) -> dict[str, Callable[[Event], None]]:
         """The kinds the fleet state keeps, each with its handler (each ends with the eviction to the
-        bounds)."""
+        bounds; the training stack's evidence is bounded on its own)."""
         return {
-            SUMMARY_KIND: self.on_summary,
-            HEARTBEAT_KIND: self.on_heartbeat,
-            XID_KIND: self.on_xid,
-            HEALTH_KIND: self.on_health,
-            IB_KIND: self.on_ib_port,
+            **{kind: self._bounded(take) for kind, take in self._kept().items()},
             **dict.fromkeys(self.training.subscriptions(), self.on_training),
         }
+
+    def _kept(self) -> dict[str, Callable[[Event], None]]:
+        return {
+            SUMMARY_KIND: self._summary,
+            HEARTBEAT_KIND: self._heartbeat,
+            XID_KIND: self._xid,
+            HEALTH_KIND: self._health,
+            IB_KIND: self._ib_port,
+        }
+
+    def _bounded(self, take: Callable[[Event], None]) -> Callable[[Event], None]:
+        evict = self._evict_over_bounds
+
+        def bounded(event: Event) -> None:
+            take(event)
+            evict()
+
+        return bounded
 
     def observe(self, event: Event) -> None:
         """One event of any kind (what the engine's dispatch does with :meth:`subscriptions`)."""
         handler = self._handlers.get(event.kind)
         if handler is not None:
             handler(event)
-
-    def on_summary(self, event: Event) -> None:
-        self._summary(event)
-        self._evict_over_bounds()
-
-    def on_heartbeat(self, event: Event) -> None:
-        self._heartbeat(event)
-        self._evict_over_bounds()
-
-    def on_xid(self, event: Event) -> None:
-        self._xid(event)
-        self._evict_over_bounds()
-
-    def on_health(self, event: Event) -> None:
-        self._health(event)
-        self._evict_over_bounds()
-
-    def on_ib_port(self, event: Event) -> None:
-        self._ib_port(event)
-        self._evict_over_bounds()
 
     def on_training(self, event: Event) -> None:
         """What the training stack said (bounded on its own: trainlog_evidence.py)."""
