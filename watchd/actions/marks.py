@@ -28,7 +28,7 @@ from watchd.model.events import Event
 from watchd.model.gpu import SUMMARY_KIND
 from watchd.store.connection import StoreError
 from watchd.store.node_records import MARKS, Mark, NodeRecords
-from watchd.subsystem import Component, Job, Operator
+from watchd.subsystem import Component, Handler, Job, Operator
 from watchd.xid.pci import normalize_pci
 
 __all__ = ["NodeMarks", "Unmark", "unmark_with"]
@@ -112,9 +112,13 @@ class NodeMarks(Component):
 
     # ------------------------------------------------------------------------- a GPU replaced
 
-    def observe(self, event: Event) -> None:
+    def subscriptions(self) -> Mapping[str, Handler]:
+        return {SUMMARY_KIND: self._summary}
+
+    def _summary(self, event: Event) -> None:
+        """A GPU's summary: the GPU seen in each slot of a marked node (a new one there clears the mark)."""
         marks = self._open.get(event.node)
-        if marks is None or event.kind != SUMMARY_KIND:
+        if marks is None:
             return
         slot = normalize_pci(str(event.attrs.get("pci_bus_id") or ""))
         uuid = str(event.attrs.get("uuid") or "")

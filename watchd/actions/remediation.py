@@ -33,7 +33,7 @@ from watchd.model.events import Event, stable_id
 from watchd.model.nodes import describe
 from watchd.model.reboot import SOURCE, NodeGpuReset, NodeRebooted, NodeRebootOverdue
 from watchd.store.node_records import Mark
-from watchd.subsystem import Component, Job, Operator
+from watchd.subsystem import Component, Handler, Job, Operator
 
 __all__ = ["Remediation", "awaiting_from"]
 
@@ -134,13 +134,12 @@ class Remediation(Component):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
 
-    def observe(self, event: Event) -> None:
+    def subscriptions(self) -> Mapping[str, Handler]:
+        return {FEEDBACK_KIND: self._fed_back}
+
+    def _fed_back(self, event: Event) -> None:
         """A GPU reset's outcome fed back by the executor: announced now rather than at the next poll."""
-        if (
-            event.kind == FEEDBACK_KIND
-            and event.attrs.get("action") == "gpu_reset"
-            and event.attrs.get("outcome") == "reset"
-        ):
+        if event.attrs.get("action") == "gpu_reset" and event.attrs.get("outcome") == "reset":
             task = asyncio.ensure_future(self.announce_resets())
             self._background.add(task)  # referenced until done (the loop keeps only weak references)
             task.add_done_callback(self._background.discard)

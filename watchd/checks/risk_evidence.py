@@ -1,5 +1,5 @@
 """Recent hardware events and NIC errors per node, for the risk planner: fed every event the engine evaluates
-(:meth:`EventEvidence.observe`, a few dict operations), read at the start of a round.
+(the kinds of :meth:`EventEvidence.subscriptions`, a few dict operations), read at the start of a round.
 
 Which events count:
 
@@ -16,9 +16,12 @@ checks' results, which weigh more, are in the state database)."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Mapping
+from functools import partial
+from types import MappingProxyType
 
 from watchd.model.events import Event
-from watchd.reliability.evidence import hardware_evidence
+from watchd.reliability.evidence import HARDWARE_KINDS, hardware_evidence
 
 __all__ = ["EventEvidence", "evidence_class"]
 
@@ -26,13 +29,28 @@ NIC_KIND = "ib_port_health"  # watchd.model.ib (the agent's InfiniBand / RoCE po
 NCCL_WARN = "nccl_warn"
 
 
+def _hardware(event: Event) -> str | None:
+    return "hardware" if hardware_evidence(event) is not None else None
+
+
+def _port(event: Event) -> str | None:
+    return "nic" if event.attrs.get("value") not in (0, 0.0, None, False) else None
+
+
+def _nccl_warn(event: Event) -> str | None:
+    return "nic" if event.attrs.get("category") == "ib_completion" else None
+
+
+#: kind -> the class of evidence an event of it is (``hardware``, ``nic``), or None when it is none
+CLASSES: Mapping[str, Callable[[Event], str | None]] = MappingProxyType(
+    {**dict.fromkeys(HARDWARE_KINDS, _hardware), NIC_KIND: _port, NCCL_WARN: _nccl_warn}
+)
+
+
 def evidence_class(event: Event) -> str | None:
     """``hardware``, ``nic`` or None (not evidence the planner counts)."""
-    if event.kind == NIC_KIND:
-        return "nic" if event.attrs.get("value") not in (0, 0.0, None, False) else None
-    if event.kind == NCCL_WARN:
-        return "nic" if event.attrs.get("category") == "ib_completion" else None
-    return "hardware" if hardware_evidence(event) is not None else None
+    classify = CLASSES.get(event.kind)
+    return None if classify is None else classify(event)
 
 
 class EventEvidence:
@@ -42,8 +60,18 @@ class EventEvidence:
         self.max_nodes = max_nodes
         self._times: dict[str, dict[str, deque[float]]] = {}
 
+    def subscriptions(self) -> Mapping[str, Callable[[Event], None]]:
+        """The kinds that can be evidence, each with its handler."""
+        return {kind: partial(self._take, classify) for kind, classify in CLASSES.items()}
+
     def observe(self, event: Event) -> None:
-        cls = evidence_class(event)
+        """One event of any kind (what the engine's dispatch does with :meth:`subscriptions`)."""
+        classify = CLASSES.get(event.kind)
+        if classify is not None:
+            self._take(classify, event)
+
+    def _take(self, classify: Callable[[Event], str | None], event: Event) -> None:
+        cls = classify(event)
         if cls is None:
             return
         node = event.node

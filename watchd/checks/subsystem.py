@@ -2,8 +2,8 @@
 APScheduler, runs followed across restarts), its HTTP routes (``/api/v1/checks``, ``/api/v1/checks/run``,
 ``/api/v1/checks/history/{node}``, ``/api/v1/checks/plan``: the order a round takes and why, read-only;
 ``/api/v1/nodes/{node}/validate``: the ``validate`` action, through the executor), the risk planner (fed
-every event; :mod:`watchd.checks.riskplan`), and ``checks.auto_validate``: an event of such a kind (a repair
-system's ``node_repaired``) validates its node, in the background.
+the events that can be evidence; :mod:`watchd.checks.riskplan`), and ``checks.auto_validate``: an event of
+such a kind (a repair system's ``node_repaired``) validates its node, in the background.
 
 A validation that could not check a node's links (no known-good partner idle) is tried again as soon as the
 fleet listing the engine keeps (``drains.poll_s``) shows a partner idle, and paged about once past
@@ -27,7 +27,7 @@ from watchd.httputil import BodyError, error_response, json_response, read_json
 from watchd.logs import get_logger
 from watchd.model.events import Event
 from watchd.model.fleet import FleetNode
-from watchd.subsystem import Component, Job, Operator
+from watchd.subsystem import Component, Handler, Job, Operator
 
 __all__ = ["Checks", "Validate"]
 
@@ -61,6 +61,14 @@ _VALIDATE_STATUS = {
 }
 
 
+def _both(first: Handler, then: Handler) -> Handler:
+    def both(event: Event) -> None:
+        first(event)
+        then(event)
+
+    return both
+
+
 class Checks(Component):
     name = "checks"
 
@@ -79,12 +87,19 @@ class Checks(Component):
         self._partners_read_at: float | None = None
         self._tried: dict[str, float] = {}  # node -> when it was last validated again for a partner
 
-    def observe(self, event: Event) -> None:
-        self.planner.evidence.observe(event)
-        if event.kind in self.auto_validate:
-            task = asyncio.ensure_future(self._auto(event))
-            self._background.add(task)  # referenced until done (the loop keeps only weak references)
-            task.add_done_callback(self._background.discard)
+    def subscriptions(self) -> Mapping[str, Handler]:
+        """The risk planner's evidence, and the kinds of ``checks.auto_validate`` (after the evidence)."""
+        subscribed = dict(self.planner.evidence.subscriptions())
+        for kind in self.auto_validate:
+            evidence = subscribed.get(kind)
+            auto = self._auto_validate
+            subscribed[kind] = auto if evidence is None else _both(evidence, auto)
+        return subscribed
+
+    def _auto_validate(self, event: Event) -> None:
+        task = asyncio.ensure_future(self._auto(event))
+        self._background.add(task)  # referenced until done (the loop keeps only weak references)
+        task.add_done_callback(self._background.discard)
 
     async def _auto(self, event: Event) -> None:
         result = await self.validate(event.node, f"auto: {event.kind} {event.id}", None)

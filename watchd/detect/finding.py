@@ -1,13 +1,14 @@
 """What a detector concludes: a finding about one job, turned into an event the rules can match.
 
 Finding events (``kind`` ``nccl_hang``, ``host_stall`` or ``straggler``, ``source`` ``detector``) are on the
-culprit's node, or on the first suspect's when there is no culprit. Their attributes are the model's
-:class:`~watchd.model.finding.Detection`: ``job``, ``partition``, ``culprit_node``, ``culprit_gpu`` (absent
-when unknown), ``evidence`` (how the culprit was found), ``hardware`` (true only with hardware attribution:
-the default rules drain only then), ``confidence`` (0-1), ``suspects`` (comma-separated nodes), ``onset``
-(when the condition began), ``duration_s``, ``signal`` (``nvml``, ``heartbeat`` or ``nvml+heartbeat``),
-``summary`` (one readable line) and detector-specific measurements (``extra``: ``gpus``, ``gpus_matching``,
-``metric``, ``value``, ``job_median`` ...; :data:`~watchd.model.finding.MEASUREMENTS` names them).
+culprit's node, or on the first suspect's when there is no culprit. Their attributes are their kind's class
+in the model (:class:`~watchd.model.finding.Detection`'s: ``NcclHang``, ``HostStall``, ``Straggler``):
+``job``, ``partition``, ``culprit_node``, ``culprit_gpu`` (absent when unknown), ``evidence`` (how the
+culprit was found), ``hardware`` (true only with hardware attribution: the default rules drain only then),
+``confidence`` (0-1), ``suspects`` (the nodes; comma-joined on the wire), ``onset`` (when the condition
+began), ``duration_s``, ``signal`` (``nvml``, ``heartbeat`` or ``nvml+heartbeat``), ``summary`` (one
+readable line) and detector-specific measurements (``extra``: ``gpus``, ``gpus_matching``, ``metric``,
+``value``, ``job_median`` ...; :data:`~watchd.model.finding.MEASUREMENTS` names them).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from watchd.model.events import Event, Scalar, stable_id
-from watchd.model.finding import KINDS, MEASUREMENTS, SOURCE, Detection
+from watchd.model.finding import CLASSES, KINDS, MEASUREMENTS, SOURCE, Detection
 
 __all__ = ["KINDS", "SOURCE", "Finding"]
 
@@ -51,12 +52,12 @@ class Finding:
         """The finding's attributes as the rules see them."""
         measured = {k: v for k, v in self.extra.items() if k in _MEASUREMENTS}
         other = {k: v for k, v in self.extra.items() if k not in _MEASUREMENTS}
-        return Detection(
+        return CLASSES[self.kind](
             job=self.job,
             evidence=self.evidence,
             hardware=self.hardware,
             confidence=round(self.confidence, 3),
-            suspects=",".join(self.suspects),
+            suspects=self.suspects,
             onset=round(self.onset, 3),
             duration_s=round(max(0.0, self.time - self.onset), 1),
             signal=self.signal,

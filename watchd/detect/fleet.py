@@ -19,7 +19,6 @@ from typing import Any
 from watchd.detect import fleet_bytes as cost
 from watchd.detect.spins import SPIN_CONDITION, Spin, Spins
 from watchd.detect.tracks import GpuTrack, HardwareEvent, RankTrack, Window
-from watchd.detect.trainlog_evidence import KINDS as TRAINLOG_KINDS
 from watchd.detect.trainlog_evidence import TrainingEvidence
 from watchd.jobs.topology import JobTopology
 from watchd.model.conditions import (
@@ -115,6 +114,7 @@ class FleetState:
         self.evicted: dict[str, int] = {"node": 0, "gpu": 0}
         # what the training stack said (watchdog timeouts, NCCL WARN lines, Flight Recorder dumps)
         self.training = TrainingEvidence(self.topology.job_of, rank_node=self._rank_node)
+        self._handlers = self.subscriptions()
 
     def _charge(self, node: str, n: int) -> None:
         self._node_bytes[node] = self._node_bytes.get(node, 0) + n
@@ -181,26 +181,43 @@ class FleetState:
 
     # -------------------------------------------------------------------------------- observing
 
+    def subscriptions(self) -> dict[str, Callable[[Event], None]]:
+        """The kinds the fleet state keeps, each with its handler (each ends with the eviction to the
+        bounds; the training stack's evidence is bounded on its own)."""
+        return {
+            **{kind: self._bounded(take) for kind, take in self._kept().items()},
+            **dict.fromkeys(self.training.subscriptions(), self.on_training),
+        }
+
+    def _kept(self) -> dict[str, Callable[[Event], None]]:
+        return {
+            SUMMARY_KIND: self._summary,
+            HEARTBEAT_KIND: self._heartbeat,
+            XID_KIND: self._xid,
+            HEALTH_KIND: self._health,
+            IB_KIND: self._ib_port,
+        }
+
+    def _bounded(self, take: Callable[[Event], None]) -> Callable[[Event], None]:
+        evict = self._evict_over_bounds
+
+        def bounded(event: Event) -> None:
+            take(event)
+            evict()
+
+        return bounded
+
     def observe(self, event: Event) -> None:
-        kind = event.kind
-        if kind == SUMMARY_KIND:
-            self._summary(event)
-        elif kind == HEARTBEAT_KIND:
-            self._heartbeat(event)
-        elif kind == XID_KIND:
-            self._xid(event)
-        elif kind == HEALTH_KIND:
-            self._health(event)
-        elif kind == IB_KIND:
-            self._ib_port(event)
-        elif kind in TRAINLOG_KINDS:
-            self.training.observe(event)
-            if self.training.dropped:
-                self.evicted["trainlog"] = self.training.dropped  # beyond its bounds (trainlog_evidence.py)
-            return
-        else:
-            return
-        self._evict_over_bounds()
+        """One event of any kind (what the engine's dispatch does with :meth:`subscriptions`)."""
+        handler = self._handlers.get(event.kind)
+        if handler is not None:
+            handler(event)
+
+    def on_training(self, event: Event) -> None:
+        """What the training stack said (bounded on its own: trainlog_evidence.py)."""
+        self.training.observe(event)
+        if self.training.dropped:
+            self.evicted["trainlog"] = self.training.dropped
 
     def _summary(self, e: Event) -> None:
         picked = _PICK_SUMMARY(e.attrs)

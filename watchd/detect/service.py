@@ -8,7 +8,7 @@ cycle computes for seconds, and ingest, ``/healthz`` and the API are served betw
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -23,7 +23,7 @@ from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.model.events import Event
 from watchd.slices import SLICE_S, SliceStats, run_sliced
-from watchd.subsystem import Component, Job
+from watchd.subsystem import Component, Handler, Job
 
 __all__ = ["Detectors"]
 
@@ -52,11 +52,14 @@ class Detectors(Component):
         self.findings: deque[Finding] = deque(maxlen=FINDINGS_KEPT)
         self.providers: list[JobProvider] = []
         self.metrics = DetectorMetrics(registry)
-        self.observe = self.correlator.observe  # type: ignore[method-assign]  # the hot path: no indirection
         self.with_job = self.correlator.with_job
         self._refreshed_at = -1e18
         self._evictions_seen: dict[str, int] = {}  # fleet evictions already counted, by what
         self.last_cycle = SliceStats()  # how the last cycle went: computing time, slices, the longest
+
+    def subscriptions(self) -> Mapping[str, Handler]:
+        """The fleet state's kinds: its handlers, called by the engine's dispatch with no indirection."""
+        return self.correlator.fleet.subscriptions()
 
     def jobs(self) -> Sequence[Job]:
         watch = self.config.watch_interval_s

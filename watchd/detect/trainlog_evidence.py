@@ -114,46 +114,60 @@ class TrainingEvidence:
         self.nodes: dict[str, _Lines] = {}  # a node's own lines
         self.gathered: dict[str, _Lines] = {}  # job -> the lines of its output file
         self.dropped = 0  # evidence refused by the bounds (counted with the fleet's evictions)
+        self._handlers = self.subscriptions()
 
     # ------------------------------------------------------------------------------ observing
 
+    def subscriptions(self) -> dict[str, Callable[[Event], None]]:
+        """The training stack's kinds, each with its handler."""
+        return {
+            CollectiveTimeout.KIND: self._timeout,
+            CollectiveReport.KIND: self._report,
+            FlightRecord.KIND: self._flight_record,
+            NcclWarn.KIND: self._nccl_warn,
+        }
+
     def observe(self, e: Event) -> None:
-        kind = e.kind
-        if kind == CollectiveTimeout.KIND:
-            t = CollectiveTimeout.read(e)
-            if t is not None:
-                r = self._rank(e, t.job, t.rank, t.gpu, bool(t.gathered))
-                if r is not None and (r.timeout_seq is None or t.seq >= r.timeout_seq):
-                    r.timeout_seq, r.timeout_at = t.seq, e.time
-                    r.started_at = e.time - max(0, t.ran_ms) / 1000.0
-        elif kind == CollectiveReport.KIND:
-            c = CollectiveReport.read(e)
-            if c is None or c.rank is None:
-                return
-            gathered = bool(c.gathered)
-            if c.report == "work_status" and c.last_completed is not None:
-                r = self._rank(e, c.job, c.rank, c.gpu, gathered)
-                if r is not None:
-                    self._completed(r, c.last_completed, "work_status")
-                    self._enqueued(r, c.last_enqueued)
-            elif c.report == "watchdog_exception" and c.detail and "CUDA error" in c.detail:
-                r = self._rank(e, c.job, c.rank, c.gpu, gathered)
-                if r is not None:
-                    r.cuda_error, r.cuda_at = c.detail, e.time
-                lines = self._lines(e, c.job, gathered)
-                if lines is not None:
-                    origin = Origin(e.node, gathered, None, c.rank)
-                    lines.cuda.append(CudaError(e.time, origin, c.gpu, c.detail))
-        elif kind == FlightRecord.KIND:
-            f = FlightRecord.read(e)
-            if f is not None:
-                r = self._rank(e, f.job, f.rank, None, False)  # a dump is read where its rank wrote it
-                if r is not None and f.last_completed >= 0:
-                    self._completed(r, f.last_completed, "flight_recorder")
-                if r is not None and f.last_enqueued >= 0:
-                    self._enqueued(r, f.last_enqueued)
-        elif kind == NcclWarn.KIND:
-            self._nccl_warn(e)
+        """One event of any kind (what the fleet's dispatch does with :meth:`subscriptions`)."""
+        handler = self._handlers.get(e.kind)
+        if handler is not None:
+            handler(e)
+
+    def _timeout(self, e: Event) -> None:
+        t = CollectiveTimeout.read(e)
+        if t is not None:
+            r = self._rank(e, t.job, t.rank, t.gpu, bool(t.gathered))
+            if r is not None and (r.timeout_seq is None or t.seq >= r.timeout_seq):
+                r.timeout_seq, r.timeout_at = t.seq, e.time
+                r.started_at = e.time - max(0, t.ran_ms) / 1000.0
+
+    def _report(self, e: Event) -> None:
+        c = CollectiveReport.read(e)
+        if c is None or c.rank is None:
+            return
+        gathered = bool(c.gathered)
+        if c.report == "work_status" and c.last_completed is not None:
+            r = self._rank(e, c.job, c.rank, c.gpu, gathered)
+            if r is not None:
+                self._completed(r, c.last_completed, "work_status")
+                self._enqueued(r, c.last_enqueued)
+        elif c.report == "watchdog_exception" and c.detail and "CUDA error" in c.detail:
+            r = self._rank(e, c.job, c.rank, c.gpu, gathered)
+            if r is not None:
+                r.cuda_error, r.cuda_at = c.detail, e.time
+            lines = self._lines(e, c.job, gathered)
+            if lines is not None:
+                origin = Origin(e.node, gathered, None, c.rank)
+                lines.cuda.append(CudaError(e.time, origin, c.gpu, c.detail))
+
+    def _flight_record(self, e: Event) -> None:
+        f = FlightRecord.read(e)
+        if f is not None:
+            r = self._rank(e, f.job, f.rank, None, False)  # a dump is read where its rank wrote it
+            if r is not None and f.last_completed >= 0:
+                self._completed(r, f.last_completed, "flight_recorder")
+            if r is not None and f.last_enqueued >= 0:
+                self._enqueued(r, f.last_enqueued)
 
     def _nccl_warn(self, e: Event) -> None:
         w = NcclWarn.read(e)

@@ -4,15 +4,15 @@ the audit's retention, not by uptime."""
 from __future__ import annotations
 
 from watchd.config import EngineConfig
-from watchd.reliability.subsystem import Reliability
 from watchd.store.database import Store
 
 
-def prune(store: Store, config: EngineConfig, reliability: Reliability, now: float) -> None:
+def prune(store: Store, config: EngineConfig, now: float) -> None:
     """Drop what is past its retention: audit records, breaker counts, expired cooldowns, resolved held
     actions and finished intents past the audit's retention (held ones and unfinished intents are never
     pruned), check runs, the nodes' remediations and cleared marks (open marks are never pruned), the
-    agents' command bindings, reliability records."""
+    agents' command bindings (the subsystems prune theirs on the engine's Housekeeping news: reliability's
+    records)."""
     retention = now - config.state.audit_retention_days * 86400
     store.audit.prune(retention)
     store.breaker.prune(now - max(config.safety.window_s, 86400.0))
@@ -22,4 +22,3 @@ def prune(store: Store, config: EngineConfig, reliability: Reliability, now: flo
     store.checks.prune(retention)
     store.nodes.prune(retention)  # remediations past every window, marks cleared long ago (open ones stay)
     store.command_bindings.prune(retention, now)
-    reliability.prune(now)

@@ -4,7 +4,8 @@ builds the integrations, starts the executor, the processor, the subsystems and 
 serves; :meth:`Engine.cleanup` undoes it in reverse order, each step bounded (``async with`` does both).
 
 The engine is the rules, the action executor and a list of subsystems (:mod:`watchd.subsystem`), composed
-once: each sees every event it evaluates; their periodic jobs, routes, collectors and status are theirs."""
+once: each takes the event kinds and the news (decisions, outcomes...) it subscribed to, through tables built
+once; their periodic jobs, routes, collectors and status are theirs."""
 
 from __future__ import annotations
 
@@ -53,14 +54,16 @@ from watchd.integrations.registry import ElectedLeadership, build_leadership, bu
 from watchd.integrations.webhook.sender import WebhookSender
 from watchd.jobs.model import JobProvider, job_providers_of
 from watchd.logs import get_logger
+from watchd.model.action import ActionOutcome, NodeReturned
 from watchd.model.events import Event
 from watchd.periodic import Periodic
 from watchd.reliability.subsystem import Reliability
 from watchd.reports.engine_hook import UsageHook
 from watchd.rules import RuleEngine, RuleSet
 from watchd.store.database import Store
+from watchd.store.held import HeldReleased
 from watchd.store.opening import open_state
-from watchd.subsystem import Component, Subsystem
+from watchd.subsystem import Dispatch, Housekeeping, News, Subsystem
 
 _log = get_logger("watchd.engine")
 _PROCESS_RUN = 500  # events evaluated per wake-up of the processing task, at most
@@ -126,7 +129,7 @@ class Engine:
         self.usage = UsageHook(config.reports, self.metrics.registry, self.clock, slurm=config.slurm)
         self.checks: CheckService | None = None  # with checks.enabled
         self.subsystems: list[Subsystem] = []
-        self._observers: list[Any] = []  # the subsystems' observe, those that observe anything
+        self.dispatch, self.news = Dispatch({}, ()), News([])  # the subsystems' tables, built with them
         self.port = 0
         self._stack = AsyncExitStack()
         self._processor: asyncio.Task[None] | None = None
@@ -158,9 +161,13 @@ class Engine:
         """An event the engine made (a finding, a check's result) to the rules: waits, never drops."""
         await self.queue.put((event, self.clock.monotonic()))
 
+    def _acted(self, event: Event) -> None:
+        """An action's outcome: news to the subsystems at once, then back to the rules."""
+        self.news.publish(ActionOutcome(event))
+        self._feed_back(event)
+
     def _feed_back(self, event: Event) -> None:
-        """The engine's own actions go back to the rules (e.g. the lemon-node rule counts drains)."""
-        self.reliability.feedback(event)  # a drain on hardware evidence is a failure
+        """The engine's own events go back to the rules (e.g. the lemon-node rule counts drains)."""
         try:
             self.queue.put_nowait((event, self.clock.monotonic()))
         except asyncio.QueueFull:
@@ -259,7 +266,7 @@ class Engine:
         result = await self.executor.release(held_id, by)
         held = self.store.held.get(held_id)
         if held is not None and held.status == "released":  # a drain taken out now: a failure from now
-            self.reliability.released(held, result.outcome.value, self.clock.now(), self.config.mode)
+            self.news.publish(HeldReleased(held, result.outcome.value, self.clock.now(), self.config.mode))
         return {"outcome": result.outcome, "detail": result.detail}
 
     def discard(self, held_id: int, by: str) -> dict[str, str]:
@@ -271,7 +278,7 @@ class Engine:
         refused by the scheduler)."""
         result = await self.executor.operator_resume(node, by)
         if result.outcome == "resumed":
-            self.reliability.restored(node, self.clock.now())
+            self.news.publish(NodeReturned(node, self.clock.now()))
         return {"outcome": result.outcome, "detail": result.detail}
 
     async def validate(self, node: str, note: str, mode: Mode | None = "enforce") -> dict[str, Any]:
@@ -280,7 +287,7 @@ class Engine:
         params = {"round": f"validate:{uuid.uuid4().hex[:8]}"}
         result = await self.executor.act(VALIDATE.kind, node, params, rule="validate", note=note, mode=mode)
         if result.outcome == "resumed":  # back in service through its validation: its failures end here
-            self.reliability.restored(node, self.clock.now())
+            self.news.publish(NodeReturned(node, self.clock.now()))
         return {"outcome": result.outcome.value, "detail": result.detail, **result.data}
 
     def evaluated(self, event: Event) -> asyncio.Future[None]:
@@ -342,11 +349,7 @@ class Engine:
         for collector in [*(c for s in self.subsystems for c in s.collectors()), *collectors(self.config)]:
             self.metrics.registry.register(collector)
             stack.callback(self.metrics.registry.unregister, collector)
-        self._observers = [  # those that observe anything
-            s.observe
-            for s in self.subsystems
-            if getattr(s.observe, "__func__", None) is not Component.observe
-        ]
+        self.dispatch, self.news = Dispatch.of(self.subsystems), News(self.subsystems)
         await stack.enter_async_context(self.webhooks)
         if self.alerts is not None:
             await stack.enter_async_context(self.alerts)
@@ -430,7 +433,7 @@ class Engine:
             limits=BreakerLimits(safety.max_fraction, safety.max_nodes, safety.window_s),
             cooldown_s=config.actions.cooldown_s,
             max_concurrent=config.actions.max_concurrent,
-            feedback=self._feed_back,
+            feedback=self._acted,
             generator_url=config.external_url.rstrip("/"),
             leadership=self.leadership,
             recover_at_start=not self._fenced,
@@ -563,24 +566,25 @@ class Engine:
 
     async def _prune(self) -> None:
         if self.following() is None:  # the leader prunes a shared store
-            prune(self.store, self.config, self.reliability, self.clock.now())
+            prune(self.store, self.config, now := self.clock.now())
+            self.news.publish(Housekeeping(now))
 
     # ---------------------------------------------------------------------------------------- the stream
 
     async def _process(self) -> None:
         queue, acks, keeper = self.queue, self.acks, self.rule_keeper
-        observers: Sequence[Any] = self._observers
-        with_job, reliability, submit = self.detectors.with_job, self.reliability, self.executor.submit
+        handlers, publish = self.dispatch.handlers, self.news.publish
+        with_job, submit = self.detectors.with_job, self.executor.submit
         while True:
             event, received_at = await queue.get()
             # then the rest queued, at most _PROCESS_RUN: one wake-up per run; then sleep(0) lets ingest in
             run = 0
             while True:
                 try:
-                    for observe in observers:
-                        observe(event)
+                    for handle in handlers(event.kind):
+                        handle(event)
                     for decision in keeper.evaluator.evaluate(with_job(event)):
-                        reliability.decided(decision)
+                        publish(decision)
                         self.metrics.rule_matches.labels(decision.rule).inc()
                         acks.decided(event, submit(decision, received_at))
                 except Exception:

@@ -468,12 +468,7 @@ class FleetWatch(Component):
             add = list(decided.add.get(partition, ()))
             remove = sorted(decided.remove.get(partition, ()))
             new = [n for n in held.get(partition, []) if n not in remove] + add
-            params = {
-                "partition": partition,
-                "nodes": ",".join(new),
-                "taken": ",".join(add),
-                "released": ",".join(remove),
-            }
+            params = {"partition": partition, "nodes": new, "taken": add, "released": remove}
             result = await self.act(SPARE.kind, ",".join(add + remove) or partition, params)
             if result.outcome == Outcome.CHANGED:
                 if add:

@@ -13,7 +13,10 @@ Conventions of the wire (version 1, unchanged):
 * reading is strict on required fields (:class:`KindError`) and lenient on optional ones: a value of the
   wrong type (or a non-finite number) reads as None and is kept, untouched, in ``extra``; so is an
   attribute the class does not declare (a newer agent's), so nothing is lost on the way through;
-* ``extra`` is written after the declared fields (or before the field named by ``EXTRA_BEFORE``).
+* ``extra`` is written after the declared fields (or before the field named by ``EXTRA_BEFORE``);
+* a list (a field typed ``tuple[str, ...]``: a finding's ``suspects``) is a tuple in the class; version 1 of
+  the wire writes it comma-joined, as the rules and the agents and engines before it know it, and reading
+  takes that form or a JSON array of strings alike (:func:`as_list`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, Union, get_args, get_o
 
 from watchd.model.events import Event, Scalar
 
-__all__ = ["Attrs", "KindError", "keep_none"]
+__all__ = ["Attrs", "KindError", "as_list", "keep_none", "wire_list"]
 
 _KEEP = "watchd.keep_none"
 
@@ -65,6 +68,25 @@ def _any(v: object) -> bool:
     return v is None or isinstance(v, str | int | float | bool)
 
 
+def _is_list(v: object) -> bool:
+    """A list as the wire carries it: the comma-joined form of version 1, or an array of strings."""
+    return isinstance(v, str) or (isinstance(v, list | tuple) and all(isinstance(x, str) for x in v))
+
+
+def as_list(v: object) -> tuple[str, ...]:
+    """A list field's value read from the wire (after :func:`_is_list`): ``"a,b"`` and ``["a", "b"]`` alike;
+    ``""`` is the empty list."""
+    if isinstance(v, str):
+        return tuple(v.split(",")) if v else ()
+    assert isinstance(v, list | tuple)
+    return tuple(v)
+
+
+def wire_list(items: tuple[str, ...]) -> str:
+    """A list field's value as version 1 of the wire writes it (comma-joined): :func:`as_list` reads it."""
+    return ",".join(items)
+
+
 _CHECKS: dict[object, Check] = {int: _is_int, float: _is_number, str: _is_str, bool: _is_bool}
 
 
@@ -83,6 +105,8 @@ def _check_of(hint: object) -> tuple[Check, bool]:
         raise TypeError(f"unsupported attribute type {hint!r}")
     if hint in _CHECKS:
         return _CHECKS[hint], False
+    if get_origin(hint) is tuple and get_args(hint) == (str, ...):
+        return _is_list, False
     raise TypeError(f"unsupported attribute type {hint!r}")
 
 
@@ -135,7 +159,7 @@ class Attrs:
             value = getattr(self, spec.name)
             if value is None and not spec.keep_none:
                 continue
-            out[spec.name] = value
+            out[spec.name] = wire_list(value) if spec.check is _is_list else value
         if self.EXTRA_BEFORE is None:
             out.update(extra)
         return out
@@ -180,11 +204,14 @@ _INLINE: dict[Check, str] = {
     _is_str: "(type(v) is str or _is_str(v))",
     _is_bool: "type(v) is bool",
     _any: "_any(v)",
+    _is_list: "_is_list(v)",
 }
 
 
 def _slot_setter(cls: type, name: str) -> Callable[[object, object], None]:
-    descriptor = cls.__dict__[name]  # a slots dataclass: the field's member descriptor
+    # a slots dataclass: the field's member descriptor, on the class that declares it (a kind's subclass
+    # adds no fields: the finding kinds)
+    descriptor = next(c.__dict__[name] for c in cls.__mro__ if name in c.__dict__)
     return descriptor.__set__  # type: ignore[no-any-return]
 
 
@@ -209,6 +236,8 @@ def _compile_reader(cls: type[Attrs]) -> Callable[[type, Mapping[str, Scalar]], 
                 f"        {var} = None",
                 f"        bad = (bad or ()) + ({spec.name!r},)",
             ]
+        if spec.check is _is_list:
+            lines.append(f"    if {var} is not None:\n        {var} = as_list({var})")
     # The instance is filled through its slots, not __init__: a frozen dataclass's __init__ sets each field
     # with object.__setattr__, several times slower (and the reader has checked every value already).
     lines += [
@@ -225,6 +254,7 @@ def _compile_reader(cls: type[Attrs]) -> Callable[[type, Mapping[str, Scalar]], 
         "NAMES": frozenset(s.name for s in specs),
         "new": object.__new__,
         "SX": _slot_setter(cls, "extra"),
+        "as_list": as_list,
         **{f"S{i}": _slot_setter(cls, spec.name) for i, spec in enumerate(specs)},
         **{f.__name__: f for f in _INLINE},
     }
@@ -251,8 +281,10 @@ def _compile_picker(cls: type[Attrs], names: tuple[str, ...]) -> Callable[[Mappi
         lines.append(f"    f{i} = v = get({name!r})")
         if not spec.required:
             lines.append(f"    if v is not None and not {_INLINE[spec.check]}:\n        f{i} = None")
+        if spec.check is _is_list:
+            lines.append(f"    if f{i} is not None:\n        f{i} = as_list(f{i})")
         out.append(f"f{i}")
     lines.append(f"    return ({', '.join(out)},)")
-    namespace: dict[str, Any] = {f.__name__: f for f in _INLINE}
+    namespace: dict[str, Any] = {"as_list": as_list, **{f.__name__: f for f in _INLINE}}
     exec(compile("\n".join(lines), f"<{cls.__name__}.picker>", "exec"), namespace)
     return namespace["pick"]  # type: ignore[no-any-return]

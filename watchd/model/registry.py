@@ -24,7 +24,15 @@ from watchd.model import (
 )
 from watchd.model.kinds import Attrs
 
-__all__ = ["ALL_KINDS", "ENGINE_FIELDS", "EXTERNAL_KINDS", "FINDING_KINDS", "KINDS", "fields_of"]
+__all__ = [
+    "ALL_KINDS",
+    "ENGINE_FIELDS",
+    "EXTERNAL_KINDS",
+    "FINDING_KINDS",
+    "KINDS",
+    "REPAIRED_KIND",
+    "fields_of",
+]
 
 FINDING_KINDS: tuple[str, ...] = finding.KINDS
 
@@ -37,7 +45,7 @@ KINDS: Mapping[str, type[Attrs]] = MappingProxyType(
         heartbeat.KIND: heartbeat.Heartbeat,
         action.KIND: action.ActionFeedback,
         unavailable.KIND: unavailable.NodeUnavailable,  # drains by others
-        **{kind: finding.Detection for kind in finding.KINDS},
+        **finding.CLASSES,
         check.KIND: check.CheckResult,  # active checks
         reliability.KIND: reliability.CheckpointInterval,  # checkpoint advice
         reboot.REBOOTED_KIND: reboot.NodeRebooted,  # a reboot watchd asked for is over
@@ -50,7 +58,8 @@ KINDS: Mapping[str, type[Attrs]] = MappingProxyType(
 )
 #: Kinds watchd accepts but does not build itself (no attributes of their own): a repair system's
 #: ``node_repaired``.
-EXTERNAL_KINDS: tuple[str, ...] = ("node_repaired",)
+REPAIRED_KIND = "node_repaired"
+EXTERNAL_KINDS: tuple[str, ...] = (REPAIRED_KIND,)
 ALL_KINDS = frozenset(KINDS) | frozenset(EXTERNAL_KINDS)
 #: Fields the engine adds at ingest: ``job`` to an ``xid`` or ``gpu_health`` event that names a GPU, from
 #: the agents' summaries of that GPU.

@@ -17,39 +17,57 @@ cooldown (the same fault reported again).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
 from watchd.model.conditions import HARDWARE_CONDITIONS, HARDWARE_XID_BUCKETS
 from watchd.model.events import Event
 from watchd.model.finding import KINDS as FINDING_KINDS
+from watchd.model.gpu import HEALTH_KIND
+from watchd.model.xid import KIND as XID_KIND
 from watchd.xid.catalog import lookup
 
-__all__ = ["FAILURE_OUTCOMES", "hardware_evidence"]
+__all__ = ["EVIDENCE", "FAILURE_OUTCOMES", "HARDWARE_KINDS", "hardware_evidence"]
 
 #: drain outcomes that count as a failure (in enforce, and in dry-run)
 FAILURE_OUTCOMES = frozenset({"drained", "dry_run"})
 
 
+def _xid(event: Event) -> str | None:
+    xid = event.attrs.get("xid")
+    if not isinstance(xid, int) or isinstance(xid, bool):
+        return None
+    bucket = event.attrs.get("bucket")
+    if not isinstance(bucket, str):
+        bucket = lookup(xid).bucket
+    return f"xid {xid} ({bucket})" if bucket in HARDWARE_XID_BUCKETS else None
+
+
+def _health(event: Event) -> str | None:
+    condition = event.attrs.get("condition")
+    value = event.attrs.get("value")
+    if condition in HARDWARE_CONDITIONS and value not in (0, 0.0, None, False):
+        return f"gpu_health {condition}"
+    return None
+
+
+def _finding(event: Event) -> str | None:
+    if event.attrs.get("hardware") is True:
+        return f"{event.kind} ({event.attrs.get('evidence') or 'hardware'})"
+    return None
+
+
+#: kind -> what reads the hardware evidence an event of it carries; the kinds that can carry some
+EVIDENCE: Mapping[str, Callable[[Event], str | None]] = MappingProxyType(
+    {XID_KIND: _xid, HEALTH_KIND: _health, **dict.fromkeys(FINDING_KINDS, _finding)}
+)
+HARDWARE_KINDS = frozenset(EVIDENCE)
+
+
 def hardware_evidence(event: Event) -> str | None:
     """One line naming the hardware evidence ``event`` carries, or None when it carries none."""
-    kind = event.kind
-    if kind == "xid":
-        xid = event.attrs.get("xid")
-        if not isinstance(xid, int) or isinstance(xid, bool):
-            return None
-        bucket = event.attrs.get("bucket")
-        if not isinstance(bucket, str):
-            bucket = lookup(xid).bucket
-        return f"xid {xid} ({bucket})" if bucket in HARDWARE_XID_BUCKETS else None
-    if kind == "gpu_health":
-        condition = event.attrs.get("condition")
-        value = event.attrs.get("value")
-        if condition in HARDWARE_CONDITIONS and value not in (0, 0.0, None, False):
-            return f"gpu_health {condition}"
-        return None
-    if kind in FINDING_KINDS:
-        if event.attrs.get("hardware") is True:
-            return f"{kind} ({event.attrs.get('evidence') or 'hardware'})"
-        return None
-    return None
+    read = EVIDENCE.get(event.kind)
+    return None if read is None else read(event)
 
 
 def gpu_of(event: Event) -> int | None:

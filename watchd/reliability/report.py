@@ -9,12 +9,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from watchd.model.events import Event, stable_id
+from watchd.model.reliability import KIND as ADVICE_KIND
+from watchd.model.reliability import SOURCE as ADVICE_SOURCE
+from watchd.model.reliability import CheckpointInterval
 from watchd.reliability.checkpoint import daly, job_mtbf, waste, waste_first_order, young
 from watchd.reliability.estimate import MtbfEstimate, mtbf
 from watchd.reliability.jobs import JobCheckpoints
 from watchd.reliability.service import Interval
 
-__all__ = ["Advice", "Failure", "NodeInfo", "Report", "advise", "build_report"]
+__all__ = [
+    "ADVICE_DOC",
+    "Advice",
+    "Failure",
+    "NodeInfo",
+    "Report",
+    "advice_finding",
+    "advise",
+    "build_report",
+    "parse_since",
+]
 
 UNKNOWN_MODEL = "unknown"
 FLEET = "all"
@@ -298,3 +312,52 @@ def advise(
         far_too_long=effective > factor * advised,
         factor=factor,
     )
+
+
+def advice_finding(a: Advice, node: str, now: float) -> Event:
+    """The ``checkpoint_interval`` finding of a job checkpointing far off the advice, on ``node``."""
+    current = a.current_s or 0.0
+    summary = (
+        f"job {a.job} computes {current / 60:.0f} min between checkpoints; advised "
+        f"{a.daly_s / 60:.0f} min (Daly; checkpoint "
+        f" {a.cost_s:.0f} s, job MTBF {a.job_mtbf_s / 3600:.1f} h "
+        f"on {a.nodes} nodes): expected loss {100 * (a.waste_current or 0):.1f}% vs "
+        f"{100 * a.waste_advised:.1f}%"
+    )
+    return CheckpointInterval(
+        job=a.job,
+        nodes=a.nodes,
+        current_interval_s=round(current, 3),
+        advised_interval_s=round(a.daly_s, 3),
+        checkpoint_cost_s=round(a.cost_s, 3),
+        job_mtbf_s=round(a.job_mtbf_s, 3),
+        waste_current=round(a.waste_current or 0.0, 5),
+        waste_advised=round(a.waste_advised, 5),
+        summary=summary,
+        partition=a.partition,
+    ).to_event(id=stable_id(ADVICE_KIND, a.job, int(now)), node=node, source=ADVICE_SOURCE, time=now)
+
+
+ADVICE_DOC = (
+    "per running job: M_job = M_node / N (independent exponential failures), C from its heartbeats' "
+    "checkpoint phase (median) or reliability.checkpoint_cost_s; advised interval: Daly 2006"
+)
+
+
+def parse_since(raw: str | None, now: float) -> float:
+    """``since``: epoch seconds, or a duration back from ``now`` (``90d``, ``12h``, ``30m``, ``600s``)."""
+    if raw is None or raw == "":
+        raise ValueError("since: empty")
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+    try:
+        if raw[-1] in units:
+            value = float(raw[:-1])
+            if not math.isfinite(value) or value < 0:
+                raise ValueError
+            return now - value * units[raw[-1]]
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"since: expected epoch seconds or a duration like 30d, 12h, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"since: expected a finite time, got {raw!r}")
+    return value

@@ -2,7 +2,7 @@
 (:mod:`watchd.reliability`) from the event stream and the actions' feedback, keeps the durable record in the
 state database, and serves the report, the advice, the metrics and the ``checkpoint_interval`` findings.
 
-Hot path: :meth:`Reliability.observe` is a few dict operations per event; writes happen on failures (rare)
+Hot path: its subscriptions (every kind) are a few dict operations per event; writes happen on failures (rare)
 and in :meth:`flush` (every ``reliability.flush_s``). The periodic work grows with the fleet (a row per node
 and interval: 4.3 s a minute at 100,000 nodes when done at once), so :meth:`flush` and :meth:`cycle` write
 and read in pages with the event loop served between them, and build the report in a worker thread: a drain
@@ -29,18 +29,29 @@ from watchd.httputil import error_response, json_response
 from watchd.jobs.topology import JobTopology
 from watchd.logs import get_logger
 from watchd.model.action import KIND as FEEDBACK_KIND
-from watchd.model.events import Event, stable_id
+from watchd.model.action import ActionOutcome, NodeReturned
+from watchd.model.events import Event
 from watchd.model.fleet import FleetNode
 from watchd.model.gpu import SUMMARY_KIND
 from watchd.model.heartbeat import KIND as HEARTBEAT_KIND
-from watchd.model.reliability import JOB_ADVICE_PATH, CheckpointInterval
-from watchd.model.reliability import KIND as ADVICE_KIND
+from watchd.model.registry import REPAIRED_KIND
+from watchd.model.reliability import JOB_ADVICE_PATH
 from watchd.model.reliability import SOURCE as ADVICE_SOURCE
 from watchd.reliability.cached import Built, ReportCache
 from watchd.reliability.evidence import FAILURE_OUTCOMES, gpu_of, hardware_evidence
 from watchd.reliability.jobs import JobTracker
 from watchd.reliability.metrics import ReliabilityCollector
-from watchd.reliability.report import Advice, Failure, NodeInfo, Report, advise, build_report
+from watchd.reliability.report import (
+    ADVICE_DOC,
+    Advice,
+    Failure,
+    NodeInfo,
+    Report,
+    advice_finding,
+    advise,
+    build_report,
+    parse_since,
+)
 from watchd.reliability.returns import back_in_service, held_failure
 from watchd.reliability.service import Interval, NodeService, ServiceTracker
 from watchd.reliability.settings import ReliabilityConfig
@@ -48,9 +59,9 @@ from watchd.rules.decision import Decision
 from watchd.slices import Steps, pause, run_all, run_sliced
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
-from watchd.store.held import HeldAction
+from watchd.store.held import HeldAction, HeldReleased
 from watchd.store.reliability import PAGE, FailureRow, IntervalRow, NodeRow
-from watchd.subsystem import Component, Job, Operator
+from watchd.subsystem import ANY, Component, Handler, Housekeeping, Job, Operator
 
 _log = get_logger("watchd.reliability")
 _PENDING_MAX = 10_000  # drains decided on hardware evidence, awaiting their outcome
@@ -160,35 +171,69 @@ class Reliability(Component):
 
     # ------------------------------------------------------------------------------------- the stream
 
-    def observe(self, event: Event) -> None:
-        """Every event, before evaluation: a node's report is exposure; a heartbeat times checkpoints."""
+    def subscriptions(self) -> Mapping[str, Handler]:
+        """Every kind: a node's report is exposure, a heartbeat times checkpoints, a repair ends a failure."""
+        return {
+            SUMMARY_KIND: self._summary,
+            HEARTBEAT_KIND: self._heartbeat,
+            REPAIRED_KIND: self._repaired,
+            ANY: self._exposure,
+        }
+
+    def news(self) -> Mapping[type, Callable[[Any], None]]:
+        """Decisions and their outcomes are failures; watchd's returns to service end them."""
+        return {
+            Decision: self.decided,
+            ActionOutcome: lambda news: self.feedback(news.event),
+            NodeReturned: lambda news: self.restored(news.node, news.time),
+            HeldReleased: self._released,
+            Housekeeping: lambda news: self.prune(news.now),
+        }
+
+    def _summary(self, event: Event) -> None:
         if event.source in _OWN_SOURCES:
             return
-        kind, attrs = event.kind, event.attrs
-        if kind == SUMMARY_KIND:
-            gpu, model, job = attrs.get("gpu"), attrs.get("model"), attrs.get("job")
-            back = self.service.seen(
-                event.node,
-                event.time,
-                model=model if isinstance(model, str) else None,
-                gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
-                job=job if isinstance(job, str) else None,
-            )
-            if back:
+        attrs = event.attrs
+        gpu, model, job = attrs.get("gpu"), attrs.get("model"), attrs.get("job")
+        back = self.service.seen(
+            event.node,
+            event.time,
+            model=model if isinstance(model, str) else None,
+            gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
+            job=job if isinstance(job, str) else None,
+        )
+        if back:
+            self._close_failures(event.node, event.time)
+        self._save_backlog()
+
+    def _heartbeat(self, event: Event) -> None:
+        if event.source in _OWN_SOURCES:
+            return
+        attrs = event.attrs
+        job, rank, phase = attrs.get("job"), attrs.get("rank"), attrs.get("phase") or "train"
+        if isinstance(job, str) and isinstance(rank, int) and isinstance(phase, str):
+            label = self.topology.canonical(job)
+            self.job_tracker.heartbeat(label, rank, phase, event.time, event.node)
+            if self.service.seen(event.node, event.time, job=label):
                 self._close_failures(event.node, event.time)
-        elif kind == HEARTBEAT_KIND:
-            job, rank, phase = attrs.get("job"), attrs.get("rank"), attrs.get("phase") or "train"
-            if isinstance(job, str) and isinstance(rank, int) and isinstance(phase, str):
-                label = self.topology.canonical(job)
-                self.job_tracker.heartbeat(label, rank, phase, event.time, event.node)
-                if self.service.seen(event.node, event.time, job=label):
-                    self._close_failures(event.node, event.time)
-            else:
-                self.service.seen(event.node, event.time)
-        elif kind == "node_repaired":
-            self.restored(event.node, event.time)
         else:
             self.service.seen(event.node, event.time)
+        self._save_backlog()
+
+    def _repaired(self, event: Event) -> None:
+        if event.source in _OWN_SOURCES:
+            return
+        self.restored(event.node, event.time)
+        self._save_backlog()
+
+    def _exposure(self, event: Event) -> None:
+        """Any other report from a node: exposure."""
+        if event.source in _OWN_SOURCES:
+            return
+        self.service.seen(event.node, event.time)
+        self._save_backlog()
+
+    def _save_backlog(self) -> None:
         if self.service.closed_pending >= _FLUSH_BACKLOG:
             self._save(self.service.take_closed(), [])
 
@@ -233,6 +278,9 @@ class Reliability(Component):
         source, evidence = found
         self._pending.pop((held.rule, held.node), None)
         return self._failed(held.node, t, held.rule, source, evidence, mode, t)
+
+    def _released(self, news: HeldReleased) -> None:
+        self.released(news.held, news.outcome, news.time, news.mode)
 
     def _failed(
         self, node: str, at: float, rule: str, source: Event, evidence: str, mode: str, recorded: float
@@ -405,7 +453,7 @@ class Reliability(Component):
                 and now - self._last_finding.get(label, -math.inf) >= self.config.finding_repeat_s
             ):
                 self._last_finding[label] = now
-                findings.append(self._finding(a, sorted(state.nodes)[0], now))
+                findings.append(advice_finding(a, sorted(state.nodes)[0], now))
         self._advice = advice
         for label in [j for j in self._last_finding if j not in self.job_tracker.jobs]:
             del self._last_finding[label]
@@ -438,28 +486,6 @@ class Reliability(Component):
             restart_s=self.config.restart_s,
             factor=self.config.far_factor,
         )
-
-    def _finding(self, a: Advice, node: str, now: float) -> Event:
-        current = a.current_s or 0.0
-        summary = (
-            f"job {a.job} computes {current / 60:.0f} min between checkpoints; advised "
-            f"{a.daly_s / 60:.0f} min (Daly; checkpoint "
-            f" {a.cost_s:.0f} s, job MTBF {a.job_mtbf_s / 3600:.1f} h "
-            f"on {a.nodes} nodes): expected loss {100 * (a.waste_current or 0):.1f}% vs "
-            f"{100 * a.waste_advised:.1f}%"
-        )
-        return CheckpointInterval(
-            job=a.job,
-            nodes=a.nodes,
-            current_interval_s=round(current, 3),
-            advised_interval_s=round(a.daly_s, 3),
-            checkpoint_cost_s=round(a.cost_s, 3),
-            job_mtbf_s=round(a.job_mtbf_s, 3),
-            waste_current=round(a.waste_current or 0.0, 5),
-            waste_advised=round(a.waste_advised, 5),
-            summary=summary,
-            partition=a.partition,
-        ).to_event(id=stable_id(ADVICE_KIND, a.job, int(now)), node=node, source=ADVICE_SOURCE, time=now)
 
     # ------------------------------------------------------------------------------------- reading
 
@@ -572,28 +598,3 @@ class Reliability(Component):
             "jobs_advised": len(self._advice),
             "jobs_far_off": far[:100],
         }
-
-
-ADVICE_DOC = (
-    "per running job: M_job = M_node / N (independent exponential failures), C from its heartbeats' "
-    "checkpoint phase (median) or reliability.checkpoint_cost_s; advised interval: Daly 2006"
-)
-
-
-def parse_since(raw: str | None, now: float) -> float:
-    """``since``: epoch seconds, or a duration back from ``now`` (``90d``, ``12h``, ``30m``, ``600s``)."""
-    if raw is None or raw == "":
-        raise ValueError("since: empty")
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-    try:
-        if raw[-1] in units:
-            value = float(raw[:-1])
-            if not math.isfinite(value) or value < 0:
-                raise ValueError
-            return now - value * units[raw[-1]]
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"since: expected epoch seconds or a duration like 30d, 12h, got {raw!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"since: expected a finite time, got {raw!r}")
-    return value

@@ -1,13 +1,13 @@
-"""The usage report's part of the engine, one subsystem (:mod:`watchd.subsystem`): every event goes through
-:meth:`UsageHook.observe` (the ledger keeps energy and idle time per job GPU, and checkpoints); a periodic job
-writes it to the state database; another, when ``reports.metrics`` is on, builds the report by account and
-partition in a worker thread (``sacct``, ``sshare``, ``squeue`` and a read of the state) and serves it as
-``watchd_usage_*``."""
+"""The usage report's part of the engine, one subsystem (:mod:`watchd.subsystem`): it subscribes the ledger
+to the GPU summaries and heartbeats (none with ``reports.observe`` off; the ledger keeps energy and idle time
+per job GPU, and checkpoints); a periodic job writes it to the state database; another, when
+``reports.metrics`` is on, builds the report by account and partition in a worker thread (``sacct``,
+``sshare``, ``squeue`` and a read of the state) and serves it as ``watchd_usage_*``."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import structlog
@@ -15,7 +15,6 @@ from prometheus_client import CollectorRegistry
 
 from watchd.clock import Clock
 from watchd.integrations.slurm.settings import SlurmConfig
-from watchd.model.events import Event
 from watchd.reports.core import build_report
 from watchd.reports.ledger import UsageLedger
 from watchd.reports.metrics import UsageCollector
@@ -24,7 +23,7 @@ from watchd.reports.settings import ReportsConfig
 from watchd.reports.source import AccountingSource, build_source
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
-from watchd.subsystem import Component, Job
+from watchd.subsystem import Component, Handler, Job
 
 _log = structlog.get_logger("watchd.reports")
 FLUSH_S = 30.0
@@ -55,9 +54,8 @@ class UsageHook(Component):
         if config.metrics:
             registry.register(self.collector)
 
-    def observe(self, event: Event) -> None:
-        if self.config.observe:
-            self.ledger.observe(event)
+    def subscriptions(self) -> Mapping[str, Handler]:
+        return self.ledger.subscriptions() if self.config.observe else {}
 
     def attach(self, store: Store, state_path: Path | None) -> None:
         self._store = store

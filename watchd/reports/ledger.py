@@ -3,12 +3,13 @@ that ran a job adds its energy (mean power x window length), its length, and its
 mean utilization was under the idle threshold, to that job's GPU on that day; each rank leaving the
 ``checkpoint`` phase records a checkpoint of the job (the work up to the phase's start is saved).
 
-The engine feeds every event to :meth:`UsageLedger.observe` and periodically hands :meth:`take` to the
-store (``watchd.store.usage``); memory is bounded by the GPU-job-days seen since the last take and by
+The engine feeds it the kinds of its :meth:`UsageLedger.subscriptions` and periodically hands :meth:`take` to
+the store (``watchd.store.usage``); memory is bounded by the GPU-job-days seen since the last take and by
 ``max_jobs`` jobs in a checkpoint phase."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from watchd.model.events import Event
@@ -45,11 +46,15 @@ class UsageLedger:
         self._checkpoints: list[tuple[str, float]] = []
         self.skipped = 0  # windows without a job, power or length
 
+    def subscriptions(self) -> Mapping[str, Callable[[Event], None]]:
+        """The kinds the ledger keeps, with their handlers."""
+        return {SUMMARY_KIND: self._summary, HEARTBEAT_KIND: self._heartbeat}
+
     def observe(self, event: Event) -> None:
-        if event.kind == SUMMARY_KIND:
-            self._summary(event)
-        elif event.kind == HEARTBEAT_KIND:
-            self._heartbeat(event)
+        """One event, by its kind (what the engine's dispatch does with :meth:`subscriptions`)."""
+        handler = self.subscriptions().get(event.kind)
+        if handler is not None:
+            handler(event)
 
     def _summary(self, event: Event) -> None:
         a = event.attrs

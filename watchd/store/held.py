@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from watchd.model.events import Scalar
 from watchd.store.connection import Connection, Row, dump
@@ -33,6 +33,16 @@ class HeldAction:
     status: HeldStatus = "held"
     resolved_by: str = ""
     resolved_at: float | None = None
+
+
+class HeldReleased(NamedTuple):
+    """News to the engine's subsystems (:mod:`watchd.subsystem`): an operator released ``held``, a drain the
+    breaker held, and it ended ``outcome`` at ``time`` in ``mode``."""
+
+    held: HeldAction
+    outcome: str
+    time: float
+    mode: str
 
 
 class HeldActions:

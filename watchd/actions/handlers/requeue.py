@@ -70,7 +70,7 @@ class RequeueHandler(Handler):
         jobs = result.data.get("requeued") or ()
         if attempt.mode != "enforce" or result.outcome not in (Outcome.REQUEUED, Outcome.PARTIAL) or not jobs:
             return ()
-        return (PlannedAction(SPARE_RELEASE.kind, attempt.action.node, {"jobs": ",".join(jobs)}),)
+        return (PlannedAction(SPARE_RELEASE.kind, attempt.action.node, {"jobs": list(jobs)}),)
 
 
 def job_of(action: PlannedAction) -> str | None:

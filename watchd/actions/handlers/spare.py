@@ -22,9 +22,11 @@ class SpareParams(ActionParams):
     """The spares a partition is to hold, and how they differ from what it held."""
 
     partition: str
-    nodes: str = Field("", description="comma-separated, in the order they were taken")
-    taken: str = Field("", description="comma-separated: idle nodes made spares")
-    released: str = Field("", description="comma-separated: spares handed back (over the count, unfit)")
+    nodes: list[str] = Field(default_factory=list, description="in the order they were taken")
+    taken: list[str] = Field(default_factory=list, description="idle nodes made spares")
+    released: list[str] = Field(
+        default_factory=list, description="spares handed back (over the count, unfit)"
+    )
 
 
 class SpareHandler(Handler):
@@ -47,7 +49,7 @@ class SpareHandler(Handler):
         if runtime.spares is None:
             return ActionResult(Outcome.SKIPPED, "no hot spares are configured")
         partition = str(action.params["partition"])
-        nodes = split(action.params.get("nodes"))
+        nodes = names(action.params.get("nodes"))
         try:
             await runtime.spares.set_spares(partition, nodes)
         except SchedulerError as exc:
@@ -55,22 +57,26 @@ class SpareHandler(Handler):
         data = {
             "partition": partition,
             "spares": nodes,
-            "taken": split(action.params.get("taken")),
-            "released": split(action.params.get("released")),
+            "taken": names(action.params.get("taken")),
+            "released": names(action.params.get("released")),
         }
         return ActionResult(Outcome.CHANGED, _summary(action), data)
 
 
-def split(value: object) -> list[str]:
+def names(value: object) -> list[str]:
+    """A list parameter: a list of names, as the engine passes it, or the comma-joined form of the intents
+    and audit records written before (and of an operator's call)."""
+    if isinstance(value, list | tuple):
+        return [str(n) for n in value if n]
     return [n for n in str(value or "").split(",") if n]
 
 
 def _summary(action: PlannedAction) -> str:
     p = action.params
-    text = f"spares of {p['partition']}: {', '.join(split(p.get('nodes'))) or 'none'}"
-    if taken := split(p.get("taken")):
+    text = f"spares of {p['partition']}: {', '.join(names(p.get('nodes'))) or 'none'}"
+    if taken := names(p.get("taken")):
         text += f" (taken: {', '.join(taken)})"
-    if released := split(p.get("released")):
+    if released := names(p.get("released")):
         text += f" (released: {', '.join(released)})"
     return text
 

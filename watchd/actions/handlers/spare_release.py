@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from watchd.actions.handler import ActionParams, Handler
-from watchd.actions.handlers.spare import split
+from watchd.actions.handlers.spare import names
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.integrations.base import SchedulerError
 from watchd.store import keys
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class SpareReleaseParams(ActionParams):
     """The jobs requeued off the node."""
 
-    jobs: str = Field("", description="comma-separated job ids")
+    jobs: list[str] = Field(default_factory=list, description="the job ids")
 
 
 class SpareReleaseHandler(Handler):
@@ -42,7 +42,7 @@ class SpareReleaseHandler(Handler):
 
     async def run(self, attempt: Attempt, runtime: Runtime) -> ActionResult:
         node = attempt.action.node
-        jobs = split(attempt.action.params.get("jobs"))
+        jobs = names(attempt.action.params.get("jobs"))
         if runtime.spares is None:
             return ActionResult(Outcome.SKIPPED, "no hot spares are configured")
         try:
