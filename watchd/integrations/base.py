@@ -12,6 +12,7 @@ from watchd.model.nodes import DrainResult as DrainResult
 from watchd.model.nodes import NodeState as NodeState
 from watchd.model.nodes import RebootResult as RebootResult
 from watchd.model.nodes import ResumeResult as ResumeResult
+from watchd.port import Verb, table
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,3 +86,40 @@ class Scheduler(Protocol):
         """Whether the scheduler would let this engine change the cluster (drain, resume, requeue anyone's
         job, reservations or taints), found out without changing anything."""
         ...
+
+
+#: the Scheduler's verbs: the reads, and the changes each asked through the gate right before the call (a
+#: refused change fails with the reason and touches nothing)
+SCHEDULER_VERBS = table(
+    Verb("node_states"),
+    Verb("pools"),
+    Verb("privileges"),
+    Verb(
+        "drain",
+        changes=True,
+        capability="drain",
+        what=lambda reasons, states=None: f"drain of {', '.join(sorted(reasons))}",
+        refused=lambda why, reasons, states=None: {n: DrainResult(n, "failed", why) for n in reasons},
+    ),
+    Verb(
+        "requeue_jobs_on",
+        changes=True,
+        capability="requeue",
+        what=lambda node, job=None: f"requeue on {node}",
+        refused=lambda why, node, job=None: RequeueResult(node, failed={job or "*": why}),
+    ),
+    Verb(
+        "resume",
+        changes=True,
+        capability="resume",
+        what=lambda node: f"resume of {node}",
+        refused=lambda why, node: ResumeResult(node, "failed", why),
+    ),
+    Verb(
+        "reboot",
+        changes=True,
+        capability="reboot",
+        what=lambda node, reason: f"reboot of {node}",
+        refused=lambda why, node, reason: RebootResult(node, "failed", why),
+    ),
+)
