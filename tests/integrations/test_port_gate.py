@@ -59,6 +59,7 @@ HANDLE = JobHandle("run-1", "gpu-1", "42")
 COMMAND = Command(id="c-1", kind="gpu_reset", node="gpu-1")
 CALLS: dict[str, tuple[Any, ...]] = {
     "drain": ({"gpu-1": "xid 79"},),
+    "apply_drain": ({"watchd: xid 79": ["gpu-1"]},),
     "requeue_jobs_on": ("gpu-1",),
     "resume": ("gpu-1",),
     "reboot": ("gpu-1", "xid 79"),

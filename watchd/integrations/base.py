@@ -12,6 +12,7 @@ from watchd.model.nodes import DrainResult as DrainResult
 from watchd.model.nodes import NodeState as NodeState
 from watchd.model.nodes import RebootResult as RebootResult
 from watchd.model.nodes import ResumeResult as ResumeResult
+from watchd.model.nodes import plan_drain
 from watchd.port import Verb, table
 
 
@@ -67,6 +68,12 @@ class Scheduler(Protocol):
         has just read (saves reading them again)."""
         ...
 
+    async def apply_drain(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
+        """Drain the nodes of a drain already planned (:func:`~watchd.model.nodes.plan_drain`, once, by the
+        drain batcher): each group's nodes with its reason (final: watchd's prefix on it). Every node named
+        is drained; a result for each."""
+        ...
+
     async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
         """Requeue the requeueable jobs running on ``node`` (only ``job`` when given: its id as watchd
         labels it, ``slurm:1234`` or ``k8s:<namespace>/<name>``, or bare); report the others."""
@@ -102,6 +109,13 @@ SCHEDULER_VERBS = table(
         refused=lambda why, reasons, states=None: {n: DrainResult(n, "failed", why) for n in reasons},
     ),
     Verb(
+        "apply_drain",
+        changes=True,
+        capability="drain",
+        what=lambda groups: f"drain of {', '.join(sorted(n for names in groups.values() for n in names))}",
+        refused=lambda why, groups: {n: DrainResult(n, "failed", why) for ns in groups.values() for n in ns},
+    ),
+    Verb(
         "requeue_jobs_on",
         changes=True,
         capability="requeue",
@@ -123,3 +137,18 @@ SCHEDULER_VERBS = table(
         refused=lambda why, node, reason: RebootResult(node, "failed", why),
     ),
 )
+
+
+async def plan_and_drain(
+    scheduler: Scheduler, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None, prefix: str
+) -> dict[str, DrainResult]:
+    """A scheduler's :meth:`~Scheduler.drain`: the nodes' states (read unless given), the plan, and its
+    :meth:`~Scheduler.apply_drain` for the nodes the plan drains."""
+    if not reasons:
+        return {}
+    if states is None:
+        states = await scheduler.node_states(list(reasons))
+    results, groups = plan_drain(reasons, states, prefix)
+    if groups:
+        results.update(await scheduler.apply_drain(groups))
+    return {n: results[n] for n in reasons}

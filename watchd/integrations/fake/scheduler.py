@@ -109,6 +109,16 @@ class FakeScheduler:
         self.calls.append(("drain", dict(reasons)))
         self._check()
         results, groups = plan_drain(reasons, self.nodes if states is None else states, self.reason_prefix)
+        results.update(self._drain_groups(groups))
+        return {n: results[n] for n in reasons}
+
+    async def apply_drain(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
+        self.calls.append(("drain", {n: reason for reason, names in groups.items() for n in names}))
+        self._check()
+        return self._drain_groups(groups)
+
+    def _drain_groups(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
+        results: dict[str, DrainResult] = {}
         for reason, names in groups.items():
             # the real adapter issues one `scontrol update` per distinct reason: record the same grouping
             self.calls.append(("update_drain", (reason, tuple(names))))
@@ -119,7 +129,7 @@ class FakeScheduler:
                 st = self.nodes[n]
                 self.nodes[n] = replace(st, flags=st.flags | {"DRAIN"}, reason=reason)
                 results[n] = DrainResult(n, "drained", reason)
-        return {n: results[n] for n in reasons}
+        return results
 
     async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
         self.calls.append(("requeue_jobs_on", node if job is None else (node, job)))

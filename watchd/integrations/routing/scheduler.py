@@ -112,15 +112,24 @@ class RoutedScheduler:
             states = await self.node_states(list(reasons))
         # the shared decision on the merged states first: someone else's node is touched nowhere
         settled, groups = plan_drain(reasons, states, self.reason_prefix)
-        todo = [n for names in groups.values() for n in names]
-        parts = [(r, names) for r, names in self._split(todo) if names]
+        routed = await self._drain_routes({n: reasons[n] for names in groups.values() for n in names})
+        return {n: settled[n] if n in settled else routed[n] for n in reasons}
+
+    async def apply_drain(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
+        return await self._drain_routes({n: reason for reason, names in groups.items() for n in names})
+
+    async def _drain_routes(self, todo: Mapping[str, str]) -> dict[str, DrainResult]:
+        """Each node of a planned drain (the merged states said to drain it) drained by each of its
+        schedulers, on the states it last reported: where watchd drained it already it answers
+        ``already_drained``, so the drain goes on only where it is missing."""
+        parts = [(r, names) for r, names in self._split(list(todo)) if names]
 
         async def one(r: Route, names: list[str]) -> dict[str, DrainResult]:
             last = self._last.get(r.scheduler.name, {})
             known = {n: last[n] for n in names if n in last}
             try:
                 return await r.scheduler.drain(
-                    {n: reasons[n] for n in names}, known if len(known) == len(names) else None
+                    {n: todo[n] for n in names}, known if len(known) == len(names) else None
                 )
             except SchedulerError as exc:
                 return {n: DrainResult(n, "failed", str(exc)) for n in names}
@@ -131,10 +140,7 @@ class RoutedScheduler:
             for n, res in results.items():
                 merged.setdefault(n, []).append((r.scheduler.name, res))
         out: dict[str, DrainResult] = {}
-        for n in reasons:
-            if n in settled:
-                out[n] = settled[n]
-                continue
+        for n in todo:
             got = merged.get(n)
             if not got:
                 out[n] = DrainResult(n, "failed", "no scheduler is configured for this node")

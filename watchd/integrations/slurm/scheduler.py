@@ -40,7 +40,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
-from watchd.integrations.base import Privileges, RequeueResult, SchedulerError, job_selected
+from watchd.integrations.base import (
+    Privileges,
+    RequeueResult,
+    SchedulerError,
+    job_selected,
+    plan_and_drain,
+)
 from watchd.integrations.slurm.calls import count_call
 from watchd.integrations.slurm.privileges import probe
 from watchd.integrations.slurm.scontrol_session import (
@@ -61,7 +67,6 @@ from watchd.model.nodes import (
     ResumeResult,
     describe,
     drain_reason,
-    plan_drain,
     refuse_reboot,
     refuse_resume,
 )
@@ -355,12 +360,10 @@ class SlurmScheduler:
     async def drain(
         self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
     ) -> dict[str, DrainResult]:
-        if not reasons:
-            return {}
-        if states is None:
-            states = await self.node_states(list(reasons))
-        results, groups = plan_drain(reasons, states, self.reason_prefix)
+        return await plan_and_drain(self, reasons, states, self.reason_prefix)
 
+    async def apply_drain(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
+        results: dict[str, DrainResult] = {}
         sem = asyncio.Semaphore(self.max_concurrency)
 
         async def drain_group(reason: str, names: list[str]) -> None:
@@ -376,9 +379,9 @@ class SlurmScheduler:
                 results[n] = DrainResult(n, "drained", reason)
 
         await asyncio.gather(
-            *(drain_group(r, chunk) for r, names in groups.items() for chunk in _chunks(names))
+            *(drain_group(r, chunk) for r, names in groups.items() for chunk in _chunks(list(names)))
         )
-        return {n: results[n] for n in reasons}
+        return results
 
     async def _settle_failed_group(
         self, reason: str, names: list[str], error: str, results: dict[str, DrainResult]
