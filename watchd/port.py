@@ -9,11 +9,11 @@ through."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-__all__ = ["Refusal", "Verb", "VerbTable", "gated", "gated_class", "table"]
+__all__ = ["Absent", "Refusal", "Verb", "VerbTable", "ask", "gated", "gated_class", "table", "verbs_of"]
 
 #: why ``what`` may not be done now, or None when it may
 Refusal = Callable[[str], Awaitable[str | None]]
@@ -25,11 +25,21 @@ def _always(*_args: Any, **_kwargs: Any) -> bool:
     return True
 
 
+def _one_or_each(answers: Sequence[Any]) -> Any:
+    return answers[0] if len(answers) == 1 else tuple(answers)
+
+
+class Absent(Exception):
+    """The port has no such verb (a verb a scheduler cannot do is absent from its table)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Verb:
     """``what`` names a call in a refusal's message; ``refused`` answers a refused call (``why`` first,
     then the call's arguments), returning the verb's failed result or raising; ``asks`` says which calls of
-    a changing verb are asked (all by default: a check runner's scheduled checks are not)."""
+    a changing verb are asked (all by default: a check runner's scheduled checks are not); ``merge`` makes
+    one answer of those of several schedulers (a node routed to two that both have the verb: by default the
+    one answer, or each one's in route order)."""
 
     name: str
     changes: bool = False
@@ -37,6 +47,7 @@ class Verb:
     what: Callable[..., str] | None = None
     refused: Callable[..., Any] | None = None
     asks: Callable[..., bool] = _always
+    merge: Callable[[Sequence[Any]], Any] = _one_or_each
 
     def __post_init__(self) -> None:
         if self.changes and (self.what is None or self.refused is None):
@@ -54,6 +65,19 @@ def table(*verbs: Verb) -> dict[str, Verb]:
             raise ValueError(f"verb {verb.name} twice")
         out[verb.name] = verb
     return out
+
+
+def verbs_of(port: object) -> VerbTable:
+    """The verbs ``port`` declares (its ``verbs`` table); none when it declares no table."""
+    verbs = getattr(port, "verbs", None)
+    return verbs if isinstance(verbs, Mapping) else {}
+
+
+async def ask(port: object, verb: str, *args: Any, **kwargs: Any) -> Any:
+    """Call ``verb`` of ``port``; :class:`Absent` when its table has no such verb."""
+    if verb not in verbs_of(port):
+        raise Absent(f"{getattr(port, 'name', port)} cannot {verb}")
+    return await getattr(port, verb)(*args, **kwargs)
 
 
 class _Gated:

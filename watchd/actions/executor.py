@@ -57,7 +57,7 @@ from watchd.integrations.leadership import Leadership
 from watchd.integrations.webhook.sender import WebhookSender
 from watchd.logs import get_logger
 from watchd.model.events import Event
-from watchd.port import gated
+from watchd.port import gated, verbs_of
 from watchd.rules import Decision
 from watchd.rules.decision import PlannedAction
 from watchd.store import keys
@@ -98,7 +98,8 @@ class ActionExecutor:
         self._metrics = metrics
         self.leader_gate = leader = LeaderGate(leadership)
         # every change to the cluster is asked through the gate right before the call (fencing)
-        scheduler = gated(scheduler, SCHEDULER_VERBS, leader.now) if scheduler is not None else None
+        if scheduler is not None:
+            scheduler = gated(scheduler, verbs_of(scheduler) or SCHEDULER_VERBS, leader.now)
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
         # of the decisions submitted, not yet recorded: why not, once it is known (None: recorded)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 # the node results every scheduler returns (DrainResult, ResumeResult, NodeState) are vocabulary; they are
 # named here too because the Scheduler protocol speaks them
@@ -152,3 +152,14 @@ async def plan_and_drain(
     if groups:
         results.update(await scheduler.apply_drain(groups))
     return {n: results[n] for n in reasons}
+
+
+class PlannedDrain:
+    """A scheduler's :meth:`~Scheduler.drain` as :func:`plan_and_drain` over its own ``apply_drain``."""
+
+    reason_prefix: str
+
+    async def drain(
+        self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
+    ) -> dict[str, DrainResult]:
+        return await plan_and_drain(cast(Scheduler, self), reasons, states, self.reason_prefix)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
-from watchd.integrations.base import Privileges, RequeueResult, SchedulerError, job_selected
+from watchd.integrations.base import SCHEDULER_VERBS, Privileges, RequeueResult, SchedulerError, job_selected
 from watchd.integrations.fake.settings import FakeSchedulerConfig
 from watchd.model.nodes import (
     REBOOT_FLAGS,
@@ -23,6 +23,7 @@ from watchd.model.nodes import (
     refuse_reboot,
     refuse_resume,
 )
+from watchd.port import VerbTable
 
 
 @dataclass(slots=True)
@@ -48,6 +49,7 @@ class FakeScheduler:
     fail_drain: set[str] = field(default_factory=set)
     fail_requeue: set[str] = field(default_factory=set)
     error: SchedulerError | None = None
+    verbs: ClassVar[VerbTable] = SCHEDULER_VERBS
     privileged: bool | None = True  # what privileges() answers
     partitions: dict[str, list[str]] = field(default_factory=dict)  # empty: one pool "all" of every node
     reboots: dict[str, str] = field(default_factory=dict)  # node -> its reason, while a reboot is pending

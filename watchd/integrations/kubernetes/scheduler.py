@@ -44,11 +44,12 @@ except ImportError as exc:  # the optional dependency: name the extra, not a tra
     raise missing_extra("kubernetes", exc) from exc
 
 from watchd.integrations.base import (
+    SCHEDULER_VERBS,
+    PlannedDrain,
     Privileges,
     RequeueResult,
     SchedulerError,
     job_selected,
-    plan_and_drain,
 )
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, label_selector, status_code
 from watchd.integrations.kubernetes.jobs import JobRef, KubernetesJobProvider, job_of_pod, owned_by
@@ -186,10 +187,11 @@ def why_not_evicted(pod: Pod, *, gpu_only: bool, gpu_resource: str) -> str | Non
     return None
 
 
-class KubernetesScheduler:
+class KubernetesScheduler(PlannedDrain):
     """The real :class:`~watchd.integrations.base.Scheduler` for Kubernetes."""
 
     name = "kubernetes"
+    verbs = SCHEDULER_VERBS
 
     def __init__(
         self,
@@ -284,11 +286,6 @@ class KubernetesScheduler:
             raise SchedulerError(describe_error(f"LIST pods (spec.nodeName={node})", exc)) from exc
 
     # ------------------------------------------------------------------------------------------ drain
-    async def drain(
-        self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
-    ) -> dict[str, DrainResult]:
-        return await plan_and_drain(self, reasons, states, self.reason_prefix)
-
     async def apply_drain(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
         todo = [(n, reason) for reason, names in groups.items() for n in names]
         done = await asyncio.gather(*(self._cordon(n, reason) for n, reason in todo))

@@ -13,6 +13,7 @@ import asyncio
 import fnmatch
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from watchd.integrations.base import Privileges, RequeueResult, Scheduler, SchedulerError
 from watchd.jobs.model import JobProvider, job_providers_of
@@ -25,6 +26,7 @@ from watchd.model.nodes import (
     drained_by_watchd,
     plan_drain,
 )
+from watchd.port import Absent, VerbTable, verbs_of
 
 _DRAIN_ORDER = ("failed", "held", "drained", "already_drained", "skipped")
 
@@ -48,6 +50,25 @@ class RoutedScheduler:
         self.reason_prefix = reason_prefix
         self.name = "+".join(r.scheduler.name for r in self.routes)
         self._last: dict[str, dict[str, NodeState]] = {}  # per scheduler: the states it last reported
+        #: every verb of any of its schedulers (the first one's row where several have it)
+        self.verbs: VerbTable = {
+            n: v for r in reversed(self.routes) for n, v in verbs_of(r.scheduler).items()
+        }
+
+    def __getattr__(self, name: str) -> Any:
+        """A verb that only some schedulers have (their own rows, beyond the Scheduler protocol): asked of
+        each scheduler of its node (the first argument) that has it; :class:`Absent` when none has."""
+        verb = self.__dict__.get("verbs", {}).get(name)
+        if verb is None:
+            raise AttributeError(name)
+
+        async def routed(node: str, *args: Any, **kwargs: Any) -> Any:
+            have = [r.scheduler for r in self.routes_of(node) if name in verbs_of(r.scheduler)]
+            if not have:
+                raise Absent(f"no scheduler of {node} can {name}")
+            return verb.merge(await asyncio.gather(*(getattr(s, name)(node, *args, **kwargs) for s in have)))
+
+        return routed
 
     def routes_of(self, node: str) -> list[Route]:
         return [r for r in self.routes if r.matches(node)]

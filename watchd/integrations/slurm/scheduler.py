@@ -41,11 +41,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
 from watchd.integrations.base import (
+    SCHEDULER_VERBS,
+    PlannedDrain,
     Privileges,
     RequeueResult,
     SchedulerError,
     job_selected,
-    plan_and_drain,
 )
 from watchd.integrations.slurm.calls import count_call
 from watchd.integrations.slurm.privileges import probe
@@ -214,10 +215,11 @@ def parse_node_line(line: str) -> NodeState | None:
 
 
 # --------------------------------------------------------------------------- adapter
-class SlurmScheduler:
+class SlurmScheduler(PlannedDrain):
     """The real :class:`~watchd.integrations.base.Scheduler` for Slurm (22.05+)."""
 
     name = "slurm"
+    verbs = SCHEDULER_VERBS
 
     def __init__(
         self,
@@ -356,11 +358,6 @@ class SlurmScheduler:
             if partition and nodes:
                 members.setdefault(partition, []).extend(expand_hostlist(nodes))
         return members
-
-    async def drain(
-        self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
-    ) -> dict[str, DrainResult]:
-        return await plan_and_drain(self, reasons, states, self.reason_prefix)
 
     async def apply_drain(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
         results: dict[str, DrainResult] = {}
