@@ -1,10 +1,12 @@
 """A drain is planned once, by the drain batcher (which nodes to leave, which to drain with which reason):
-the scheduler drains what was planned."""
+the scheduler drains what was planned; a routed one, on the merged states, each of the node's schedulers
+draining it where it is missing."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -52,11 +54,16 @@ async def test_a_round_of_drains_is_planned_once(plans: list[tuple[str, ...]]) -
     assert fake.nodes["gpu-1"].drained and fake.nodes["gpu-1"].reason == "watchd: Xid 79"
 
 
-async def test_a_routed_drain_goes_on_in_each_scheduler(plans: list[tuple[str, ...]]) -> None:
+async def test_a_routed_drain_is_planned_once_and_goes_on_where_it_is_missing(
+    plans: list[tuple[str, ...]],
+) -> None:
     slurm, kube = FakeScheduler(name="slurm"), FakeScheduler(name="kubernetes")
-    slurm.add_nodes(["dgx-1"])
-    kube.add_nodes(["dgx-1"])
+    slurm.add_nodes(["dgx-1", "dgx-2"])
+    kube.add_nodes(["dgx-1", "dgx-2"])
+    slurm.nodes["dgx-2"] = replace(slurm.nodes["dgx-2"], flags=frozenset({"DRAIN"}), reason="watchd: Xid 48")
     routed = RoutedScheduler([Route(slurm, ("dgx-*",)), Route(kube, ("dgx-*",))])
-    assert await drain_all(DrainBatcher(routed), ["dgx-1"]) == [Outcome.DRAINED]
-    assert plans[0] == ("dgx-1",)  # on the merged states; each route then settles on its own
-    assert slurm.nodes["dgx-1"].drained and kube.nodes["dgx-1"].drained
+    assert await drain_all(DrainBatcher(routed), ["dgx-1", "dgx-2"]) == [Outcome.DRAINED, Outcome.DRAINED]
+    assert plans == [("dgx-1", "dgx-2")]  # on the merged states, once
+    assert all(s.nodes[n].drained for s in (slurm, kube) for n in ("dgx-1", "dgx-2"))
+    assert slurm.nodes["dgx-2"].reason == "watchd: Xid 48"  # where it was drained already: untouched
+    assert slurm.calls_of("drain") == [{"dgx-1": "watchd: Xid 79"}]

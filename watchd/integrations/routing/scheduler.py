@@ -137,18 +137,22 @@ class RoutedScheduler:
         return {n: settled[n] if n in settled else routed[n] for n in reasons}
 
     async def apply_drain(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
-        return await self._drain_routes({n: reason for reason, names in groups.items() for n in names})
+        todo = {n: reason for reason, names in groups.items() for n in names}
+        return await self._drain_routes(todo, planned=True)
 
-    async def _drain_routes(self, todo: Mapping[str, str]) -> dict[str, DrainResult]:
-        """Each node of a planned drain (the merged states said to drain it) drained by each of its
-        schedulers, on the states it last reported: where watchd drained it already it answers
-        ``already_drained``, so the drain goes on only where it is missing."""
+    async def _drain_routes(self, todo: Mapping[str, str], planned: bool = False) -> dict[str, DrainResult]:
+        """Each node of a drain the merged states planned, drained by each of its schedulers: where watchd
+        drained it already that one answers ``already_drained``, so the drain goes on only where it is
+        missing. ``planned``: on the states each scheduler last reported (the batcher just read them), each
+        drains the rest as planned; otherwise each scheduler's own ``drain`` decides on its states."""
         parts = [(r, names) for r, names in self._split(list(todo)) if names]
 
         async def one(r: Route, names: list[str]) -> dict[str, DrainResult]:
             last = self._last.get(r.scheduler.name, {})
             known = {n: last[n] for n in names if n in last}
             try:
+                if planned:
+                    return await self._apply_on(r.scheduler, {n: todo[n] for n in names}, known)
                 return await r.scheduler.drain(
                     {n: todo[n] for n in names}, known if len(known) == len(names) else None
                 )
@@ -174,6 +178,25 @@ class RoutedScheduler:
             )
             out[n] = DrainResult(n, outcome, detail)
         return out
+
+    async def _apply_on(
+        self, scheduler: Scheduler, todo: Mapping[str, str], states: Mapping[str, NodeState]
+    ) -> dict[str, DrainResult]:
+        """One scheduler's share of a planned drain: a node it does not know, or that watchd drained there
+        already, is settled on its state; the others are drained as planned."""
+        results: dict[str, DrainResult] = {}
+        groups: dict[str, list[str]] = {}
+        for n, reason in todo.items():
+            st = states.get(n)
+            if st is None:
+                results[n] = DrainResult(n, "failed", "unknown node")
+            elif drained_by_watchd(st, self.reason_prefix):
+                results[n] = DrainResult(n, "already_drained", st.reason or "")
+            else:
+                groups.setdefault(reason, []).append(n)
+        if groups:
+            results.update(await scheduler.apply_drain(groups))
+        return results
 
     async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
         routes = self.routes_of(node)
