@@ -88,6 +88,8 @@ class _Gated:
         self._refusal = refusal
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 
