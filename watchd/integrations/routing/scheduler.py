@@ -24,6 +24,7 @@ from watchd.model.nodes import (
     RebootResult,
     ResumeResult,
     drained_by_watchd,
+    left_as_is,
     plan_drain,
 )
 from watchd.port import Absent, VerbTable, verbs_of
@@ -188,10 +189,8 @@ class RoutedScheduler:
         groups: dict[str, list[str]] = {}
         for n, reason in todo.items():
             st = states.get(n)
-            if st is None:
-                results[n] = DrainResult(n, "failed", "unknown node")
-            elif drained_by_watchd(st, self.reason_prefix):
-                results[n] = DrainResult(n, "already_drained", st.reason or "")
+            if st is None or drained_by_watchd(st, self.reason_prefix):
+                results[n] = left_as_is(n, st)
             else:
                 groups.setdefault(reason, []).append(n)
         if groups:
