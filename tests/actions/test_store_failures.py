@@ -371,9 +371,9 @@ async def test_a_decision_counts_as_recorded_once_its_intent_is_written() -> Non
     gate = asyncio.Event()
 
     class Slow(FakeScheduler):
-        async def drain(self, *args: Any, **kw: Any) -> Any:
+        async def apply_drain(self, *args: Any, **kw: Any) -> Any:
             await gate.wait()
-            return await super().drain(*args, **kw)
+            return await super().apply_drain(*args, **kw)
 
     fake = Slow()
     fake.add_nodes(["gpu-1"])

@@ -33,6 +33,7 @@ ORDER: tuple[str, ...] = (
     "credentials",
     # small shared pieces: the subsystem protocol, APScheduler, aiohttp helpers, the training-side client
     "subsystem",
+    "port",  # a port's verbs (which change the cluster, what they need) and the one gate over any port
     "periodic",
     "slices",  # long work on the event loop in slices (pure code yields; the edge drives it)
     "httputil",

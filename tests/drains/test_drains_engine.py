@@ -222,7 +222,9 @@ async def test_a_follower_or_a_deposed_leader_never_changes_spares(who: str, lea
     from watchd.actions.executor import ActionExecutor
     from watchd.clock import SystemClock
     from watchd.engine.metrics import EngineMetrics
-    from watchd.fleetview.watch import FleetWatch, GatedFleet
+    from watchd.fleetview.watch import FleetWatch
+    from watchd.integrations.fleet import FLEET_VERBS
+    from watchd.port import gated
 
     fake, fl = fleet()
     clock = SystemClock()
@@ -233,7 +235,7 @@ async def test_a_follower_or_a_deposed_leader_never_changes_spares(who: str, lea
         return await executor.act(kind, node, params, rule="spares")  # type: ignore[arg-type]
 
     watch = FleetWatch(
-        [GatedFleet(fl, executor.leader_gate)],
+        [gated(fl, FLEET_VERBS, executor.leader_gate.now)],
         drains=DrainsConfig(),
         spares=SparesConfig(partitions={"gpu": 2}),
         clock=clock,

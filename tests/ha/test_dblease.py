@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import pytest
 
 from tests.harness.postgres import PostgresServer
-from watchd.actions.leader_gate import GatedScheduler, LeaderGate
-from watchd.integrations.base import DrainResult, NodeState, RequeueResult, ResumeResult
+from watchd.actions.leader_gate import LeaderGate
+from watchd.integrations.base import SCHEDULER_VERBS, DrainResult, NodeState, RequeueResult, ResumeResult
 from watchd.integrations.dblease import DatabaseLease, lease_from_settings
+from watchd.port import gated
 from watchd.store.connection import Fenced
 from watchd.store.database import Store
 
@@ -104,13 +105,13 @@ async def test_a_holder_that_stops_renewing_is_deposed_and_fenced(pair: tuple[En
     b.store.intents.set_cooldown("drain:gpu-1", 99.0)
     # side effects: a's gate asks the database right before the call, and refuses
     scheduler = RecordingScheduler()
-    deposed = GatedScheduler(scheduler, LeaderGate(a.lease))
+    deposed = gated(scheduler, SCHEDULER_VERBS, LeaderGate(a.lease).now)
     assert (await deposed.drain({"gpu-1": "x"}))["gpu-1"].outcome == "failed"
     assert (await deposed.resume("gpu-1")).outcome == "failed"
     assert not (await deposed.requeue_jobs_on("gpu-1")).ok
     assert await LeaderGate(a.lease).refusal("drain of gpu-1") is not None
     assert scheduler.calls == []
-    leader = GatedScheduler(scheduler, LeaderGate(b.lease))
+    leader = gated(scheduler, SCHEDULER_VERBS, LeaderGate(b.lease).now)
     assert (await leader.drain({"gpu-1": "x"}))["gpu-1"].outcome == "drained"
     assert scheduler.calls == [("drain", "gpu-1")]
 

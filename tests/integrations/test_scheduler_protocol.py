@@ -9,10 +9,10 @@ import inspect
 
 import pytest
 
-from watchd.actions.leader_gate import GatedScheduler
-from watchd.integrations.base import Scheduler
+from watchd.integrations.base import SCHEDULER_VERBS, Scheduler
 from watchd.integrations.registry import SCHEDULERS
 from watchd.integrations.routing.scheduler import RoutedScheduler
+from watchd.port import gated_class
 
 VERBS = sorted(
     name for name, member in vars(Scheduler).items() if inspect.iscoroutinefunction(member) and name[0] != "_"
@@ -28,7 +28,7 @@ def _built_class(target: str) -> type:
 
 
 CLASSES = {name: _built_class(target) for name, target in SCHEDULERS.items()}
-CLASSES |= {"routing": RoutedScheduler, "fenced": GatedScheduler}
+CLASSES |= {"routing": RoutedScheduler, "fenced": gated_class(SCHEDULER_VERBS)}
 
 
 def test_the_protocol_has_verbs() -> None:

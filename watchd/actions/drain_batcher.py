@@ -173,7 +173,7 @@ class DrainBatcher:
                 planned[node] = dataclasses.replace(st, flags=st.flags - {"DRAIN"})
         settled, groups = plan_drain(reasons, planned)
         results = {node: _result(r) for node, r in settled.items()}
-        allowed: dict[str, str] = {}
+        allowed: set[str] = set()
         for node in (n for names in groups.values() for n in names):
             gate = batch[node].gate if node not in replaced else None  # no new disruption: not counted
             try:
@@ -182,11 +182,12 @@ class DrainBatcher:
                 store_failed[node] = exc
                 continue
             if verdict.allowed:
-                allowed[node] = reasons[node]
+                allowed.add(node)
             else:
                 results[node] = ActionResult(Outcome.HELD, verdict.reason)
-        if allowed:
-            drained = await self._scheduler.drain(allowed, planned)
+        todo = {reason: [n for n in names if n in allowed] for reason, names in groups.items()}
+        if allowed:  # planned once, here: the scheduler drains the nodes as planned
+            drained = await self._scheduler.apply_drain({r: names for r, names in todo.items() if names})
             results.update({node: _result(r) for node, r in drained.items()})
         for node, was in replaced.items():
             if node in results and results[node].outcome == Outcome.DRAINED:

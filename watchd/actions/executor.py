@@ -33,7 +33,7 @@ from watchd.actions.handler import Attempt, Mode
 from watchd.actions.handlers import handler_for
 from watchd.actions.handlers.resume import HANDLER as RESUME
 from watchd.actions.held import HeldActions, Hold
-from watchd.actions.leader_gate import GatedCommands, GatedScheduler, LeaderGate
+from watchd.actions.leader_gate import COMMAND_VERBS, LeaderGate
 from watchd.actions.outcome import ActionResult, Outcome
 from watchd.actions.pools import Pools
 from watchd.actions.recovery import MODE, FinishIntent, Recovery, intent_params
@@ -52,11 +52,12 @@ from watchd.actions.trail import AuditTrail, scalars
 from watchd.clock import Clock
 from watchd.engine.metrics import EngineMetrics
 from watchd.integrations.alerts import AlertSink
-from watchd.integrations.base import Scheduler
+from watchd.integrations.base import SCHEDULER_VERBS, Scheduler
 from watchd.integrations.leadership import Leadership
 from watchd.integrations.webhook.sender import WebhookSender
 from watchd.logs import get_logger
 from watchd.model.events import Event
+from watchd.port import gated, verbs_of
 from watchd.rules import Decision
 from watchd.rules.decision import PlannedAction
 from watchd.store import keys
@@ -97,7 +98,8 @@ class ActionExecutor:
         self._metrics = metrics
         self.leader_gate = leader = LeaderGate(leadership)
         # every change to the cluster is asked through the gate right before the call (fencing)
-        scheduler = GatedScheduler(scheduler, leader) if scheduler is not None else None
+        if scheduler is not None:
+            scheduler = gated(scheduler, verbs_of(scheduler) or SCHEDULER_VERBS, leader.now)
         self._slots = asyncio.Semaphore(max_concurrent)
         self._tasks: set[asyncio.Task[None]] = set()
         # of the decisions submitted, not yet recorded: why not, once it is known (None: recorded)
@@ -158,7 +160,7 @@ class ActionExecutor:
         commands to the agents): they must be attached before the executor starts, so that recovery can
         re-drive their actions."""
         if commands is not None:
-            self.runtime.commands = GatedCommands(commands, self.leader_gate)
+            self.runtime.commands = gated(commands, COMMAND_VERBS, self.leader_gate.now)
         if spares is not None:
             self.runtime.spares = spares
         if validation is not None:

@@ -3,15 +3,17 @@ Kubernetes: a Job pinned to the node) and a faithful fake, built by name (:mod:`
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from watchd.port import Verb, table
+
 __all__ = [
+    "RUNNER_VERBS",
     "Availability",
     "CheckJob",
     "CheckRunner",
-    "GatedRunner",
     "JobHandle",
     "JobStatus",
     "RunOutput",
@@ -126,52 +128,36 @@ class CheckRunner(Protocol):
         ...
 
 
-class GatedRunner:
-    """``runner`` with every change validation makes to the cluster (the reservation and the lifted drain,
-    its checks' jobs, the resume or the new drain, a cancel) asked through ``refusal`` right before the call
-    (the engine's leadership gate: the fencing token still current); refused, it raises RunnerError and
-    touches nothing. Reads and the checks of scheduled rounds pass through."""
+def _runner_refused(why: str, *_args: object) -> None:
+    raise RunnerError(why)
 
-    def __init__(self, runner: CheckRunner, refusal: Callable[[str], Awaitable[str | None]]) -> None:
-        self.inner = runner
-        self.name = runner.name
-        self._refusal = refusal
 
-    async def _ask(self, what: str) -> None:
-        refused = await self._refusal(what)
-        if refused is not None:
-            raise RunnerError(refused)
+def _change(name: str, what: Callable[..., str]) -> Verb:
+    return Verb(name, True, "validation", what, _runner_refused)
 
-    async def members(self, partitions: Sequence[str]) -> dict[str, list[str]]:
-        return await self.inner.members(partitions)
 
-    async def availability(self, nodes: Sequence[str], within_s: float) -> dict[str, Availability]:
-        return await self.inner.availability(nodes, within_s)
-
-    async def submit(self, job: CheckJob) -> JobHandle:
-        if job.validation:
-            await self._ask(f"validation check {job.check} on {job.node}")
-        return await self.inner.submit(job)
-
-    async def wait(self, handle: JobHandle) -> RunOutput:
-        return await self.inner.wait(handle)
-
-    async def cancel(self, handle: JobHandle) -> None:
-        await self._ask(f"cancel of check job {handle.job_id}")
-        await self.inner.cancel(handle)
-
-    async def begin_validation(self, node: str, time_limit_s: float) -> None:
-        await self._ask(f"validation of {node}")
-        await self.inner.begin_validation(node, time_limit_s)
-
-    async def end_validation(self, node: str, passed: bool, reason: str) -> str:
-        await self._ask(f"end of the validation of {node}")
-        return await self.inner.end_validation(node, passed, reason)
-
-    async def abandon_validation(self, node: str) -> None:
-        await self._ask(f"end of the validation of {node}")
-        await self.inner.abandon_validation(node)
-
-    async def lend(self, node: str, partners: Sequence[str]) -> None:
-        await self._ask(f"{', '.join(partners) or 'no node'} lent to the validation of {node}")
-        await self.inner.lend(node, partners)
+#: the check runner's verbs: every change validation makes to the cluster (the reservation and the lifted
+#: drain, its checks' jobs, the resume or the new drain, a cancel) is asked through the gate right before
+#: the call (refused, it raises RunnerError and touches nothing); reads and the checks of scheduled rounds
+#: pass through
+RUNNER_VERBS = table(
+    Verb("members"),
+    Verb("availability"),
+    Verb("wait"),
+    Verb(
+        "submit",
+        changes=True,
+        capability="validation",
+        what=lambda job: f"validation check {job.check} on {job.node}",
+        refused=_runner_refused,
+        asks=lambda job: bool(job.validation),  # a scheduled round's check is no change validation makes
+    ),
+    _change("cancel", lambda handle: f"cancel of check job {handle.job_id}"),
+    _change("begin_validation", lambda node, time_limit_s: f"validation of {node}"),
+    _change("end_validation", lambda node, passed, reason: f"end of the validation of {node}"),
+    _change("abandon_validation", lambda node: f"end of the validation of {node}"),
+    _change(
+        "lend",
+        lambda node, partners: f"{', '.join(partners) or 'no node'} lent to the validation of {node}",
+    ),
+)

@@ -34,10 +34,10 @@ from watchd.checks.recovery import recover_validation
 from watchd.checks.result_event import RunResult, check_result, run_result
 from watchd.checks.risk import Order
 from watchd.checks.runner import (
+    RUNNER_VERBS,
     Availability,
     CheckJob,
     CheckRunner,
-    GatedRunner,
     JobHandle,
     RunnerError,
     RunOutput,
@@ -51,6 +51,7 @@ from watchd.logs import get_logger
 from watchd.model.events import Event
 from watchd.model.validation import Validation
 from watchd.periodic import Periodic
+from watchd.port import gated
 from watchd.store.checks import CheckRun
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
@@ -114,7 +115,7 @@ class CheckService(CheckViews):
 
     def gate(self, refusal: Callable[[str], Awaitable[str | None]]) -> None:
         """Ask ``refusal`` right before every change validation makes to the cluster (leadership)."""
-        self.runner = GatedRunner(self.runner, refusal)
+        self.runner = gated(self.runner, RUNNER_VERBS, refusal)
 
     async def stop(self) -> None:
         """Stop following (the jobs go on; the next start follows them again)."""

@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from watchd.actions.executor import ActionExecutor
 from watchd.actions.handlers.spare import HANDLER as SPARE
 from watchd.actions.handlers.spare_release import HANDLER as SPARE_RELEASE
-from watchd.actions.leader_gate import LeaderGate
 from watchd.actions.outcome import TOOK_OUT, ActionResult, Outcome
 from watchd.clock import Clock
 from watchd.fleetview.drains import FleetNode, Unavailable, availability, unavailable_nodes
@@ -34,11 +33,12 @@ from watchd.fleetview.settings import DrainsConfig, SparesConfig
 from watchd.fleetview.spares import SparePlan, pick_release, plan
 from watchd.httputil import json_response
 from watchd.integrations.base import SchedulerError
-from watchd.integrations.fleet import FleetBackend, fleet_backends
+from watchd.integrations.fleet import FLEET_VERBS, FleetBackend, fleet_backends
 from watchd.logs import get_logger
 from watchd.model.events import Event, stable_id
 from watchd.model.nodes import WATCHD_REASON_PREFIX
 from watchd.model.unavailable import SOURCE, NodeUnavailable
+from watchd.port import gated
 from watchd.store.connection import StoreError
 from watchd.store.database import Store
 from watchd.subsystem import Component, Job, Operator
@@ -163,7 +163,7 @@ class FleetWatch(Component):
         for backend in fleet_backends(scheduler):
             if hasattr(backend, "reservation_users"):  # Slurm: the Users= of the spares' reservation
                 backend.reservation_users = spares.slurm_users
-            backends.append(GatedFleet(backend, executor.leader_gate))
+            backends.append(gated(backend, FLEET_VERBS, executor.leader_gate.now))
 
         async def act(kind: str, node: str, params: Mapping[str, Any]) -> ActionResult:
             return await executor.act(kind, node, params, rule="spares")
@@ -507,28 +507,3 @@ class FleetWatch(Component):
                     self.nodes = [replace(n, spare=False) if n.name in chosen else n for n in self.nodes]
                     return p, chosen[0]
             return None
-
-
-class GatedFleet:
-    """``backend`` with every change to the spares asked through the leadership gate right before the call
-    (the fencing token still current); refused, it raises SchedulerError and touches nothing."""
-
-    def __init__(self, backend: FleetBackend, gate: LeaderGate) -> None:
-        self.inner = backend
-        self.name = backend.name
-        self._gate = gate
-
-    async def fleet_nodes(self) -> list[FleetNode]:
-        return await self.inner.fleet_nodes()
-
-    async def spares(self) -> dict[str, list[str]]:
-        return await self.inner.spares()
-
-    async def pending(self, jobs: Sequence[str]) -> set[str]:
-        return await self.inner.pending(jobs)
-
-    async def set_spares(self, partition: str, nodes: Sequence[str]) -> None:
-        refusal = await self._gate.now(f"spares of {partition}")
-        if refusal is not None:
-            raise SchedulerError(refusal)
-        await self.inner.set_spares(partition, nodes)

@@ -10,9 +10,11 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
+from watchd.integrations.base import SchedulerError
 from watchd.model.fleet import FleetNode
+from watchd.port import Verb, table
 
-__all__ = ["FLEETS", "FleetBackend", "fleet_backends"]
+__all__ = ["FLEETS", "FLEET_VERBS", "FleetBackend", "fleet_backends"]
 
 
 @runtime_checkable
@@ -39,6 +41,25 @@ class FleetBackend(Protocol):
         """Which of ``jobs`` (requeued by watchd) wait to start again: not yet running, not ended."""
         ...
 
+
+def _spares_refused(why: str, partition: str, nodes: Sequence[str]) -> None:
+    raise SchedulerError(why)
+
+
+#: the fleet's verbs: a change to the spares is asked through the gate right before the call (refused, it
+#: raises SchedulerError and touches nothing)
+FLEET_VERBS = table(
+    Verb("fleet_nodes"),
+    Verb("spares"),
+    Verb("pending"),
+    Verb(
+        "set_spares",
+        changes=True,
+        capability="reservations",
+        what=lambda partition, nodes: f"spares of {partition}",
+        refused=_spares_refused,
+    ),
+)
 
 #: scheduler name -> "module:function" building its fleet backend from the scheduler object
 FLEETS: Mapping[str, str] = {

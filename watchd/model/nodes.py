@@ -95,10 +95,8 @@ def plan_drain(
     groups: dict[str, list[str]] = {}
     for node, reason in reasons.items():
         st = states.get(node)
-        if st is None:
-            settled[node] = DrainResult(node, "failed", "unknown node")
-        elif drained_by_watchd(st, prefix):
-            settled[node] = DrainResult(node, "already_drained", st.reason or "")
+        if st is None or drained_by_watchd(st, prefix):
+            settled[node] = left_as_is(node, st)
         elif down_by_watchd(st, prefix):  # back from a reboot watchd asked for: drained again, as it was
             groups.setdefault(drain_reason(reason, prefix), []).append(node)
         elif st.drained or st.down:
@@ -108,6 +106,13 @@ def plan_drain(
         else:
             groups.setdefault(drain_reason(reason, prefix), []).append(node)
     return settled, groups
+
+
+def left_as_is(node: str, st: NodeState | None) -> DrainResult:
+    """A drain of a node unknown to the scheduler (``failed``) or that watchd drained already there."""
+    if st is None:
+        return DrainResult(node, "failed", "unknown node")
+    return DrainResult(node, "already_drained", st.reason or "")
 
 
 def refuse_resume(st: NodeState | None, node: str, prefix: str = WATCHD_REASON_PREFIX) -> ResumeResult | None:

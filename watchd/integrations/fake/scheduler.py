@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
-from watchd.integrations.base import Privileges, RequeueResult, SchedulerError, job_selected
+from watchd.integrations.base import SCHEDULER_VERBS, Privileges, RequeueResult, SchedulerError, job_selected
 from watchd.integrations.fake.settings import FakeSchedulerConfig
 from watchd.model.nodes import (
     REBOOT_FLAGS,
@@ -23,6 +23,7 @@ from watchd.model.nodes import (
     refuse_reboot,
     refuse_resume,
 )
+from watchd.port import VerbTable
 
 
 @dataclass(slots=True)
@@ -48,6 +49,7 @@ class FakeScheduler:
     fail_drain: set[str] = field(default_factory=set)
     fail_requeue: set[str] = field(default_factory=set)
     error: SchedulerError | None = None
+    verbs: ClassVar[VerbTable] = SCHEDULER_VERBS
     privileged: bool | None = True  # what privileges() answers
     partitions: dict[str, list[str]] = field(default_factory=dict)  # empty: one pool "all" of every node
     reboots: dict[str, str] = field(default_factory=dict)  # node -> its reason, while a reboot is pending
@@ -109,6 +111,16 @@ class FakeScheduler:
         self.calls.append(("drain", dict(reasons)))
         self._check()
         results, groups = plan_drain(reasons, self.nodes if states is None else states, self.reason_prefix)
+        results.update(self._drain_groups(groups))
+        return {n: results[n] for n in reasons}
+
+    async def apply_drain(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
+        self.calls.append(("drain", {n: reason for reason, names in groups.items() for n in names}))
+        self._check()
+        return self._drain_groups(groups)
+
+    def _drain_groups(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
+        results: dict[str, DrainResult] = {}
         for reason, names in groups.items():
             # the real adapter issues one `scontrol update` per distinct reason: record the same grouping
             self.calls.append(("update_drain", (reason, tuple(names))))
@@ -119,7 +131,7 @@ class FakeScheduler:
                 st = self.nodes[n]
                 self.nodes[n] = replace(st, flags=st.flags | {"DRAIN"}, reason=reason)
                 results[n] = DrainResult(n, "drained", reason)
-        return {n: results[n] for n in reasons}
+        return results
 
     async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
         self.calls.append(("requeue_jobs_on", node if job is None else (node, job)))

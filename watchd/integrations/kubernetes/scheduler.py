@@ -43,7 +43,14 @@ try:
 except ImportError as exc:  # the optional dependency: name the extra, not a traceback
     raise missing_extra("kubernetes", exc) from exc
 
-from watchd.integrations.base import Privileges, RequeueResult, SchedulerError, job_selected
+from watchd.integrations.base import (
+    SCHEDULER_VERBS,
+    PlannedDrain,
+    Privileges,
+    RequeueResult,
+    SchedulerError,
+    job_selected,
+)
 from watchd.integrations.kubernetes.client import API_ERRORS, describe_error, label_selector, status_code
 from watchd.integrations.kubernetes.jobs import JobRef, KubernetesJobProvider, job_of_pod, owned_by
 from watchd.integrations.kubernetes.reboot import ask_reboot, boot_id_of, reboot_flags
@@ -180,10 +187,11 @@ def why_not_evicted(pod: Pod, *, gpu_only: bool, gpu_resource: str) -> str | Non
     return None
 
 
-class KubernetesScheduler:
+class KubernetesScheduler(PlannedDrain):
     """The real :class:`~watchd.integrations.base.Scheduler` for Kubernetes."""
 
     name = "kubernetes"
+    verbs = SCHEDULER_VERBS
 
     def __init__(
         self,
@@ -278,21 +286,15 @@ class KubernetesScheduler:
             raise SchedulerError(describe_error(f"LIST pods (spec.nodeName={node})", exc)) from exc
 
     # ------------------------------------------------------------------------------------------ drain
-    async def drain(
-        self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
-    ) -> dict[str, DrainResult]:
-        if not reasons:
-            return {}
-        if states is None:
-            states = await self.node_states(list(reasons))
-        results, groups = plan_drain(reasons, states, self.reason_prefix)
+    async def apply_drain(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
         todo = [(n, reason) for reason, names in groups.items() for n in names]
         done = await asyncio.gather(*(self._cordon(n, reason) for n, reason in todo))
+        results: dict[str, DrainResult] = {}
         for (node, reason), result in zip(todo, done, strict=True):
             results[node] = result
             if result.outcome == "drained":
                 self._start_eviction(node, reason)
-        return {n: results[n] for n in reasons}
+        return results
 
     async def _cordon(self, name: str, reason: str) -> DrainResult:
         node = self._seen.get(name)

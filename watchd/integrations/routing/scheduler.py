@@ -13,6 +13,7 @@ import asyncio
 import fnmatch
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from watchd.integrations.base import Privileges, RequeueResult, Scheduler, SchedulerError
 from watchd.jobs.model import JobProvider, job_providers_of
@@ -23,8 +24,10 @@ from watchd.model.nodes import (
     RebootResult,
     ResumeResult,
     drained_by_watchd,
+    left_as_is,
     plan_drain,
 )
+from watchd.port import Absent, VerbTable, verbs_of
 
 _DRAIN_ORDER = ("failed", "held", "drained", "already_drained", "skipped")
 
@@ -48,6 +51,25 @@ class RoutedScheduler:
         self.reason_prefix = reason_prefix
         self.name = "+".join(r.scheduler.name for r in self.routes)
         self._last: dict[str, dict[str, NodeState]] = {}  # per scheduler: the states it last reported
+        #: every verb of any of its schedulers (the first one's row where several have it)
+        self.verbs: VerbTable = {
+            n: v for r in reversed(self.routes) for n, v in verbs_of(r.scheduler).items()
+        }
+
+    def __getattr__(self, name: str) -> Any:
+        """A verb that only some schedulers have (their own rows, beyond the Scheduler protocol): asked of
+        each scheduler of its node (the first argument) that has it; :class:`Absent` when none has."""
+        verb = self.__dict__.get("verbs", {}).get(name)
+        if verb is None:
+            raise AttributeError(name)
+
+        async def routed(node: str, *args: Any, **kwargs: Any) -> Any:
+            have = [r.scheduler for r in self.routes_of(node) if name in verbs_of(r.scheduler)]
+            if not have:
+                raise Absent(f"no scheduler of {node} can {name}")
+            return verb.merge(await asyncio.gather(*(getattr(s, name)(node, *args, **kwargs) for s in have)))
+
+        return routed
 
     def routes_of(self, node: str) -> list[Route]:
         return [r for r in self.routes if r.matches(node)]
@@ -112,15 +134,28 @@ class RoutedScheduler:
             states = await self.node_states(list(reasons))
         # the shared decision on the merged states first: someone else's node is touched nowhere
         settled, groups = plan_drain(reasons, states, self.reason_prefix)
-        todo = [n for names in groups.values() for n in names]
-        parts = [(r, names) for r, names in self._split(todo) if names]
+        routed = await self._drain_routes({n: reasons[n] for names in groups.values() for n in names})
+        return {n: settled[n] if n in settled else routed[n] for n in reasons}
+
+    async def apply_drain(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
+        todo = {n: reason for reason, names in groups.items() for n in names}
+        return await self._drain_routes(todo, planned=True)
+
+    async def _drain_routes(self, todo: Mapping[str, str], planned: bool = False) -> dict[str, DrainResult]:
+        """Each node of a drain the merged states planned, drained by each of its schedulers: where watchd
+        drained it already that one answers ``already_drained``, so the drain goes on only where it is
+        missing. ``planned``: on the states each scheduler last reported (the batcher just read them), each
+        drains the rest as planned; otherwise each scheduler's own ``drain`` decides on its states."""
+        parts = [(r, names) for r, names in self._split(list(todo)) if names]
 
         async def one(r: Route, names: list[str]) -> dict[str, DrainResult]:
             last = self._last.get(r.scheduler.name, {})
             known = {n: last[n] for n in names if n in last}
             try:
+                if planned:
+                    return await self._apply_on(r.scheduler, {n: todo[n] for n in names}, known)
                 return await r.scheduler.drain(
-                    {n: reasons[n] for n in names}, known if len(known) == len(names) else None
+                    {n: todo[n] for n in names}, known if len(known) == len(names) else None
                 )
             except SchedulerError as exc:
                 return {n: DrainResult(n, "failed", str(exc)) for n in names}
@@ -131,10 +166,7 @@ class RoutedScheduler:
             for n, res in results.items():
                 merged.setdefault(n, []).append((r.scheduler.name, res))
         out: dict[str, DrainResult] = {}
-        for n in reasons:
-            if n in settled:
-                out[n] = settled[n]
-                continue
+        for n in todo:
             got = merged.get(n)
             if not got:
                 out[n] = DrainResult(n, "failed", "no scheduler is configured for this node")
@@ -147,6 +179,23 @@ class RoutedScheduler:
             )
             out[n] = DrainResult(n, outcome, detail)
         return out
+
+    async def _apply_on(
+        self, scheduler: Scheduler, todo: Mapping[str, str], states: Mapping[str, NodeState]
+    ) -> dict[str, DrainResult]:
+        """One scheduler's share of a planned drain: a node it does not know, or that watchd drained there
+        already, is settled on its state; the others are drained as planned."""
+        results: dict[str, DrainResult] = {}
+        groups: dict[str, list[str]] = {}
+        for n, reason in todo.items():
+            st = states.get(n)
+            if st is None or drained_by_watchd(st, self.reason_prefix):
+                results[n] = left_as_is(n, st)
+            else:
+                groups.setdefault(reason, []).append(n)
+        if groups:
+            results.update(await scheduler.apply_drain(groups))
+        return results
 
     async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
         routes = self.routes_of(node)

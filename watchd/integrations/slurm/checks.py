@@ -18,7 +18,7 @@ node writes it, slurmctld's host need not), a folder only the engine's user can 
 job (:mod:`watchd.integrations.slurm.check_output`: a secret line first, the engine's user's own regular
 file) and read off the event loop; anything else is an ``error`` naming why. New functions only: the
 scheduler adapter (:mod:`watchd.integrations.slurm.scheduler`) is reused for ``scontrol show node``, pools
-and subprocesses.
+and subprocesses, and validation's lifted drain and new drain are its verbs (``resume``, ``apply_drain``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from watchd.integrations.slurm.check_output import REFUSED, UNREADABLE, header, 
 from watchd.integrations.slurm.output_dir import check_output_dir
 from watchd.integrations.slurm.scheduler import SlurmScheduler
 from watchd.model.hostlist import expand_hostlist
-from watchd.model.nodes import drain_reason, drained_by_watchd
+from watchd.model.nodes import ResumeResult, drain_reason, drained_by_watchd
 from watchd.untrusted import FILE_IO
 
 __all__ = ["SlurmCheckRunner", "parse_job", "parse_reservations", "runner_from_config"]
@@ -420,26 +420,24 @@ class SlurmCheckRunner:
             f"Duration={minutes}",
             "Flags=MAINT,IGNORE_JOBS",
         )
-        rc, out, err = await self._run(
-            self.slurm.scontrol, "update", f"NodeName={node}", "State=RESUME", check=False
-        )
-        if rc != 0:
-            st = (await self.slurm.node_states([node])).get(node)
-            if st is None or st.drained:
-                await self._run(self.slurm.scontrol, "delete", f"ReservationName={name}", check=False)
-                raise RunnerError(f"cannot lift the drain of {node}: {(err or out).strip()}")
+        try:  # the Slurm port's resume: only a drain watchd made is lifted
+            lifted = await self.slurm.resume(node)
+        except SchedulerError as exc:
+            lifted = ResumeResult(node, "failed", str(exc))
+        if lifted.outcome not in ("resumed", "not_drained"):
+            await self._run(self.slurm.scontrol, "delete", f"ReservationName={name}", check=False)
+            raise RunnerError(f"cannot lift the drain of {node}: {lifted.detail}")
 
     async def end_validation(self, node: str, passed: bool, reason: str) -> str:
         name = f"{VALIDATION_PREFIX}{node}"
         done = "resumed"
-        if not passed:
-            await self._run(
-                self.slurm.scontrol,
-                "update",
-                f"NodeName={node}",
-                "State=DRAIN",
-                f'Reason="{drain_reason(reason)}"',
-            )
+        if not passed:  # the Slurm port's drain, as planned: drained again with the new evidence
+            try:
+                again = (await self.slurm.apply_drain({drain_reason(reason): [node]}))[node]
+            except SchedulerError as exc:
+                raise RunnerError(str(exc)) from exc
+            if again.outcome != "drained":
+                raise RunnerError(f"cannot drain {node} again: {again.detail}")
             done = "drained"
         await self._run(self.slurm.scontrol, "delete", f"ReservationName={name}", check=False)
         return done

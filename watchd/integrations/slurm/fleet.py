@@ -101,11 +101,11 @@ class SlurmFleet:
 
     async def fleet_nodes(self) -> list[FleetNode]:
         spares = await self.spares()
-        _, out, _ = await self.scheduler._exec(self.scheduler.sinfo, "-N", "-h", "-o", SINFO_FORMAT)
+        _, out, _ = await self.scheduler.command(self.scheduler.sinfo, "-N", "-h", "-o", SINFO_FORMAT)
         return parse_sinfo_nodes(out, spares)
 
     async def spares(self) -> dict[str, list[str]]:
-        rc, out, err = await self.scheduler._exec(
+        rc, out, err = await self.scheduler.command(
             self.scheduler.scontrol, "show", "reservation", "-o", check=False
         )
         if rc != 0 and "No reservations" not in out + err:
@@ -118,13 +118,13 @@ class SlurmFleet:
         scontrol = self.scheduler.scontrol
         if not nodes:
             if partition in current:
-                await self.scheduler._exec(scontrol, "delete", f"ReservationName={name}")
+                await self.scheduler.command(scontrol, "delete", f"ReservationName={name}")
             return
         hostlist = compress_hostlist(nodes)
         if partition in current:
-            await self.scheduler._exec(scontrol, "update", f"ReservationName={name}", f"Nodes={hostlist}")
+            await self.scheduler.command(scontrol, "update", f"ReservationName={name}", f"Nodes={hostlist}")
             return
-        await self.scheduler._exec(
+        await self.scheduler.command(
             scontrol,
             "create",
             "reservation",
@@ -141,7 +141,7 @@ class SlurmFleet:
         known any more squeue answers "Invalid job id specified" (exit 1): none is pending then."""
         if not jobs:
             return set()
-        rc, out, err = await self.scheduler._exec(
+        rc, out, err = await self.scheduler.command(
             self.scheduler.squeue, "-h", "-j", ",".join(jobs), "-t", "PENDING", "-o", "%i", check=False
         )
         if rc != 0:

@@ -40,7 +40,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
-from watchd.integrations.base import Privileges, RequeueResult, SchedulerError, job_selected
+from watchd.integrations.base import (
+    SCHEDULER_VERBS,
+    PlannedDrain,
+    Privileges,
+    RequeueResult,
+    SchedulerError,
+    job_selected,
+)
 from watchd.integrations.slurm.calls import count_call
 from watchd.integrations.slurm.privileges import probe
 from watchd.integrations.slurm.scontrol_session import (
@@ -61,7 +68,6 @@ from watchd.model.nodes import (
     ResumeResult,
     describe,
     drain_reason,
-    plan_drain,
     refuse_reboot,
     refuse_resume,
 )
@@ -209,10 +215,11 @@ def parse_node_line(line: str) -> NodeState | None:
 
 
 # --------------------------------------------------------------------------- adapter
-class SlurmScheduler:
+class SlurmScheduler(PlannedDrain):
     """The real :class:`~watchd.integrations.base.Scheduler` for Slurm (22.05+)."""
 
     name = "slurm"
+    verbs = SCHEDULER_VERBS
 
     def __init__(
         self,
@@ -256,12 +263,13 @@ class SlurmScheduler:
         await self.aclose()
 
     # ------------------------------------------------------------- subprocess
-    async def _exec(
+    async def command(
         self, *argv: str, check: bool = True, env: Mapping[str, str] | None = None
     ) -> tuple[int, str, str]:
         """Run ``argv`` with a timeout; return (rc, stdout, stderr). ``check`` raises on rc != 0. ``env``:
-        more variables for this command. Every Slurm command watchd runs goes through here (the checks runner
-        and the report count theirs too): :func:`~watchd.integrations.slurm.calls.count_call`."""
+        more variables for this command. Every Slurm command of this integration goes through here (the
+        fleet's too; the checks runner and the report count theirs too):
+        :func:`~watchd.integrations.slurm.calls.count_call`."""
         env = {**os.environ, **self.env_extra, **(env or {})}
         cmd = " ".join(argv)
         count_call(argv[0])
@@ -313,7 +321,7 @@ class SlurmScheduler:
                 if check and rc != 0:
                     raise SchedulerError(f"{self.scontrol} {line}: {err.strip()}")
                 return rc, out, err
-        return await self._exec(self.scontrol, *_one_shot_args(args), check=check)
+        return await self.command(self.scontrol, *_one_shot_args(args), check=check)
 
     # ------------------------------------------------------------- protocol
     async def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
@@ -344,7 +352,7 @@ class SlurmScheduler:
         return states
 
     async def pools(self) -> dict[str, list[str]]:
-        _, out, _ = await self._exec(self.sinfo, "-h", "-o", "%R|%N")
+        _, out, _ = await self.command(self.sinfo, "-h", "-o", "%R|%N")
         members: dict[str, list[str]] = {}
         for line in out.splitlines():
             partition, _, nodes = line.strip().partition("|")
@@ -352,15 +360,8 @@ class SlurmScheduler:
                 members.setdefault(partition, []).extend(expand_hostlist(nodes))
         return members
 
-    async def drain(
-        self, reasons: Mapping[str, str], states: Mapping[str, NodeState] | None = None
-    ) -> dict[str, DrainResult]:
-        if not reasons:
-            return {}
-        if states is None:
-            states = await self.node_states(list(reasons))
-        results, groups = plan_drain(reasons, states, self.reason_prefix)
-
+    async def apply_drain(self, groups: Mapping[str, Sequence[str]]) -> dict[str, DrainResult]:
+        results: dict[str, DrainResult] = {}
         sem = asyncio.Semaphore(self.max_concurrency)
 
         async def drain_group(reason: str, names: list[str]) -> None:
@@ -376,9 +377,9 @@ class SlurmScheduler:
                 results[n] = DrainResult(n, "drained", reason)
 
         await asyncio.gather(
-            *(drain_group(r, chunk) for r, names in groups.items() for chunk in _chunks(names))
+            *(drain_group(r, chunk) for r, names in groups.items() for chunk in _chunks(list(names)))
         )
-        return {n: results[n] for n in reasons}
+        return results
 
     async def _settle_failed_group(
         self, reason: str, names: list[str], error: str, results: dict[str, DrainResult]
@@ -400,7 +401,7 @@ class SlurmScheduler:
         six short fields each (``squeue --states=RUNNING -o``): ``squeue --json`` would print every job of
         the queue with every field, and 22.05 ignores ``--states`` with ``--json``."""
         try:
-            _, out, _ = await self._exec(
+            _, out, _ = await self.command(
                 self.squeue,
                 "-h",
                 "--all",  # the jobs of every partition, hidden ones too (as --json lists them)
@@ -414,7 +415,7 @@ class SlurmScheduler:
         return parse_running_jobs(out)
 
     async def requeue_jobs_on(self, node: str, job: str | None = None) -> RequeueResult:
-        _, out, _ = await self._exec(
+        _, out, _ = await self.command(
             self.squeue,
             "-h",
             "-w",
@@ -436,7 +437,7 @@ class SlurmScheduler:
         if not requeueable:
             return RequeueResult(node, (), tuple(not_requeueable), {})
 
-        rc, _, err = await self._exec(self.scontrol, "requeue", ",".join(requeueable), check=False)
+        rc, _, err = await self.command(self.scontrol, "requeue", ",".join(requeueable), check=False)
         failed: dict[str, str] = {}
         if rc != 0:
             attributed = {}
@@ -453,7 +454,7 @@ class SlurmScheduler:
         return RequeueResult(node, done, tuple(not_requeueable), failed)
 
     async def _requeue_one(self, job_id: str) -> dict[str, str]:
-        rc, out, err = await self._exec(self.scontrol, "requeue", job_id, check=False)
+        rc, out, err = await self.command(self.scontrol, "requeue", job_id, check=False)
         text = err.strip() or out.strip()
         # "Job is pending execution": it was running when listed, so it has been requeued already
         if rc == 0 or "pending execution" in text:
@@ -490,20 +491,20 @@ class SlurmScheduler:
         # ASAP: no new job starts there, a running one ends first; DOWN: back from the reboot out of service.
         # No reason=: the node keeps the reason it was drained for (the evidence, or a lemon's), and Slurm
         # appends " : reboot issued : reboot complete" to it
-        await self._exec(self.scontrol, "reboot", "ASAP", "nextstate=DOWN", node)
+        await self.command(self.scontrol, "reboot", "ASAP", "nextstate=DOWN", node)
         shown = f"{drain_reason(reason, self.reason_prefix)} ({st.reason})"
         return RebootResult(node, "rebooting", shown, st.boot_id)
 
     async def _return_to_service(self) -> str | None:
         """slurm.conf's ReturnToService (read once; None when scontrol does not say)."""
         if self._rts is None:
-            _, out, _ = await self._exec(self.scontrol, "show", "config")
+            _, out, _ = await self.command(self.scontrol, "show", "config")
             m = re.search(r"^ReturnToService\s*=\s*(\S+)", out, re.MULTILINE)
             self._rts = m.group(1) if m else ""
         return self._rts or None
 
     async def privileges(self) -> Privileges:
-        return await probe(self.scontrol, self._exec)
+        return await probe(self.scontrol, self.command)
 
 
 def _one_shot_args(args: Sequence[str]) -> list[str]:
