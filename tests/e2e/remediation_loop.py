@@ -4,17 +4,21 @@ the node's audit trail, and a wait that says, when it fails, where the loop stop
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.checks.test_validation_kill9 import TOKEN, WRAPPER
 from tests.checks.test_validation_kill9 import engine_config as checks_engine_config
 from tests.daemons import Daemon, agent_config, watchd_command
 from tests.harness.slurm import SlurmCluster
-from tests.support import wait_for
+from tests.harness.slurm import available as slurm_available
+from tests.support import real_components_required, wait_for
 
 REAL_SCONTROL = shutil.which("scontrol") or "scontrol"
 
@@ -105,3 +109,18 @@ def wait(
         done = [(a["action"], a["outcome"], a["detail"]) for a in actions(engine, node)]
         logs = f"engine:\n{engine.log()}" + (f"\nagent:\n{agent.log()}" if agent is not None else "")
         raise AssertionError(f"{exc}\n{done}\n{state}\n{cluster.reboot_events(node)}\n{logs}") from None
+
+
+@contextlib.contextmanager
+def rebooting_slurm() -> Iterator[SlurmCluster]:
+    """A private cluster where watchd may reboot (``ReturnToService=1``; the session cluster runs 2, where
+    watchd refuses): its RebootProgram plays a reboot in a few seconds. Fails under CI when Slurm is
+    missing, skips elsewhere."""
+    ok, why = slurm_available()
+    if not ok:
+        if real_components_required():
+            pytest.fail(f"Slurm test cluster required but unavailable: {why}")
+        pytest.skip(why)
+    with SlurmCluster(real_nodes=2, return_to_service=1, reboot_timeout=60) as cluster:
+        cluster.configure_reboots(delay=1.0, downtime=2.0)
+        yield cluster

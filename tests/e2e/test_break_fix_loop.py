@@ -29,8 +29,8 @@ from tests.checks.test_validation_kill9 import TOKEN
 from tests.daemons import Daemon, watchd_command
 from tests.e2e import remediation_loop as loop
 from tests.e2e.remediation_loop import REAL_SCONTROL, history_cli, kernel_says, start_agent, start_engine
-from tests.harness.slurm import SlurmCluster, available
-from tests.support import real_components_required, wait_for
+from tests.harness.slurm import SlurmCluster
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real]
 
@@ -41,13 +41,7 @@ XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen 
 
 @pytest.fixture(scope="module")
 def rebooting_cluster() -> Iterator[SlurmCluster]:
-    ok, why = available()
-    if not ok:
-        if real_components_required():
-            pytest.fail(f"Slurm test cluster required but unavailable: {why}")
-        pytest.skip(why)
-    with SlurmCluster(real_nodes=2, return_to_service=1, reboot_timeout=60) as cluster:
-        cluster.configure_reboots(delay=1.0, downtime=2.0)
+    with loop.rebooting_slurm() as cluster:
         yield cluster
 
 

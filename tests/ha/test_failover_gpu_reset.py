@@ -42,8 +42,8 @@ from tests.e2e.remediation_loop import REAL_SCONTROL, kernel_says
 from tests.ha.pair import HaPair
 from tests.harness.postgres import PostgresServer
 from tests.harness.ready_proxy import ReadyProxy
-from tests.harness.slurm import SlurmCluster, available
-from tests.support import real_components_required, wait_for
+from tests.harness.slurm import SlurmCluster
+from tests.support import wait_for
 from watchd.integrations.slurm.checks import parse_reservations
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real]
@@ -70,15 +70,7 @@ def _clean(cluster: SlurmCluster) -> None:
 
 @pytest.fixture(scope="module")
 def rebooting_cluster() -> Iterator[SlurmCluster]:
-    """A cluster of its own where watchd may reboot (``ReturnToService=1``; the shared one runs 2, where
-    watchd refuses): the RebootProgram plays a reboot in a few seconds."""
-    ok, why = available()
-    if not ok:
-        if real_components_required():
-            pytest.fail(f"Slurm test cluster required but unavailable: {why}")
-        pytest.skip(why)
-    with SlurmCluster(real_nodes=2, return_to_service=1, reboot_timeout=60) as cluster:
-        cluster.configure_reboots(delay=1.0, downtime=2.0)
+    with loop.rebooting_slurm() as cluster:
         yield cluster
 
 
