@@ -13,7 +13,8 @@ from typing import Any
 
 from watchd.actions.alerting import AlertKeeper
 from watchd.actions.handler import Attempt, Mode
-from watchd.actions.handlers import handler_for
+from watchd.actions.handlers import HANDLERS, handler_for
+from watchd.actions.handlers.remediation_guard import RemediationHandler
 from watchd.actions.handlers.requeue import HANDLER as REQUEUE
 from watchd.actions.outcome import DRAINED_BY_US, ActionResult, Outcome
 from watchd.actions.stages import Pipeline
@@ -30,8 +31,6 @@ from watchd.store.held import HeldAction
 REQUEUE_AFTER_RELEASE = "requeue_after_release"  # in a held drain's params: its decision requeued after it
 #: in a held drain's params: the remediations its decision asked after it, as JSON [{"kind", "params"}]
 REMEDIATE_AFTER_RELEASE = "remediate_after_release"
-#: the actions a held drain's release drives again after it (its decision's, in their order)
-REMEDIATIONS = ("gpu_reset", "reboot")
 #: what a re-driven remediation may end as without a person being told more than its audit record
 _UNDER_WAY = frozenset({Outcome.REBOOTING, Outcome.RESET, Outcome.DRY_RUN})
 _AFTER_RELEASE = (REQUEUE_AFTER_RELEASE, REMEDIATE_AFTER_RELEASE)
@@ -156,8 +155,9 @@ class HeldActions:
 
 
 def remediations_after(attempt: Attempt) -> list[dict[str, Any]]:
-    """The remediations (:data:`REMEDIATIONS`) that come after ``attempt``'s action in its decision, with
-    their parameters as decided: what a held drain's release drives again."""
+    """The remediations (reboot, gpu_reset: every :class:`RemediationHandler`) that come after
+    ``attempt``'s action in its decision, with their parameters as decided: what a held drain's release
+    drives again."""
     decision = attempt.decision
     if decision is None:
         return []
@@ -165,9 +165,12 @@ def remediations_after(attempt: Attempt) -> list[dict[str, Any]]:
     here = next((i for i, a in enumerate(actions) if a is attempt.action), None)
     if here is None:
         here = next((i for i, a in enumerate(actions) if a == attempt.action), len(actions))
-    return [
-        {"kind": a.kind, "params": scalars(a.params)} for a in actions[here + 1 :] if a.kind in REMEDIATIONS
-    ]
+    return [{"kind": a.kind, "params": scalars(a.params)} for a in actions[here + 1 :] if _remedy(a.kind)]
+
+
+def _remedy(kind: object) -> bool:
+    """Whether ``kind`` is a remediation: what a held drain's release drives again after it."""
+    return isinstance(HANDLERS.get(str(kind)), RemediationHandler)
 
 
 def _remedies(raw: Scalar | None) -> Sequence[tuple[str, dict[str, Any]]]:
@@ -177,7 +180,7 @@ def _remedies(raw: Scalar | None) -> Sequence[tuple[str, dict[str, Any]]]:
         return []
     try:
         items = json.loads(str(raw))
-        out = [(str(i["kind"]), dict(i["params"])) for i in items if i["kind"] in REMEDIATIONS]
+        out = [(str(i["kind"]), dict(i["params"])) for i in items if _remedy(i["kind"])]
     except (ValueError, TypeError, KeyError) as exc:
         _log.error("held_remediation_unreadable", error=str(exc), value=str(raw)[:200])
         return []
