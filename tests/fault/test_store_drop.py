@@ -231,7 +231,9 @@ def _during_burst(
         sender.start()
         fault(burst)
         sender.join(120)
-        verdict = _settle(tmp, pg, db, burst.answered, timeout=60, requeue=rules == RULES)
+        # an action interrupted again and again waits longer each time (doubling): on 2 loaded cores its
+        # last re-drive can come later than a minute after the fault ends
+        verdict = _settle(tmp, pg, db, burst.answered, timeout=120, requeue=rules == RULES)
         burst.settled_s = time.monotonic() - burst.started
         assert engine.proc.poll() is None, engine.log()
         burst.retried = _metric(engine, 'watchd_drain_store_failures_total{result="retried"}')
