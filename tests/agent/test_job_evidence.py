@@ -153,10 +153,12 @@ def test_a_real_slurm_job_is_seen_on_this_host(slurm_cluster: SlurmCluster, tmp_
         task = f"a process of Slurm job {job} (pid "
         return any(f.startswith(task) and ", sleep)" in f for f in evidence.find(""))
 
+    def stepd_seen() -> bool:  # slurmctld says RUNNING before slurmd has started the job's slurmstepd
+        return any(f.startswith(f"slurmstepd of Slurm job {job} (pid ") for f in evidence.find(""))
+
     try:
         slurm_cluster.wait_job_running(job)
-        found = evidence.find("")
-        assert any(f.startswith(f"slurmstepd of Slurm job {job} (pid ") for f in found), found
+        wait_for(stepd_seen, 10, "the job's slurmstepd seen")
         wait_for(task_seen, 10, "the job's task seen by its environment")
     finally:
         slurm_cluster.cancel(job)
